@@ -1,0 +1,1 @@
+"""cptsim's command line: a thin click layer over the library."""

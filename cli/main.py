@@ -1,0 +1,80 @@
+"""The `cptsim` console script.
+
+Exit codes: 0 ok, 2 bad input (one line on stderr, no traceback), 1 anything else,
+130 interrupted. Set CPTSIM_DEBUG=1 to see tracebacks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from cptsim import __version__
+from cptsim.errors import InputError
+
+from .common import die
+
+
+class CptsimGroup(click.Group):
+    """A click group that turns every bad-input error into one line and exit code 2."""
+
+    def main(self, args=None, prog_name=None, **extra):  # noqa: D401 - click API
+        try:
+            rv = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:
+            click.echo(e.ctx.get_help())
+            sys.exit(0)
+        except click.UsageError as e:
+            hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            die(f"{e.format_message()}{hint}", 2)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.Abort:
+            die("interrupted", 130)
+        except InputError as e:
+            die(str(e), 2)
+        except KeyboardInterrupt:
+            die("interrupted", 130)
+        except Exception as e:  # anything else is our bug or the environment's; say so on one line
+            if os.environ.get("CPTSIM_DEBUG"):
+                raise
+            die(f"{type(e).__name__}: {e} (set CPTSIM_DEBUG=1 for the traceback)", 1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=CptsimGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="cptsim")
+def cli() -> None:
+    """cptsim: plan, run and cost cyclic-precision training (CPT).
+
+    \b
+      cptsim schedules list            the eleven precision schedules
+      cptsim schedules show cpt ...    bits over steps and their cost
+      cptsim train                     real quantized training (default: digits, small CNN, CPT 3-8/8)
+    """
+
+
+def _register() -> None:
+    from . import schedules_cmd, train_cmd
+
+    cli.add_command(train_cmd.train)
+    cli.add_command(schedules_cmd.schedules)
+    try:  # commands added by later modules register themselves here when present
+        from . import hw_cmd
+
+        cli.add_command(hw_cmd.hw)
+    except ImportError:
+        pass
+
+
+_register()
+
+
+def main() -> None:
+    cli.main(prog_name="cptsim")
+
+
+if __name__ == "__main__":
+    main()

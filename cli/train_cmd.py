@@ -1,0 +1,131 @@
+"""`cptsim train`: real cyclic-precision training, recorded in a run directory."""
+
+from __future__ import annotations
+
+import time
+import click
+from rich.table import Table
+
+from .common import emit_json, err, json_option
+from .common import out as console
+
+_EPILOG = """\b
+Examples:
+  cptsim train                                   digits, digits-cnn, CPT 3-8 / 8 bits, 32 cycles (< 1 min on CPU)
+  cptsim train --schedule rex-tri-h:4-8:g8:n8 --epochs 30
+  cptsim train --model resnet20 --dataset cifar10 --data-dir ~/data --batch-size 128 --steps 64000 --lr-schedule step
+  cptsim train --resume runs/NAME                continue a run from its last checkpoint
+
+\b
+The run directory (--out) gets config.json, trace.jsonl (one line per step: bits, loss, time),
+metrics.jsonl (one line per epoch: test accuracy at q_max), checkpoint.pt (replaced atomically each epoch).
+Evaluation always runs at the schedule's q_max (CPT's code evaluated at whatever bits were current).
+Schedules: see 'cptsim schedules list' and 'cptsim schedules show --help' for the text form.
+"""
+
+
+def _schedule_text(schedule: str, q_min, q_max, g_bits, cycles) -> str:
+    """Combine --schedule text with the bit flags; a flag that contradicts the text is an error, not a guess."""
+    from cptsim.errors import InputError
+    from cptsim.schedules import parse_schedule
+
+    given = {k: v for k, v in {"q_min": q_min, "q_max": q_max, "g_bits": g_bits, "cycles": cycles}.items()
+             if v is not None}
+    sched = parse_schedule(schedule, **given)
+    checks = {"q_min": sched.q_min, "q_max": sched.q_max, "cycles": sched.cycles}
+    for key, value in given.items():
+        if key == "g_bits":
+            want = parse_schedule(f"static:8:g{value}")
+            ok = (want.g_min, want.g_max) == (sched.g_min, sched.g_max)
+        elif sched.name == "static" and key in ("q_min", "cycles"):
+            ok = True  # static has one precision and no cycles: nothing to contradict
+        else:
+            ok = checks[key] == value
+        if not ok:
+            flag = "--" + key.replace("_", "-")
+            raise InputError(f"{flag} {value} contradicts --schedule {schedule!r}; give the value in one place")
+    return sched.to_text()
+
+
+@click.command("train", epilog=_EPILOG)
+@click.option("--model", default="digits-cnn", show_default=True, help="Model name ('cptsim train --list-models').")
+@click.option("--dataset", default="digits", show_default=True,
+              help="digits (embedded), cifar10, cifar100, mnist, fashion-mnist, imagefolder.")
+@click.option("--data-dir", default=None, help="Folder holding the dataset (never downloaded).")
+@click.option("--schedule", default="cpt", show_default=True, help="Precision schedule, name or text form.")
+@click.option("--q-min", type=int, default=None, help="Lower forward bits (default 3, or from the text).")
+@click.option("--q-max", type=int, default=None, help="Upper forward bits (default 8, or from the text).")
+@click.option("--g-bits", default=None, help='Gradient bits "G" or "GMIN-GMAX" (default 8).')
+@click.option("--cycles", type=int, default=None, help="Schedule cycles over the whole run (default 32).")
+@click.option("--epochs", type=int, default=15, show_default=True)
+@click.option("--steps", type=int, default=None, help="Total steps (overrides --epochs; may stop mid-epoch).")
+@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--lr", type=float, default=0.1, show_default=True, help="Peak learning rate (SGD).")
+@click.option("--momentum", type=float, default=0.9, show_default=True)
+@click.option("--weight-decay", type=float, default=5e-4, show_default=True)
+@click.option("--lr-schedule", type=click.Choice(["step", "cosine", "constant"]), default="cosine", show_default=True,
+              help="step: x0.1 at 50% and 75% of the steps (CPT's recipe); cosine: to 0 over the run.")
+@click.option("--fp-layers", default=None,
+              help="Comma-separated layer names or globs kept in full precision; 'none' quantizes every layer. "
+                   "Default: the model's convention (final classifier; ImageNet ResNets also conv1 and downsample).")
+@click.option("--no-augment", is_flag=True, help="Turn off random crop / flip for CIFAR and ImageFolder.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
+@click.option("--workers", type=int, default=0, show_default=True, help="DataLoader worker processes.")
+@click.option("--out", default=None, help="Run directory to create (must not exist). Default runs/MODEL-SCHEDULE-TIME.")
+@click.option("--resume", "resume_dir", default=None, help="Continue this run directory from its last checkpoint.")
+@click.option("--list-models", is_flag=True, help="List model names and exit.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@json_option
+def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epochs, steps, batch_size, lr, momentum,
+          weight_decay, lr_schedule, fp_layers, no_augment, seed, device, workers, out, resume_dir, list_models,
+          quiet, as_json) -> None:
+    """Run real quantized training with a cyclic precision schedule and record what ran."""
+    from cptsim import train as T
+    from cptsim.runs import run_summary
+
+    if list_models:
+        from cptsim.models import list_models as names
+
+        click.echo("\n".join(names()))
+        return
+    t0 = time.perf_counter()
+    progress = not (quiet or as_json)
+    if resume_dir:
+        run = T.resume(resume_dir, progress=progress)
+    else:
+        text = _schedule_text(schedule, q_min, q_max, g_bits, cycles)
+        fp = None if fp_layers is None else [] if fp_layers.strip().lower() == "none" else \
+            [p.strip() for p in fp_layers.split(",") if p.strip()]
+        cfg = T.TrainConfig(model=model, dataset=dataset, data_dir=data_dir, schedule=text, epochs=epochs, steps=steps,
+                            batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                            lr_schedule=lr_schedule, fp_layers=fp, seed=seed, device=device, workers=workers,
+                            augment=not no_augment)
+        if out is None:
+            out = f"runs/{model}-{text.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if progress:
+            err.print(f"training {model} on {dataset} with {text} -> {out}  (eval at q_max)")
+        run = T.train(cfg, out, progress=progress)
+    summary = run_summary(run) | {"wall_time_s": round(time.perf_counter() - t0, 2)}
+    if as_json:
+        emit_json(summary)
+        return
+    table = Table(title=f"run {summary['run']}", title_justify="left", show_header=False)
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    acc = summary["final_test_acc"]
+    best = summary["best_test_acc"]
+    rows = [
+        ("model / dataset", f"{summary['model']} / {summary['dataset']}"),
+        ("schedule", summary["schedule"]),
+        ("steps", f"{summary['steps_done']} / {summary['total_steps']}"),
+        ("epochs evaluated", str(summary["epochs_done"])),
+        (f"final test accuracy @ {summary['eval_bits']} bits", "-" if acc is None else f"{100 * acc:.2f}%"),
+        ("best test accuracy", "-" if best is None else f"{100 * best:.2f}%"),
+        ("mean forward bits", "-" if summary["mean_bits"] is None else f"{summary['mean_bits']:.2f}"),
+        ("training time (sum of steps)", f"{summary['train_time_s']:.1f} s"),
+        ("wall time", f"{summary['wall_time_s']:.1f} s"),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    console.print(table)

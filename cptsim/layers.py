@@ -1,0 +1,188 @@
+"""Quantized Conv2d / Linear, the shared precision state, and `quantize_model` that swaps them in place.
+
+The precision a step runs at is set once per step on one `PrecisionState` that every quantized layer holds a
+reference to, so models keep their normal `forward(x)` signature (CPT's `model(x, num_bits, num_grad_bits)`
+does not compose with ordinary models).
+
+What a quantized layer does at forward bits q and gradient bits g (CPT / SBM):
+    forward:  y = op(Qa(x), Qw(W)) + b    Qa per-tensor (batch range in training, running range in eval),
+                                          Qw per output channel; straight-through estimator for both
+    backward: the error dL/dy is quantized per tensor with stochastic rounding to g bits *before* the op's
+              backward, so both backward GEMMs (dgrad: error x W, wgrad: error x activation) consume it.
+32 bits means the layer runs exactly as the FP32 layer: no quantizer op at all.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .errors import InputError
+from .quant import FULL_PRECISION, check_bits, fake_quant_per_channel, fake_quant_per_tensor, fake_quant_stochastic
+
+ACT_MOMENTUM = 0.9  # running-range momentum for eval, as in the SBM/CPT code
+
+
+@dataclass
+class PrecisionState:
+    """The bits every quantized layer runs at right now; the training loop sets it each step."""
+
+    bits: int = FULL_PRECISION
+    grad_bits: int = FULL_PRECISION
+
+    def set(self, bits: int, grad_bits: int) -> None:
+        self.bits = check_bits(int(bits), "forward bits")
+        self.grad_bits = check_bits(int(grad_bits), "gradient bits")
+
+
+class _QuantInput(torch.autograd.Function):
+    """Per-tensor fake quantization with a straight-through gradient."""
+
+    @staticmethod
+    def forward(ctx, x, lo, hi, bits):
+        return fake_quant_per_tensor(x, lo, hi, bits)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None, None
+
+
+class _QuantWeight(torch.autograd.Function):
+    """Per-output-channel fake quantization with a straight-through gradient."""
+
+    @staticmethod
+    def forward(ctx, w, bits):
+        return fake_quant_per_channel(w, bits, axis=0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _QuantError(torch.autograd.Function):
+    """Identity forward; quantizes the incoming error (dL/d output) with stochastic rounding in backward."""
+
+    @staticmethod
+    def forward(ctx, y, bits):
+        ctx.bits = bits
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return fake_quant_stochastic(grad, ctx.bits), None
+
+
+class _QuantMixin:
+    """What QConv2d and QLinear share: the precision reference, the running activation range, the three quantizers."""
+
+    precision: PrecisionState
+
+    def _init_quant(self, precision: PrecisionState) -> None:
+        self.precision = precision
+        # Running input range for eval; act_count = 0 means "never seen a training batch".
+        self.register_buffer("act_lo", torch.zeros((), device=self.weight.device))
+        self.register_buffer("act_hi", torch.zeros((), device=self.weight.device))
+        self.register_buffer("act_count", torch.zeros((), dtype=torch.long, device=self.weight.device))
+
+    def _input_range(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.training or int(self.act_count) == 0:
+            lo, hi = torch.aminmax(x.detach())
+            if self.training:
+                with torch.no_grad():
+                    if int(self.act_count) == 0:
+                        self.act_lo.copy_(lo)
+                        self.act_hi.copy_(hi)
+                    else:
+                        self.act_lo.mul_(ACT_MOMENTUM).add_(lo, alpha=1 - ACT_MOMENTUM)
+                        self.act_hi.mul_(ACT_MOMENTUM).add_(hi, alpha=1 - ACT_MOMENTUM)
+                    self.act_count += 1
+            return lo, hi
+        return self.act_lo, self.act_hi
+
+    def _quantized_operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        bits = self.precision.bits
+        if bits == FULL_PRECISION:
+            return x, self.weight
+        lo, hi = self._input_range(x)
+        return _QuantInput.apply(x, lo, hi, bits), _QuantWeight.apply(self.weight, bits)
+
+    def _quantize_error(self, y: torch.Tensor) -> torch.Tensor:
+        g = self.precision.grad_bits
+        if g == FULL_PRECISION or not (torch.is_grad_enabled() and y.requires_grad):
+            return y
+        return _QuantError.apply(y, g)
+
+
+class QConv2d(_QuantMixin, nn.Conv2d):
+    """nn.Conv2d that runs at the shared precision (see module docstring)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, w = self._quantized_operands(x)
+        return self._quantize_error(self._conv_forward(x, w, self.bias))
+
+
+class QLinear(_QuantMixin, nn.Linear):
+    """nn.Linear that runs at the shared precision (see module docstring)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, w = self._quantized_operands(x)
+        return self._quantize_error(F.linear(x, w, self.bias))
+
+
+_SWAP = {nn.Conv2d: QConv2d, nn.Linear: QLinear}
+QUANTIZED_TYPES = (QConv2d, QLinear)
+
+
+def quantizable_layers(model: nn.Module) -> list[str]:
+    """Names of the layers cptsim can quantize (Conv2d and Linear), in module order."""
+    return [n for n, m in model.named_modules() if type(m) in _SWAP or isinstance(m, QUANTIZED_TYPES)]
+
+
+def resolve_fp_layers(model: nn.Module, patterns: list[str] | None) -> list[str]:
+    """Expand full-precision layer patterns (fnmatch globs over module names) to layer names.
+
+    None means the model's own convention (`cptsim.models.default_fp_layers`); an empty list quantizes every
+    layer. A pattern that matches no Conv2d/Linear is an error: a typo would silently quantize a layer the user
+    meant to keep in FP32.
+    """
+    names = quantizable_layers(model)
+    if patterns is None:
+        from .models import default_fp_layers
+
+        return [n for n in default_fp_layers(model) if n in names]
+    chosen: list[str] = []
+    for pat in patterns:
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pat)]
+        if not hits:
+            shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+            raise InputError(f"full-precision layer pattern {pat!r} matches no Conv2d/Linear layer (layers: {shown})")
+        chosen += [n for n in hits if n not in chosen]
+    return chosen
+
+
+def quantize_model(
+    model: nn.Module, precision: PrecisionState | None = None, fp_layers: list[str] | None = None
+) -> PrecisionState:
+    """Swap every Conv2d/Linear except the full-precision ones for its quantized version, in place.
+
+    Parameters are kept (the same Parameter objects), so an optimizer built before or after sees the same
+    weights. Returns the shared PrecisionState the training loop drives.
+    """
+    precision = precision or PrecisionState()
+    keep = set(resolve_fp_layers(model, fp_layers))
+    for name, module in model.named_modules():
+        cls = _SWAP.get(type(module))
+        if cls is None or name in keep:
+            continue
+        # Changing the class in place keeps parameters, hooks and state_dict keys exactly as they were.
+        module.__class__ = cls
+        module._init_quant(precision)
+    return precision
+
+
+def quantized_layer_names(model: nn.Module) -> list[str]:
+    return [n for n, m in model.named_modules() if isinstance(m, QUANTIZED_TYPES)]

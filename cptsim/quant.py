@@ -1,0 +1,114 @@
+"""Quantizer primitives as plain functions (the torchao style): choose qparams, fake-quantize.
+
+The scheme is the one CPT inherited from SBM (Banner et al., "Scalable methods for 8-bit training"):
+uniform, asymmetric, min/max ranges.
+
+* weights: one (min, max) range per output channel, round to nearest;
+* input activations: one range per tensor (batch min/max in training, a running average in eval);
+* errors (output gradients) in backward: one range per tensor, *stochastic* rounding.
+
+Bits are integers 1..16 (that many bits, 2**b levels) or 32, which means full precision and no quantizer at
+all. Everything here is stateless; the modules that hold running ranges live in `cptsim.layers`.
+
+The quantizer's element-wise passes are what makes fake-quantized training slower than FP32 on a CPU, so the
+functions below are written for few allocations and vectorised in-place passes (see the note at fake_quant).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import InputError
+
+FULL_PRECISION = 32
+VALID_BITS = frozenset(range(1, 17)) | {FULL_PRECISION}
+
+
+def check_bits(bits: int, what: str = "bits") -> int:
+    """Validate a bit-width: 1..16 quantize, 32 is full precision."""
+    if isinstance(bits, bool) or not isinstance(bits, int) or bits not in VALID_BITS:
+        raise InputError(f"{what} must be an integer in 1..16 or 32 (full precision), got {bits!r}")
+    return bits
+
+
+def qrange(bits: int) -> tuple[int, int]:
+    """Integer grid of an unsigned (asymmetric) b-bit quantizer."""
+    return 0, (1 << bits) - 1
+
+
+def choose_qparams(lo: torch.Tensor, hi: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero point mapping [lo, hi] onto the b-bit grid (tensors of any shape, elementwise).
+
+    The range is widened to include 0 so that 0 (padding, ReLU zeros) stays exactly representable, as
+    PyTorch's observers do; the zero point is an integer (kept as float for arithmetic); a degenerate range
+    gets a tiny positive width so the scale is never 0.
+    """
+    qmin, qmax = qrange(bits)
+    lo = torch.clamp(lo.float(), max=0.0)
+    hi = torch.clamp(hi.float(), min=0.0)
+    scale = torch.clamp((hi - lo) / float(qmax - qmin), min=1e-12)
+    zero_point = torch.clamp(torch.round(-lo / scale), qmin, qmax)
+    return scale, zero_point
+
+
+# Why not torch.fake_quantize_per_tensor_affine: on this project's 2-core x86 machines its kernel costs ~13 ns
+# per element, against ~1 ns for the six in-place vectorised passes below (benchmarks/bench_quant_step.py).
+# One allocation (the output) per call; everything after it is in place, which matters because a fresh
+# multi-megabyte tensor costs page faults on every step.
+
+
+def fake_quant(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bits: int) -> torch.Tensor:
+    """Round-to-nearest fake quantization of `x` with range [lo, hi] (0-d, or broadcastable per channel)."""
+    qmin, qmax = qrange(bits)
+    scale, zp = choose_qparams(lo, hi, bits)
+    out = torch.mul(x, scale.reciprocal())
+    return out.add_(zp).round_().clamp_(qmin, qmax).sub_(zp).mul_(scale)
+
+
+def fake_quant_per_tensor(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bits: int) -> torch.Tensor:
+    """Round-to-nearest fake quantization of `x` with one range [lo, hi] (0-d tensors)."""
+    return fake_quant(x, lo, hi, bits)
+
+
+def fake_quant_per_channel(w: torch.Tensor, bits: int, axis: int = 0) -> torch.Tensor:
+    """Round-to-nearest fake quantization of a weight, one min/max range per output channel."""
+    flat = w.detach().transpose(0, axis).reshape(w.shape[axis], -1)
+    lo, hi = torch.aminmax(flat, dim=1)
+    shape = [1] * w.dim()
+    shape[axis] = -1
+    return fake_quant(w, lo.view(shape), hi.view(shape), bits)
+
+
+# Random bits per stochastic-rounding draw. u = (k + 1/2) / 2**8 with k uniform on 0..255: E[floor(y + u)]
+# differs from y by at most 2**-9 of a quantization step (documented bias bound, checked in the tests).
+# Three uniform bytes come out of each int32 from torch's generator (the fourth is only 7 bits wide:
+# random_() on int32 draws from [0, 2**31)), which is ~3x cheaper than torch.rand's one draw per element.
+SR_RANDOM_BITS = 8
+
+
+def uniform_bytes(n: int, device: torch.device | str = "cpu", generator: torch.Generator | None = None) -> torch.Tensor:
+    """n independent uniform uint8 values (0..255)."""
+    words = torch.empty((n + 2) // 3, dtype=torch.int32, device=device).random_(generator=generator)
+    return words.view(torch.uint8).view(-1, 4)[:, :3].reshape(-1)[:n]
+
+
+def fake_quant_stochastic(x: torch.Tensor, bits: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Per-tensor min/max fake quantization with stochastic rounding: E[q(x)] = x inside the range.
+
+    q = s * (floor(x/s + zp + u) - zp), u uniform in (0, 1) on a 2**-8 grid (see SR_RANDOM_BITS).
+    Computed in units of s/256 so that the uint8 draws add in without a conversion pass.
+    """
+    qmin, qmax = qrange(bits)
+    lo, hi = torch.aminmax(x.detach())
+    scale, zp = choose_qparams(lo, hi, bits)
+    k = 1 << SR_RANDOM_BITS
+    u = uniform_bytes(x.numel(), x.device, generator).view(x.shape)
+    out = torch.mul(x, k / scale)
+    out.add_(u).add_(zp * k + 0.5).mul_(1.0 / k).floor_()
+    return out.clamp_(qmin, qmax).sub_(zp).mul_(scale)
+
+
+def quantize_error_bound(lo: float, hi: float, bits: int) -> float:
+    """Worst-case round-to-nearest error for values inside [lo, hi]: half a step (range widened to include 0)."""
+    qmin, qmax = qrange(bits)
+    return 0.5 * (max(hi, 0.0) - min(lo, 0.0)) / (qmax - qmin)

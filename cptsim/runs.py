@@ -1,0 +1,218 @@
+"""The run directory: the one place that reads and writes its files.
+
+    config.json     everything resolved for the run (format cptsim.run/1)
+    plan.json       the plan the run executed, if any (copied verbatim)
+    profile.json    per-layer MACs measured in this run
+    trace.jsonl     one line per executed step (format in DESIGN.md)
+    metrics.jsonl   one line per evaluation
+    checkpoint.pt   the last checkpoint, replaced atomically
+
+Every whole-file write goes to a temporary file in the same directory, is fsync'd and then renamed over the
+old one, so a kill at any moment leaves either the old or the new file, never half of one. The two .jsonl files
+are append-only; a kill can leave a partial last line, which readers report and `truncate_after` removes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+
+RUN_FORMAT = "cptsim.run/1"
+TRACE_FORMAT_VERSION = 1  # trace lines carry no per-line version; config.json's "format" names it
+
+CONFIG = "config.json"
+TRACE = "trace.jsonl"
+METRICS = "metrics.jsonl"
+CHECKPOINT = "checkpoint.pt"
+PLAN = "plan.json"
+PROFILE = "profile.json"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+@dataclass
+class JsonLines:
+    """What a .jsonl file held: the parsed records and whether its last line was cut short."""
+
+    records: list[dict] = field(default_factory=list)
+    truncated: bool = False
+
+
+def _read_jsonl(path: Path) -> JsonLines:
+    out = JsonLines()
+    if not path.exists():
+        return out
+    lines = path.read_bytes().split(b"\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError("not an object")
+        except ValueError as e:
+            if i == len(lines) - 1:  # no newline after it: a write cut short by a kill
+                out.truncated = True
+                break
+            raise InputError(f"{path}: line {i + 1} is not a JSON object ({e})") from None
+        out.records.append(rec)
+    return out
+
+
+class RunDir:
+    """A run directory on disk. `create` for a new run, `open` for an existing one."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, path: str | os.PathLike, config: dict) -> "RunDir":
+        """Make a new run directory; refuse to touch one that already holds anything."""
+        p = Path(path)
+        if p.exists() and (not p.is_dir() or any(p.iterdir())):
+            raise InputError(f"{p} already exists and is not empty; resume it with --resume {p} or pick another --out")
+        p.mkdir(parents=True, exist_ok=True)
+        run = cls(p)
+        run.write_config(config)
+        return run
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "RunDir":
+        p = Path(path)
+        if not p.is_dir():
+            raise InputError(f"{p} is not a run directory (no such directory)")
+        if not (p / CONFIG).is_file():
+            raise InputError(f"{p} is not a run directory (no {CONFIG})")
+        run = cls(p)
+        run.read_config()  # validates the format
+        return run
+
+    # ---- config / json files ---------------------------------------------------------------------------------
+    def write_config(self, config: dict) -> None:
+        atomic_write_json(self.path / CONFIG, {"format": RUN_FORMAT, **config})
+
+    def read_config(self) -> dict:
+        path = self.path / CONFIG
+        try:
+            cfg = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise InputError(f"{path}: cannot read run config ({e})") from None
+        fmt = cfg.get("format") if isinstance(cfg, dict) else None
+        if fmt != RUN_FORMAT:
+            raise InputError(f"{path}: format {fmt!r} is not {RUN_FORMAT!r} (written by another cptsim version?)")
+        return cfg
+
+    def write_json(self, name: str, obj: Any) -> None:
+        atomic_write_json(self.path / name, obj)
+
+    def read_json(self, name: str) -> Any | None:
+        path = self.path / name
+        if not path.exists():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except ValueError as e:
+            raise InputError(f"{path}: not valid JSON ({e})") from None
+
+    # ---- trace and metrics -----------------------------------------------------------------------------------
+    def append_trace(self, record: dict) -> None:
+        self._append(TRACE, record)
+
+    def append_metrics(self, record: dict) -> None:
+        self._append(METRICS, record)
+
+    def _append(self, name: str, record: dict) -> None:
+        with open(self.path / name, "a") as f:
+            f.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def read_trace(self) -> JsonLines:
+        return _read_jsonl(self.path / TRACE)
+
+    def read_metrics(self) -> JsonLines:
+        return _read_jsonl(self.path / METRICS)
+
+    def truncate_after(self, step: int) -> None:
+        """Drop trace lines of steps >= `step` and metrics recorded at or after it (resume from a checkpoint).
+
+        Rewritten atomically, so a kill during the rewrite leaves the old file, and the next resume does it again.
+        """
+        for name, key in ((TRACE, "step"), (METRICS, "step")):
+            path = self.path / name
+            if not path.exists():
+                continue
+            kept = [r for r in _read_jsonl(path).records if r.get(key, -1) < step]
+            atomic_write_bytes(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept).encode())
+
+    # ---- checkpoint ------------------------------------------------------------------------------------------
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.path / CHECKPOINT
+
+    def save_checkpoint(self, state: dict) -> None:
+        import io
+
+        import torch
+
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        atomic_write_bytes(self.checkpoint_path, buf.getvalue())
+
+    def load_checkpoint(self, map_location: Any = "cpu") -> dict | None:
+        import torch
+
+        if not self.checkpoint_path.exists():
+            return None
+        try:
+            # weights_only: a checkpoint is data, never code to unpickle.
+            return torch.load(self.checkpoint_path, map_location=map_location, weights_only=True)
+        except Exception as e:  # torch raises several types for a damaged file
+            raise InputError(f"{self.checkpoint_path}: cannot load checkpoint ({type(e).__name__}: {e})") from None
+
+
+def run_summary(run: RunDir) -> dict:
+    """The headline figures of a run, from its files: steps done, accuracy at q_max, time, mean bits."""
+    cfg = run.read_config()
+    trace = run.read_trace()
+    metrics = run.read_metrics().records
+    steps = trace.records
+    accs = [m["test_acc"] for m in metrics]
+    return {
+        "run": str(run.path),
+        "model": cfg["settings"]["model"],
+        "dataset": cfg["settings"]["dataset"],
+        "schedule": cfg["schedule"]["text"],
+        "steps_done": len(steps),
+        "total_steps": cfg["total_steps"],
+        "complete": len(steps) == cfg["total_steps"],
+        "trace_truncated": trace.truncated,
+        "epochs_done": len(metrics),
+        "eval_bits": cfg["eval_bits"],
+        "final_test_acc": accs[-1] if accs else None,
+        "best_test_acc": max(accs) if accs else None,
+        "final_train_loss": metrics[-1]["train_loss"] if metrics else None,
+        "train_time_s": round(sum(r.get("time_s", 0.0) for r in steps), 3),
+        "mean_bits": (sum(r["bits"] for r in steps) / len(steps)) if steps else None,
+    }
