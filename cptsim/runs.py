@@ -155,15 +155,18 @@ class RunDir:
         return _read_jsonl(self.path / METRICS)
 
     def truncate_after(self, step: int) -> None:
-        """Drop trace lines of steps >= `step` and metrics recorded at or after it (resume from a checkpoint).
+        """Forget what ran after the checkpoint taken at `step`: trace lines of steps >= `step`, and evaluations
+        recorded after it (an evaluation's "step" is the number of steps done when it ran, so the checkpoint's own
+        evaluation, at exactly `step`, stays).
 
         Rewritten atomically, so a kill during the rewrite leaves the old file, and the next resume does it again.
         """
-        for name, key in ((TRACE, "step"), (METRICS, "step")):
+        keep = {TRACE: lambda r: r.get("step", step) < step, METRICS: lambda r: r.get("step", step + 1) <= step}
+        for name, wanted in keep.items():
             path = self.path / name
             if not path.exists():
                 continue
-            kept = [r for r in _read_jsonl(path).records if r.get(key, -1) < step]
+            kept = [r for r in _read_jsonl(path).records if wanted(r)]
             atomic_write_bytes(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept).encode())
 
     # ---- checkpoint ------------------------------------------------------------------------------------------

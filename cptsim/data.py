@@ -1,0 +1,277 @@
+"""Dataset registry. Nothing here ever downloads: data either ships with a package (sklearn digits) or is already
+on disk under ``--data-dir``. ``dataset_info`` answers shape questions without loading, so models can be profiled
+on machines that lack the data.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from cptsim.errors import InputError
+
+__all__ = ["DataInfo", "list_datasets", "dataset_info", "load_datasets", "DIGITS_SPLIT_SEED"]
+
+DIGITS_SPLIT_SEED = 0
+
+CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
+MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
+FASHION_MEAN, FASHION_STD = (0.2860,), (0.3530,)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    name: str
+    input_shape: tuple[int, int, int]  # (C, H, W) of one sample as the model sees it
+    num_classes: int
+    train_size: int | None  # None where unknown without scanning the data (imagefolder before loading)
+    test_size: int | None
+
+
+@dataclass(frozen=True)
+class _Spec:
+    info: DataInfo
+    needs_dir: str | None  # what --data-dir must hold, for error messages; None: no directory needed
+    loader: Callable[[Path | None, bool], tuple[Dataset, Dataset]]
+
+
+_DATASETS: dict[str, _Spec] = {}
+
+
+def list_datasets() -> list[str]:
+    """Registered dataset names, the default (digits) first."""
+    return list(_DATASETS)
+
+
+def _spec(name: str) -> _Spec:
+    key = name.strip().lower() if isinstance(name, str) else None
+    if key not in _DATASETS:
+        raise InputError(f"unknown dataset {name!r}; choose from: {', '.join(_DATASETS)}")
+    return _DATASETS[key]
+
+
+def _check_dir(name: str, spec: _Spec, data_dir) -> Path:
+    if data_dir is None or str(data_dir) == "":
+        raise InputError(f"{name} needs --data-dir pointing at {spec.needs_dir}")
+    path = Path(data_dir).expanduser()
+    if not path.exists():
+        raise InputError(f"{name}: data dir {path} does not exist (expected {spec.needs_dir})")
+    if not path.is_dir():
+        raise InputError(f"{name}: data dir {path} is not a directory (expected {spec.needs_dir})")
+    return path
+
+
+def dataset_info(name: str, data_dir=None) -> DataInfo:
+    """Shape, class count and split sizes without loading the data (imagefolder reads its class folders)."""
+    spec = _spec(name)
+    if spec.info.name == "imagefolder":
+        root = _check_dir("imagefolder", spec, data_dir)
+        classes, _ = _imagefolder_classes(root)
+        return replace(spec.info, num_classes=len(classes))
+    return spec.info
+
+
+def load_datasets(name: str, data_dir=None, augment: bool = True) -> tuple[Dataset, Dataset, DataInfo]:
+    """(train, test, info); info's sizes are those of the datasets returned."""
+    spec = _spec(name)
+    root = _check_dir(spec.info.name, spec, data_dir) if spec.needs_dir else None
+    train, test = spec.loader(root, augment)
+    info = dataset_info(spec.info.name, data_dir) if spec.needs_dir else spec.info
+    return train, test, replace(info, train_size=len(train), test_size=len(test))
+
+
+def _register(info: DataInfo, needs_dir: str | None):
+    def deco(loader):
+        _DATASETS[info.name] = _Spec(info, needs_dir, loader)
+        return loader
+
+    return deco
+
+
+# --------------------------------------------------------------------------------------------------------------
+# sklearn digits: 1797 8x8 grey images, shipped inside scikit-learn
+
+
+def _digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x = (digits.data.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)
+    y = digits.target.astype(np.int64)
+    return train_test_split(x, y, test_size=0.2, stratify=y, random_state=DIGITS_SPLIT_SEED)
+
+
+@_register(DataInfo("digits", (1, 8, 8), 10, 1437, 360), needs_dir=None)
+def _load_digits(root, augment):
+    x_tr, x_te, y_tr, y_te = _digits_split()
+    # Statistics from the train split only, so that nothing about the test images leaks into training.
+    mean, std = float(x_tr.mean()), float(x_tr.std())
+    x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
+    return (
+        TensorDataset(torch.from_numpy(x_tr), torch.from_numpy(y_tr)),
+        TensorDataset(torch.from_numpy(x_te), torch.from_numpy(y_te)),
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# torchvision datasets in their on-disk formats (download=False always)
+
+
+def _transforms(mean, std, train_aug: list | None = None):
+    from torchvision import transforms as T
+
+    return T.Compose([*(train_aug or []), T.ToTensor(), T.Normalize(mean, std)])
+
+
+def _cifar_loader(name: str, cls_name: str, folder: str, files: list[str], mean, std):
+    def load(root: Path, augment: bool):
+        import torchvision
+        from torchvision import transforms as T
+
+        if root.name == folder:  # pointed at the batches folder itself; torchvision wants its parent
+            root = root.parent
+        _expect_files(name, root, folder, files, "the extracted python-version archive")
+        aug = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()] if augment else []
+        cls = getattr(torchvision.datasets, cls_name)
+        try:
+            train = cls(root=str(root), train=True, download=False, transform=_transforms(mean, std, aug))
+            test = cls(root=str(root), train=False, download=False, transform=_transforms(mean, std))
+        except RuntimeError as e:
+            # torchvision checks every file's md5 against the official archive's: present but wrong means corrupt.
+            # (torchvision's own message suggests download=True, which cptsim never does, so it is not passed on.)
+            raise InputError(
+                f"{name}: files in {root / folder} are corrupt (they fail torchvision's md5 check); expected the "
+                f"official {', '.join(files)} from the python-version archive, unmodified"
+            ) from None
+        except (OSError, EOFError, pickle.UnpicklingError, KeyError, ValueError) as e:
+            raise InputError(f"{name}: could not read {root / folder}: {type(e).__name__}: {e}") from None
+        return train, test
+
+    return load
+
+
+def _expect_files(name: str, root: Path, sub: str, files: list[str], what: str) -> None:
+    folder = root / sub
+    if not folder.is_dir():
+        raise InputError(f"{name}: no {sub}/ folder in {root} (expected {what})")
+    missing = [f for f in files if not (folder / f).is_file()]
+    if missing:
+        raise InputError(f"{name}: {folder} lacks {', '.join(missing)} (expected {what})")
+
+
+_CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
+_CIFAR100_FILES = ["train", "test", "meta"]
+
+_register(
+    DataInfo("cifar10", (3, 32, 32), 10, 50000, 10000),
+    needs_dir="the folder that holds cifar-10-batches-py/",
+)(_cifar_loader("cifar10", "CIFAR10", "cifar-10-batches-py", _CIFAR10_FILES, CIFAR10_MEAN, CIFAR10_STD))
+_register(
+    DataInfo("cifar100", (3, 32, 32), 100, 50000, 10000),
+    needs_dir="the folder that holds cifar-100-python/",
+)(_cifar_loader("cifar100", "CIFAR100", "cifar-100-python", _CIFAR100_FILES, CIFAR100_MEAN, CIFAR100_STD))
+
+
+_MNIST_FILES = [
+    "train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte",
+]
+
+
+def _mnist_loader(name: str, cls_name: str, mean, std):
+    def load(root: Path, augment: bool):
+        import torchvision
+
+        if root.name == "raw" and root.parent.name == cls_name:  # pointed at <root>/MNIST/raw itself
+            root = root.parent.parent
+        elif root.name == cls_name:
+            root = root.parent
+        processed = root / cls_name / "processed"
+        legacy = (processed / "training.pt").is_file() and (processed / "test.pt").is_file()  # old torchvision cache
+        if not legacy:
+            _expect_files(name, root, f"{cls_name}/raw", _MNIST_FILES, "the four uncompressed idx files")
+        cls = getattr(torchvision.datasets, cls_name)
+        try:
+            train = cls(root=str(root), train=True, download=False, transform=_transforms(mean, std))
+            test = cls(root=str(root), train=False, download=False, transform=_transforms(mean, std))
+        except (RuntimeError, AssertionError, TypeError, ValueError, OSError, KeyError) as e:
+            # torchvision's idx reader asserts on a bad header; treat anything it raises as a corrupt file.
+            detail = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
+            raise InputError(
+                f"{name}: could not read the idx files in {root / cls_name / 'raw'} (corrupt or not idx format; "
+                f"{detail})"
+            ) from None
+        return train, test
+
+    return load
+
+
+_register(
+    DataInfo("mnist", (1, 28, 28), 10, 60000, 10000), needs_dir="the folder that holds MNIST/raw/"
+)(_mnist_loader("mnist", "MNIST", MNIST_MEAN, MNIST_STD))
+_register(
+    DataInfo("fashion-mnist", (1, 28, 28), 10, 60000, 10000), needs_dir="the folder that holds FashionMNIST/raw/"
+)(_mnist_loader("fashion-mnist", "FashionMNIST", FASHION_MEAN, FASHION_STD))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# ImageNet-style folder tree: <dir>/train/<class>/*, <dir>/val/<class>/*
+
+_IMAGEFOLDER_NEEDS = "a folder with train/<class>/ and val/<class>/ subfolders of images"
+
+
+def _class_dirs(path: Path) -> list[str]:
+    # Same rule as torchvision's find_classes: every sub-directory is a class, sorted.
+    return sorted(e.name for e in os.scandir(path) if e.is_dir())
+
+
+def _imagefolder_classes(root: Path) -> tuple[list[str], list[str]]:
+    for split in ("train", "val"):
+        if not (root / split).is_dir():
+            raise InputError(f"imagefolder: {root} has no {split}/ subfolder (expected {_IMAGEFOLDER_NEEDS})")
+    train, val = _class_dirs(root / "train"), _class_dirs(root / "val")
+    if not train:
+        raise InputError(f"imagefolder: {root / 'train'} has no class subfolders (expected train/<class>/images)")
+    extra = sorted(set(val) - set(train))
+    if extra:
+        raise InputError(f"imagefolder: val/ has classes that train/ lacks: {', '.join(extra[:5])}")
+    return train, val
+
+
+def _renumber(ds, classes: list[str]) -> None:
+    """Give an ImageFolder train/'s label numbering, so a val/ that lacks a class cannot shift the labels."""
+    if ds.classes == classes:
+        return
+    to_idx = {c: i for i, c in enumerate(classes)}
+    ds.samples = [(path, to_idx[ds.classes[t]]) for path, t in ds.samples]
+    ds.imgs = ds.samples
+    ds.targets = [t for _, t in ds.samples]
+    ds.classes, ds.class_to_idx = list(classes), to_idx
+
+
+@_register(DataInfo("imagefolder", (3, 224, 224), 0, None, None), needs_dir=_IMAGEFOLDER_NEEDS)
+def _load_imagefolder(root: Path, augment: bool):
+    from torchvision import transforms as T
+    from torchvision.datasets import ImageFolder
+
+    classes, _ = _imagefolder_classes(root)
+    aug = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()] if augment else [T.Resize(256), T.CenterCrop(224)]
+    out = []
+    for split, pre in (("train", aug), ("val", [T.Resize(256), T.CenterCrop(224)])):
+        try:
+            ds = ImageFolder(str(root / split), transform=_transforms(IMAGENET_MEAN, IMAGENET_STD, pre))
+        except (FileNotFoundError, ValueError) as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise InputError(f"imagefolder: no usable images in {root / split}: {first}") from None
+        _renumber(ds, classes)
+        out.append(ds)
+    return out[0], out[1]

@@ -1,0 +1,122 @@
+"""Training end to end: kill -> resume equals an uninterrupted run; bad input is one line and exit code 2."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from cptsim.cli.main import cli
+from cptsim.runs import RunDir
+from cptsim.train import lr_factor
+
+ARGS = ["train", "--epochs", "2", "--batch-size", "128", "--quiet", "--schedule", "cpt:3-8:g8:n4"]
+
+
+def _cptsim(*args, env_extra=None):
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "cptsim.cli.main", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def _strip_times(records, keys=("time_s", "epoch_time_s")):
+    return [{k: v for k, v in r.items() if k not in keys} for r in records]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "run"
+    r = _cptsim(*ARGS, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    return RunDir.open(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_at", [5, 17])  # before the first checkpoint, and in the second epoch
+def test_kill_then_resume_gives_the_uninterrupted_trace(reference_run, tmp_path, kill_at):
+    out = tmp_path / "run"
+    r = _cptsim(*ARGS, "--out", str(out), env_extra={"CPTSIM_FAULT_KILL_AT_STEP": str(kill_at)})
+    assert r.returncode == -signal.SIGKILL
+    run = RunDir.open(out)
+    assert len(run.read_trace().records) == kill_at  # the steps before the kill were recorded
+
+    r = _cptsim("train", "--resume", str(out), "--quiet")
+    assert r.returncode == 0, r.stderr
+    ref_trace, trace = reference_run.read_trace(), run.read_trace()
+    steps = [rec["step"] for rec in trace.records]
+    assert steps == list(range(24))  # every step exactly once
+    assert _strip_times(trace.records) == _strip_times(ref_trace.records)
+    assert _strip_times(run.read_metrics().records) == _strip_times(reference_run.read_metrics().records)
+    a, b = reference_run.load_checkpoint(), run.load_checkpoint()
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+
+
+def test_trained_default_learns(reference_run):
+    metrics = reference_run.read_metrics().records
+    assert len(metrics) == 2 and metrics[-1]["eval_bits"] == 8
+    assert metrics[-1]["test_acc"] > 0.6  # 24 steps of digits-cnn; chance is 0.1
+    trace = reference_run.read_trace().records
+    bits = [r["bits"] for r in trace]
+    assert min(bits) == 3 and max(bits) == 8 and bits[0] == 3
+    assert all(r["grad_bits"] == 8 for r in trace)
+    assert sum(r["batch_size"] for r in trace[:12]) == 1437  # one epoch sees every training sample once
+    cfg = reference_run.read_config()
+    assert cfg["schedule"]["text"] == "cos-rep:3-8:g8:n4" and cfg["fp_layers"] == ["fc"]
+
+
+def test_resume_of_a_finished_run_changes_nothing(reference_run):
+    before = (reference_run.path / "trace.jsonl").read_bytes()
+    r = _cptsim("train", "--resume", str(reference_run.path), "--quiet", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["complete"] is True
+    assert (reference_run.path / "trace.jsonl").read_bytes() == before
+
+
+def test_lr_schedules():
+    assert lr_factor("step", 0, 100) == 1.0
+    assert lr_factor("step", 50, 100) == pytest.approx(0.1)
+    assert lr_factor("step", 75, 100) == pytest.approx(0.01)
+    assert lr_factor("cosine", 50, 100) == pytest.approx(0.5)
+    assert lr_factor("constant", 99, 100) == 1.0
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--model", "resnet21"], "resnet"),
+        (["--model", "nosuchmodel"], "digits-cnn"),
+        (["--dataset", "imagenette"], "cifar10"),
+        (["--schedule", "cos-wobble"], "cos-rep"),
+        (["--schedule", "cpt:8-3"], "q_min"),
+        (["--q-max", "17"], "16"),
+        (["--schedule", "static:20"], "32"),
+        (["--g-bits", "0"], "1..16"),
+        (["--dataset", "cifar10"], "--data-dir"),
+        (["--dataset", "cifar10", "--data-dir", "/nonexistent/dir"], "/nonexistent/dir"),
+        (["--schedule", "cpt:3-8", "--q-min", "4"], "contradicts"),
+        (["--fp-layers", "classifier"], "matches no"),
+        (["--epochs", "0"], "epochs"),
+        (["--device", "tpu"], "cpu"),
+        (["--resume", "/nonexistent/run"], "not a run directory"),
+        (["--batch-size", "x"], "batch-size"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
+    r = CliRunner().invoke(cli, ["train", "--quiet", "--out", str(tmp_path / "r"), *args])
+    assert r.exit_code == 2, (r.output, r.exception)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in r.output
+
+
+def test_existing_run_dir_is_refused_not_overwritten(reference_run):
+    before = {p.name: p.read_bytes() for p in reference_run.path.iterdir()}
+    r = CliRunner().invoke(cli, ["train", "--quiet", "--out", str(reference_run.path)])
+    assert r.exit_code == 2 and "--resume" in r.stderr
+    assert {p.name: p.read_bytes() for p in reference_run.path.iterdir()} == before
