@@ -1,0 +1,177 @@
+"""`cptsim hw`: list, inspect and calibrate hardware profiles."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from cptsim.errors import InputError
+from cptsim.hardware import HardwareProfile, list_profiles, load_profile, profile_origin
+
+from .common import emit_json, err, json_option, out
+
+SHOW_BITS = (2, 3, 4, 5, 6, 8, 12, 16, 32)
+_SHOW_MACS = 1e9  # the GEMM size `hw show` costs per row: compute-bound, no DRAM traffic
+
+
+@click.group()
+def hw() -> None:
+    """Hardware profiles: what a GEMM at given bit widths costs on a machine.
+
+    \b
+      cptsim hw list                 the shipped profiles (and yours)
+      cptsim hw show a100            a profile's numbers, sources, and cost at 2..32 bits
+      cptsim hw show ./my_npu.toml   your own profile, by path
+      cptsim hw calibrate            measure this machine; writes the 'host' profile
+    """
+
+
+def _si(x: float, unit: str = "") -> str:
+    """1.024e12 -> '1.02 T' (+unit)."""
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= factor:
+            return f"{x / factor:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}".rstrip()
+
+
+def _peak(p: HardwareProfile, b: int) -> float:
+    return float(p.throughput_macs_per_s(b, b))
+
+
+@hw.command("list")
+@json_option
+def list_cmd(as_json: bool) -> None:
+    """List the hardware profiles that --hardware / `hw show` accept by name.
+
+    The MAC/s columns are the peak at 8x8 and 4x4 bits, after the profile's calibration factors;
+    src counts the sources the file cites.
+    A profile in your own directory (e.g. from `cptsim hw calibrate`) replaces a shipped one of the same name.
+    """
+    rows, broken = [], []
+    for name in list_profiles():
+        try:
+            p = load_profile(name)
+        except InputError as e:  # a broken user file must not hide the others
+            broken.append({"name": name, "error": str(e)})
+            continue
+        rows.append({
+            "name": p.name, "kind": p.kind, "description": p.description, "origin": profile_origin(name),
+            "peak_macs_per_s": {"8x8": _peak(p, 8), "4x4": _peak(p, 4)},
+            "sources": len(p.sources), "hash": p.content_hash, "path": p.path,
+        })
+    if as_json:
+        emit_json({"profiles": rows, "errors": broken})
+        return
+    t = Table(title="hardware profiles")
+    for col, kw in (("name", {"no_wrap": True}), ("kind", {"no_wrap": True}),
+                    ("MAC/s 8x8", {"justify": "right", "no_wrap": True}),
+                    ("MAC/s 4x4", {"justify": "right", "no_wrap": True}),
+                    ("src", {"justify": "right"}), ("description", {})):
+        t.add_column(col, **kw)
+    for r in rows:
+        name = r["name"] + (" (yours)" if r["origin"] == "user" else "")
+        t.add_row(name, r["kind"], _si(r["peak_macs_per_s"]["8x8"]), _si(r["peak_macs_per_s"]["4x4"]),
+                  str(r["sources"]), r["description"])
+    out.print(t)
+    for b in broken:
+        err.print(f"[yellow]skipped[/yellow] {b['name']}: {b['error']}", markup=True, highlight=False)
+
+
+def _by_bits(p: HardwareProfile) -> list[dict]:
+    rows = []
+    for b in SHOW_BITS:
+        t, e = p.gemm_cost(_SHOW_MACS, b, b, 0.0)
+        rows.append({"bits": b, "runs_as": p.describe_bits(b, b), "macs_per_s": _peak(p, b),
+                     "pj_per_mac": float(e) / _SHOW_MACS * 1e12, "s_per_gmac": float(t)})
+    return rows
+
+
+@hw.command("show")
+@click.argument("name_or_path")
+@json_option
+def show_cmd(name_or_path: str, as_json: bool) -> None:
+    """Show one profile: its numbers, sources, calibration, and what it implies per bit width.
+
+    NAME_OR_PATH is a name from `cptsim hw list` or a path to a .toml profile. The table costs a compute-bound
+    GEMM with both operands at b bits (b x b): throughput in MAC/s and energy per MAC in pJ. On GPUs the cost
+    falls in steps, one per precision tier.
+    """
+    p = load_profile(name_or_path)
+    rows = _by_bits(p)
+    if as_json:
+        emit_json({**p.to_json(), "by_bits": rows})
+        return
+    out.print(f"[bold]{p.name}[/bold] ({p.kind}) - {p.description}", highlight=False)
+    out.print(f"file {p.path}  hash {p.content_hash}", highlight=False)
+    nums = Table(title="numbers", show_header=False)
+    nums.add_column("key")
+    nums.add_column("value", overflow="fold")
+    for k, v in p.params.items():
+        if k == "tiers":
+            for tier in v:
+                nums.add_row(f"tier {tier['name']}", f"<= {tier['bits']} bits: {tier['peak_ops']:g} {tier['unit']}")
+        else:
+            nums.add_row(k, str(v).lower() if isinstance(v, bool) else str(v))
+    for k, v in p.calibration.items():
+        nums.add_row(f"calibration.{k}", f"{v:g}")
+    out.print(nums)
+    out.print("[bold]sources[/bold]")
+    for s in p.sources:
+        out.print(f"  - {s}", highlight=False)
+    for n in p.notes:
+        out.print(f"[yellow]note:[/yellow] {n}", highlight=False)
+    t = Table(title=f"cost of a b x b-bit GEMM ({_si(_SHOW_MACS)}MAC, compute-bound)")
+    t.add_column("bits", justify="right")
+    t.add_column("runs as")
+    t.add_column("MAC/s", justify="right")
+    t.add_column("pJ / MAC", justify="right")
+    prev = None
+    for r in rows:
+        # A rule where the way it runs changes makes the GPU tier steps stand out.
+        t.add_row(str(r["bits"]), r["runs_as"], _si(r["macs_per_s"]), f"{r['pj_per_mac']:.3g}",
+                  end_section=False)
+        if prev is not None and r["runs_as"] != prev:
+            t.rows[-2].end_section = True
+        prev = r["runs_as"]
+    out.print(t)
+
+
+@hw.command("calibrate")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where fake-quantized training will run.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Profile file to write [default: ~/.config/cptsim/hw_profiles/host.toml, "
+                   "or $CPTSIM_HOME/hw_profiles/host.toml].")
+@click.option("--seconds", type=click.FloatRange(min=0.05, max=600), default=3.0, show_default=True,
+              help="Time budget for the measurements.")
+@json_option
+def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bool) -> None:
+    """Measure this machine and write it as a 'host' hardware profile.
+
+    Times FP32 matmuls (conv-as-GEMM shapes), a large tensor copy (memory bandwidth) and a quantizer pass
+    (fake_quantize on 4M elements) with torch; power from NVML on CUDA when pynvml is installed, from RAPL on a
+    CPU when the OS exposes it, else unknown (energy 0). Afterwards the profile named 'host' (`cptsim hw show host`,
+    and any command given that hardware) uses these numbers instead of the shipped placeholder.
+    """
+    from cptsim.calibrate import calibrate_host, output_path, write_host_profile
+
+    output_path(out_path)  # a bad --out fails now, not after the measurements
+    if not as_json:
+        err.print(f"measuring {device} for about {seconds:g} s ...")
+    measured = calibrate_host(device=device, seconds=seconds)
+    path, prof = write_host_profile(measured, out_path)
+    if as_json:
+        emit_json({"written": str(path), "measured": measured, "profile": prof.to_json()})
+        return
+    t = Table(title=f"measured on this machine ({device}, {measured['threads']} threads)", show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    t.add_row("fp32 matmul", _si(measured["matmul_macs_per_s"], "MAC/s"))
+    for s in measured["matmul_by_shape"]:
+        t.add_row(f"  {'x'.join(map(str, s['shape']))}", _si(s["macs_per_s"], "MAC/s"))
+    t.add_row("memory bandwidth (copy)", _si(measured["bandwidth_bytes_per_s"], "B/s"))
+    t.add_row("quantizer pass", _si(measured["elementwise_elems_per_s"], "elem/s"))
+    power = measured["power_w"]
+    t.add_row("power", f"{power:.1f} W ({measured['power_source']})" if power else "unknown (energy will be 0 J)")
+    out.print(t)
+    out.print(f"wrote {path} (profile '{prof.name}', hash {prof.content_hash})", highlight=False)

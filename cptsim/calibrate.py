@@ -1,0 +1,266 @@
+"""Measure the machine cptsim runs on and write it as a ``host`` hardware profile (``cptsim hw calibrate``).
+
+Three rates, each the median of repeated timings within a fixed time budget, with torch on the chosen device:
+
+* FP32 matmul MAC rate over a few conv-as-GEMM shapes (the median across shapes);
+* memory bandwidth of a large tensor copy, counting bytes read + bytes written (how callers count ``bytes_moved``);
+* element-wise rate of a quantizer pass (``torch.fake_quantize_per_tensor_affine`` on 4M elements).
+
+On CUDA, power comes from NVML when ``pynvml`` is importable; on a CPU, from the RAPL energy counter when the OS
+exposes it. Otherwise power is unknown (0), and the profile reports energy as 0 J.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from .errors import InputError
+from .hardware import HardwareProfile, load_profile, user_profile_dir
+
+# (M, K, N) of conv layers lowered to GEMMs: ResNet-ish 3x3 convs (K = 9 x C_in) over a batch of feature maps.
+MATMUL_SHAPES = ((512, 1152, 1024), (1024, 576, 256), (256, 2304, 512))
+ELEMENTWISE_NUMEL = 4 * 1024 * 1024
+COPY_NUMEL = {"cpu": 16 * 1024 * 1024, "cuda": 64 * 1024 * 1024}  # 64 / 256 MB: well past the last-level cache
+_RAPL = Path("/sys/class/powercap/intel-rapl:0/energy_uj")
+
+
+def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
+    """Measure this machine with torch; returns the rates in SI units plus what measured them.
+
+    ``seconds`` is the total time budget (each measurement still runs at least a few repetitions).
+    Keys: device, threads, cpu, gpu, torch_version, matmul_macs_per_s, matmul_by_shape, bandwidth_bytes_per_s,
+    elementwise_elems_per_s, power_w (None when unknown), power_source, measured_at, elapsed_s.
+    """
+    import torch
+
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError("device cuda requested but torch sees no CUDA GPU (torch.cuda.is_available() is False)")
+    if not (seconds > 0):
+        raise InputError(f"seconds must be a positive number, got {seconds!r}")
+
+    t_start = time.perf_counter()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    power = _PowerMeter(device)
+
+    # Half the budget for matmul (where power is sampled), a quarter each for bandwidth and the quantizer.
+    by_shape = []
+    with torch.no_grad():
+        power.start()
+        for m, k, n in MATMUL_SHAPES:
+            a = torch.randn(m, k, device=device)
+            b = torch.randn(k, n, device=device)
+            t = _median_time(lambda: torch.mm(a, b), 0.5 * seconds / len(MATMUL_SHAPES), sync)
+            by_shape.append({"shape": [m, k, n], "macs_per_s": m * k * n / t})
+        power_w, power_source = power.stop()
+
+        x = torch.empty(COPY_NUMEL[device], device=device).uniform_()
+        y = torch.empty_like(x)
+        t = _median_time(lambda: y.copy_(x), 0.25 * seconds, sync)
+        bandwidth = 2 * x.numel() * x.element_size() / t
+        del x, y
+
+        q = torch.randn(ELEMENTWISE_NUMEL, device=device)
+        t = _median_time(lambda: torch.fake_quantize_per_tensor_affine(q, 0.05, 0, -128, 127), 0.25 * seconds, sync)
+        elementwise = ELEMENTWISE_NUMEL / t
+
+    return {
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "cpu": _cpu_name(),
+        "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+        "torch_version": torch.__version__.split("+")[0],
+        "matmul_macs_per_s": statistics.median(s["macs_per_s"] for s in by_shape),
+        "matmul_by_shape": by_shape,
+        "bandwidth_bytes_per_s": bandwidth,
+        "elementwise_elems_per_s": elementwise,
+        "power_w": power_w,
+        "power_source": power_source,
+        "measured_at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "elapsed_s": time.perf_counter() - t_start,
+    }
+
+
+def default_output_path() -> Path:
+    """Where ``cptsim hw calibrate`` writes unless told otherwise: the user's profile dir, host.toml."""
+    return user_profile_dir() / "host.toml"
+
+
+def output_path(out: str | os.PathLike | None = None) -> Path:
+    """The file ``write_host_profile`` will write: ``out``, or the default; checked before anything is measured."""
+    path = Path(out).expanduser() if out is not None else default_output_path()
+    if path.suffix != ".toml":
+        raise InputError(f"--out must name a .toml file, got {str(path)!r}")
+    if path.is_dir():
+        raise InputError(f"--out names a directory, not a file: {path}")
+    return path
+
+
+def host_profile_toml(measured: dict, name: str = "host") -> str:
+    """The text of a ``host`` profile holding the measurements of ``calibrate_host``."""
+    dev = measured["device"]
+    machine = measured["gpu"] if dev == "cuda" and measured.get("gpu") else measured["cpu"]
+    description = f"This machine: {machine} ({dev}, {measured['threads']} threads), measured by cptsim hw calibrate"
+    power = measured["power_w"]
+    power_note = (f"average during the matmul runs, from {measured['power_source']}" if power
+                  else "unknown on this machine (no NVML / RAPL reading): energy is reported as 0 J")
+    source = (f"measured on this machine by `cptsim hw calibrate` ({measured['measured_at']}, torch "
+              f"{measured['torch_version']}, {dev}, {measured['threads']} threads): fp32 torch.mm median over "
+              f"{', '.join('x'.join(map(str, s['shape'])) for s in measured['matmul_by_shape'])}; tensor copy of "
+              f"{COPY_NUMEL[dev] * 4 // 2**20} MB; fake_quantize_per_tensor_affine on {ELEMENTWISE_NUMEL} elements")
+    lines = [
+        f"# Written by `cptsim hw calibrate` at {measured['measured_at']}. Re-run it to refresh; edit [calibration] to",
+        "# fit measured training runs. time = macs / matmul rate + bytes / bandwidth + quantizer elements / rate.",
+        f"name = {_toml_str(name)}",
+        'kind = "host"',
+        f"description = {_toml_str(description)}",
+        f"sources = [{_toml_str(source)}]",
+        "",
+        "[host]",
+        f"device = {_toml_str(dev)}",
+        "calibrated = true",
+        f"threads = {int(measured['threads'])}",
+        f"cpu = {_toml_str(measured['cpu'])}",
+        f"torch_version = {_toml_str(measured['torch_version'])}",
+        f"measured_at = {_toml_str(measured['measured_at'])}",
+        f"matmul_gmac_s = {_num(measured['matmul_macs_per_s'] / 1e9)}          # fp32 matmul, median over shapes",
+        f"bandwidth_gb_s = {_num(measured['bandwidth_bytes_per_s'] / 1e9)}     # copy: bytes read + written per s",
+        f"elementwise_gelem_s = {_num(measured['elementwise_elems_per_s'] / 1e9)}  # fake-quantize elements per s",
+        f"power_w = {_num(power or 0.0)}   # {power_note}",
+        "",
+        "[calibration]",
+        "compute_efficiency = 1.0",
+        "memory_efficiency = 1.0",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_host_profile(measured: dict, out: str | os.PathLike | None = None) -> tuple[Path, HardwareProfile]:
+    """Write the measured profile atomically (temp file + os.replace) and read it back through ``load_profile``.
+
+    The profile's name is the file's stem ("host" by default), so a file in the user's profile dir loads by name.
+    """
+    path = output_path(out)
+    text = host_profile_toml(measured, name=path.stem)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise InputError(f"cannot write {path}: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path, load_profile(str(path))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _median_time(fn: Callable[[], object], budget_s: float, sync: Callable[[], None],
+                 min_samples: int = 3, max_samples: int = 200) -> float:
+    """Median time of one call of ``fn``, sampling until ``budget_s`` is spent (at least ``min_samples``).
+
+    A sample runs ``fn`` enough times to last ~1 ms before one sync, so launch and sync overheads (on a GPU, tens of
+    microseconds against kernels of a few) do not count as work.
+    """
+    fn()  # warm-up: allocation, kernel selection
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    inner = int(min(1000, max(1, 1e-3 / max(time.perf_counter() - t0, 1e-9))))
+    times: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(times) < min_samples or (time.perf_counter() < deadline and len(times) < max_samples):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        sync()
+        times.append((time.perf_counter() - t0) / inner)
+    return max(statistics.median(times), 1e-12)
+
+
+class _PowerMeter:
+    """Average power over an interval: NVML on CUDA, RAPL on a CPU, or unknown (None)."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self._samples: list[float] = []
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self._handle = self._e0 = None
+        if self.device == "cuda":
+            try:
+                import pynvml  # optional: nvidia-ml-py
+
+                pynvml.nvmlInit()
+                import torch
+
+                self._handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(torch.cuda.current_device()))
+                self._e0 = pynvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)  # mJ since driver load
+            except Exception:  # no pynvml, no NVML, or a GPU without the energy counter
+                self._e0 = None
+        else:
+            try:
+                self._e0 = int(_RAPL.read_text())  # µJ
+            except (OSError, ValueError):
+                self._e0 = None
+
+    def stop(self) -> tuple[float | None, str]:
+        dt = time.perf_counter() - self._t0
+        if self._e0 is None or dt <= 0:
+            return None, "unknown"
+        try:
+            if self.device == "cuda":
+                import pynvml
+
+                e1 = pynvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
+                return (e1 - self._e0) * 1e-3 / dt, "NVML total energy counter"
+            e1 = int(_RAPL.read_text())
+            if e1 < self._e0:  # counter wrapped
+                return None, "unknown"
+            return (e1 - self._e0) * 1e-6 / dt, "RAPL package energy counter (intel-rapl:0)"
+        except Exception:
+            return None, "unknown"
+
+
+def _nvml_index(torch_index: int) -> int:
+    """NVML numbers all GPUs; torch only the visible ones (CUDA_VISIBLE_DEVICES=2,3 makes torch's 0 NVML's 2)."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if torch_index < len(visible) and visible[torch_index].isdigit():
+        return int(visible[torch_index])
+    return torch_index
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _toml_str(s: str) -> str:
+    # A JSON string (ASCII, escaped) is a valid TOML basic string.
+    return json.dumps(str(s) if s else "unknown")
+
+
+def _num(x: float) -> str:
+    return repr(float(f"{x:.4g}"))
