@@ -149,7 +149,7 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
     """Measure this machine and write it as a 'host' hardware profile.
 
     Times FP32 matmuls (conv-as-GEMM shapes), a large tensor copy (memory bandwidth) and a quantizer pass
-    (fake_quantize on 4M elements) with torch; power from NVML on CUDA when pynvml is installed, from RAPL on a
+    (cptsim's quantizers on 4M elements) with torch; power from NVML on CUDA when pynvml is installed, from RAPL on a
     CPU when the OS exposes it, else unknown (energy 0). Afterwards the profile named 'host' (`cptsim hw show host`,
     and any command given that hardware) uses these numbers instead of the shipped placeholder.
     """

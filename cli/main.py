@@ -53,20 +53,16 @@ def cli() -> None:
       cptsim schedules list            the eleven precision schedules
       cptsim schedules show cpt ...    bits over steps and their cost
       cptsim train                     real quantized training (default: digits, small CNN, CPT 3-8/8)
+      cptsim hw list | show | calibrate  hardware profiles (GPUs, Bit Fusion, bit-serial, int8 array, this host)
     """
 
 
 def _register() -> None:
-    from . import schedules_cmd, train_cmd
+    from . import hw_cmd, schedules_cmd, train_cmd
 
     cli.add_command(train_cmd.train)
     cli.add_command(schedules_cmd.schedules)
-    try:  # commands added by later modules register themselves here when present
-        from . import hw_cmd
-
-        cli.add_command(hw_cmd.hw)
-    except ImportError:
-        pass
+    cli.add_command(hw_cmd.hw)
 
 
 _register()

@@ -4,7 +4,7 @@ Three rates, each the median of repeated timings within a fixed time budget, wit
 
 * FP32 matmul MAC rate over a few conv-as-GEMM shapes (the median across shapes);
 * memory bandwidth of a large tensor copy, counting bytes read + bytes written (how callers count ``bytes_moved``);
-* element-wise rate of a quantizer pass (``torch.fake_quantize_per_tensor_affine`` on 4M elements).
+* element-wise rate of cptsim's quantizers (``cptsim.quant``: one round-to-nearest and one stochastic pass, 4M elements).
 
 On CUDA, power comes from NVML when ``pynvml`` is importable; on a CPU, from the RAPL energy counter when the OS
 exposes it. Otherwise power is unknown (0), and the profile reports energy as 0 J.
@@ -69,9 +69,19 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
         bandwidth = 2 * x.numel() * x.element_size() / t
         del x, y
 
+        # cptsim's own quantizers, as training runs them: one round-to-nearest pass (activations, weights) and one
+        # stochastic-rounding pass (errors); the rate is per element per quantizer call, averaged over the two.
+        from .quant import fake_quant, fake_quant_stochastic
+
         q = torch.randn(ELEMENTWISE_NUMEL, device=device)
-        t = _median_time(lambda: torch.fake_quantize_per_tensor_affine(q, 0.05, 0, -128, 127), 0.25 * seconds, sync)
-        elementwise = ELEMENTWISE_NUMEL / t
+
+        def both() -> None:
+            lo, hi = torch.aminmax(q)
+            fake_quant(q, lo, hi, 8)
+            fake_quant_stochastic(q, 8)
+
+        t = _median_time(both, 0.25 * seconds, sync)
+        elementwise = 2 * ELEMENTWISE_NUMEL / t
 
     return {
         "device": device,
@@ -116,7 +126,7 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
     source = (f"measured on this machine by `cptsim hw calibrate` ({measured['measured_at']}, torch "
               f"{measured['torch_version']}, {dev}, {measured['threads']} threads): fp32 torch.mm median over "
               f"{', '.join('x'.join(map(str, s['shape'])) for s in measured['matmul_by_shape'])}; tensor copy of "
-              f"{COPY_NUMEL[dev] * 4 // 2**20} MB; fake_quantize_per_tensor_affine on {ELEMENTWISE_NUMEL} elements")
+              f"{COPY_NUMEL[dev] * 4 // 2**20} MB; cptsim.quant round-to-nearest + stochastic on {ELEMENTWISE_NUMEL} elements")
     lines = [
         f"# Written by `cptsim hw calibrate` at {measured['measured_at']}. Re-run it to refresh; edit [calibration] to",
         "# fit measured training runs. time = macs / matmul rate + bytes / bandwidth + quantizer elements / rate.",
