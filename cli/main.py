@@ -59,10 +59,16 @@ def cli() -> None:
 
 def _register() -> None:
     from . import hw_cmd, schedules_cmd, train_cmd
+    from . import rangetest_cmd
 
     cli.add_command(train_cmd.train)
     cli.add_command(schedules_cmd.schedules)
+    from . import cost_cmd, profile_cmd
+
+    cli.add_command(profile_cmd.profile)
+    cli.add_command(cost_cmd.cost)
     cli.add_command(hw_cmd.hw)
+    cli.add_command(rangetest_cmd.range_test)
 
 
 _register()

@@ -69,7 +69,9 @@ class _QuantError(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, bits):
         ctx.bits = bits
-        return y.view_as(y)
+        # A copy, not a view: models apply in-place ops (ReLU(inplace=True)) straight to a layer's output,
+        # which autograd forbids on a custom Function's view output. One memcpy of the output per layer.
+        return y.clone()
 
     @staticmethod
     def backward(ctx, grad):

@@ -136,3 +136,12 @@ def test_precision_state_rejects_bad_bits():
         s.set(0, 8)
     with pytest.raises(InputError):
         s.set(8, 20)
+
+
+def test_inplace_activation_after_a_quantized_layer_trains():
+    """MLPs put ReLU(inplace=True) directly on a Linear's output; the error quantizer must allow it."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(inplace=True), nn.Linear(8, 2))
+    quantize_model(net).set(4, 6)
+    net(torch.randn(3, 4)).sum().backward()
+    assert torch.isfinite(net[0].weight.grad).all() and net[0].weight.grad.abs().sum() > 0

@@ -1,0 +1,103 @@
+"""`cptsim cost`: what one precision schedule costs over a whole run, on several hardware profiles side by side."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from cptsim.errors import InputError
+
+from .common import emit_json, err, json_option, out
+from .profile_cmd import build_profile, resolve_workload, si, workload_options
+
+DEFAULT_HW = "h100,a100,bitfusion,stripes,int8-systolic"
+
+_EPILOG = """\b
+Examples:
+  cptsim cost --model resnet20 --dataset cifar10 --schedule cpt:3-8:g8:n32 --steps 64000
+  cptsim cost --schedule rex-tri-h:4-8:g8:n8 --epochs 15 --batch-size 64 --hw h100,bitfusion --json
+
+\b
+BitOPs do not depend on the hardware (MACs x operand bits, per phase: fwd b_w·b_a, dgrad b_g·b_w,
+wgrad b_g·b_a; full-precision layers at 32 bits). Energy and latency do: a GPU runs every width up to 8 bits
+on its int8 tier (H100 has no int4), Bit Fusion's fused bricks speed up 4x per halving of both operands,
+a bit-serial array scales with one operand's width, an 8-bit systolic array not at all -- and every profile
+also pays DRAM traffic. "saving" = 1 - cost / cost of the static q_max run with the same gradient bits.
+With a known epoch size the ragged last batch of every epoch is costed exactly.
+"""
+
+
+@click.command("cost", epilog=_EPILOG)
+@workload_options
+@click.option("--schedule", default="cpt", show_default=True, help="Precision schedule, name or text form.")
+@click.option("--steps", type=int, default=None, help="Training steps.")
+@click.option("--epochs", type=int, default=None, help="Training epochs (needs the dataset's size).")
+@click.option("--batch-size", type=int, default=128, show_default=True)
+@click.option("--dataset-size", type=int, default=None,
+              help="Training samples per epoch (default: the dataset's train split).")
+@click.option("--hw", "--hardware", "hw", default=DEFAULT_HW, show_default=True,
+              help="Comma-separated hardware profiles (names or .toml paths).")
+@json_option
+def cost(model, dataset, data_dir, input_shape, num_classes, fp_layers, schedule, steps, epochs, batch_size,
+         dataset_size, hw, as_json) -> None:
+    """Cost one precision schedule over a training run on several hardware profiles: BitOPs, energy, latency,
+    and the saving over the static q_max schedule on each."""
+    from cptsim.cost import estimate
+    from cptsim.hardware import load_profile
+    from cptsim.schedules import parse_schedule
+
+    sched = parse_schedule(schedule)
+    if steps is not None and epochs is not None:
+        raise InputError("give --steps or --epochs, not both")
+    if steps is None and epochs is None:
+        raise InputError("give the run length: --steps T or --epochs E")
+    for flag, v in (("--steps", steps), ("--epochs", epochs), ("--batch-size", batch_size),
+                    ("--dataset-size", dataset_size)):
+        if v is not None and v < 1:
+            raise InputError(f"{flag} must be at least 1, got {v}")
+    names = [h.strip() for h in hw.split(",") if h.strip()]
+    if not names:
+        raise InputError("--hw needs at least one hardware profile")
+    profiles = [load_profile(n) for n in names]
+    shape, classes, info = resolve_workload(model, dataset, data_dir, input_shape, num_classes)
+    if dataset_size is None and info is not None:
+        dataset_size = info.train_size
+    if epochs is not None and dataset_size is None:
+        raise InputError("--epochs needs the epoch size: give --dataset or --dataset-size")
+    with err.status(f"profiling {model}: one training step on input {tuple(shape)} ..."):
+        prof = build_profile(model, shape, classes, fp_layers)
+    costs = [estimate(prof, sched, p, steps=steps, epochs=epochs, batch_size=batch_size, dataset_size=dataset_size,
+                      per_layer=False) for p in profiles]
+    first = costs[0]
+    workload = {"model": model, "dataset": info.name if info is not None else None, "input_shape": list(shape),
+                "num_classes": classes, "schedule": sched.to_text(), "steps": first.steps, "samples": first.samples,
+                "batch_size": batch_size, "dataset_size": dataset_size, "static_bits": sched.q_max}
+
+    if as_json:
+        rows = []
+        for p, c in zip(profiles, costs):
+            d = c.to_json()
+            d.pop("per_layer")
+            rows.append({"hardware": p.name, "kind": p.kind, **d,
+                         "saving_vs_static": {k: 1.0 - v for k, v in c.vs_static.items()}})
+        emit_json({"workload": workload, "profiles": rows})
+        return
+
+    epochs_txt = f", {first.samples / dataset_size:.4g} epochs of {dataset_size}" if dataset_size else ""
+    t = Table(title=f"{sched.to_text()} on {model}: {first.steps} steps x {batch_size}{epochs_txt}; "
+                    f"baseline: static {sched.q_max} bits, same gradient bits",
+              title_justify="left")
+    t.add_column("hardware", no_wrap=True, min_width=max(len(p.name) for p in profiles))
+    for col in ("kind", "BitOPs", "vs FP32", "vs static", "energy", "latency", "energy saving",
+                "latency saving"):
+        t.add_column(col, justify="left" if col == "kind" else "right")
+    for p, c in zip(profiles, costs):
+        t.add_row(p.name, p.kind, si(c.bitops["total"]), f"{100 * c.relative_to_fp32:.2f}%",
+                  f"{100 * c.relative_to_static:.1f}%", si(c.energy_j["total"], "J"), si(c.latency_s["total"], "s"),
+                  f"{100 * (1 - c.vs_static['energy_j']):.1f}%", f"{100 * (1 - c.vs_static['latency_s']):.1f}%")
+    out.print(t)
+    out.print("saving = 1 - cost / static q_max cost on the same hardware; BitOPs are hardware-independent.",
+              highlight=False)
+    for p in profiles:
+        for n in p.notes:
+            err.print(f"[yellow]note ({p.name}):[/yellow] {n}", highlight=False)

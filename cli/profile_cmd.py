@@ -1,0 +1,178 @@
+"""`cptsim profile`: per-layer MACs of one real quantized training step, and what a step costs at given bits."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from cptsim.errors import InputError
+
+from .common import emit_json, err, json_option, out
+
+_EPILOG = """\b
+Examples:
+  cptsim profile                                     digits-cnn on digits (8x8), 8/8 bits, batch 128, h100
+  cptsim profile --model resnet20 --dataset cifar10 --bits 4 --hw bitfusion
+  cptsim profile --model token-mlp --input-shape 16,64 --num-classes 10 --json
+
+\b
+MACs are measured by hooks during one real training step (forward, loss, backward) on a copy of the model,
+quantized as training would quantize it: dgrad is 0 where a layer's input needs no gradient (the first layer),
+wgrad 0 for frozen weights. MACs are per sample; BitOPs, energy and latency are per step of --batch-size
+samples at --bits (weights, activations) and --grad-bits (errors). No dataset needs to be on disk.
+"""
+
+
+def si(x: float | None, unit: str = "") -> str:
+    """1.024e12 -> '1.02 T' (+unit); None -> '-'."""
+    if x is None:
+        return "-"
+    for factor, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= factor:
+            return f"{x / factor:.3g} {prefix}{unit}"
+    if x and abs(x) < 1:
+        for factor, prefix in ((1e-3, "m"), (1e-6, "µ"), (1e-9, "n"), (1e-12, "p")):
+            if abs(x) >= factor:
+                return f"{x / factor:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}".rstrip()
+
+
+def parse_shape(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        shape = tuple(int(p) for p in text.strip().replace("x", ",").split(","))
+    except ValueError:
+        shape = ()
+    if not (1 <= len(shape) <= 3) or any(s < 1 for s in shape):
+        raise InputError(f"--input-shape must be positive sizes C,H,W or T,F (e.g. 3,32,32), got {text!r}")
+    return shape
+
+
+def parse_fp_layers(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return []
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def workload_options(f):
+    """The options that say which model on which input: shared by `profile` and `cost`."""
+    opts = [
+        click.option("--model", default="digits-cnn", show_default=True, help="Model name ('cptsim train --list-models')."),
+        click.option("--dataset", default=None,
+                     help="Dataset the shapes (and, for `cost`, the epoch size) come from; nothing is loaded. "
+                          "Default digits, unless --input-shape is given."),
+        click.option("--data-dir", default=None, help="Only for imagefolder: the folder whose classes to count."),
+        click.option("--input-shape", default=None, help="Per-sample input C,H,W (or T,F); overrides the dataset's."),
+        click.option("--num-classes", type=int, default=None, help="Classes; overrides the dataset's (default 10)."),
+        click.option("--fp-layers", default=None,
+                     help="Comma-separated layer names or globs kept in full precision; 'none' quantizes every "
+                          "layer. Default: the model's convention (the final classifier)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def resolve_workload(model: str, dataset: str | None, data_dir: str | None, input_shape: str | None,
+                     num_classes: int | None):
+    """(input shape, num_classes, DataInfo or None) from the flags, without loading any data."""
+    from cptsim.data import dataset_info
+
+    shape = parse_shape(input_shape)
+    info = None
+    if dataset is not None or shape is None:
+        info = dataset_info(dataset or "digits", data_dir)
+    if shape is None:
+        shape = tuple(info.input_shape)
+    if num_classes is None:
+        num_classes = info.num_classes if info is not None else 10
+    if num_classes < 1:
+        raise InputError(f"--num-classes must be a positive integer, got {num_classes}")
+    return shape, num_classes, info
+
+
+def build_profile(model: str, shape: tuple[int, ...], num_classes: int, fp_layers: str | None):
+    """Create the model, quantize it as training would, and profile one training step (per-sample MACs).
+
+    The step runs at the fresh PrecisionState's 32 bits (no quantizer ops): MACs do not depend on the bits, and
+    the layers are the quantized ones, so each layer's `quantized` flag is what training will have."""
+    from cptsim.layers import quantize_model
+    from cptsim.models import create_model
+    from cptsim.profiler import profile_model
+
+    in_channels = shape[0] if len(shape) == 3 else 1
+    torch_model = create_model(model, num_classes=num_classes, in_channels=in_channels, input_shape=shape)
+    quantize_model(torch_model, fp_layers=parse_fp_layers(fp_layers))
+    return profile_model(torch_model, shape, batch_size=2, model_name=model)
+
+
+@click.command("profile", epilog=_EPILOG)
+@workload_options
+@click.option("--batch-size", type=int, default=128, show_default=True, help="Samples per step for the step costs.")
+@click.option("--hw", "--hardware", "hw", default="h100", show_default=True,
+              help="Hardware profile (name or .toml path) for energy and latency per step.")
+@click.option("--bits", type=int, default=8, show_default=True, help="Forward bits (weights and activations).")
+@click.option("--grad-bits", type=int, default=8, show_default=True, help="Gradient (error) bits.")
+@json_option
+def profile(model, dataset, data_dir, input_shape, num_classes, fp_layers, batch_size, hw, bits, grad_bits,
+            as_json) -> None:
+    """Per-layer MACs (forward, dgrad, wgrad) of a model, measured in one real training step, and the BitOPs,
+    energy and latency of one step at the given bits on a hardware profile."""
+    from cptsim.cost import estimate, step_cost
+    from cptsim.hardware import load_profile
+    from cptsim.quant import check_bits
+
+    check_bits(bits, "--bits")
+    check_bits(grad_bits, "--grad-bits")
+    if batch_size < 1:
+        raise InputError(f"--batch-size must be at least 1, got {batch_size}")
+    hardware = load_profile(hw)
+    shape, classes, _ = resolve_workload(model, dataset, data_dir, input_shape, num_classes)
+    with err.status(f"profiling {model}: one training step on input {tuple(shape)} ..."):
+        prof = build_profile(model, shape, classes, fp_layers)
+    step = {"batch_size": [batch_size], "bits": [bits], "grad_bits": [grad_bits]}
+    cost = estimate(prof, step, hardware)
+    totals = prof.totals()
+    grand = sum(totals.values())
+
+    if as_json:
+        doc = prof.to_json()
+        exact = step_cost(prof.arrays(), bits, grad_bits, batch_size)  # one step's MACs / BitOPs as exact ints
+        for layer, row in zip(doc["layers"], cost.per_layer):
+            layer["step"] = {"bitops": {k: int(round(v)) for k, v in row["bitops"].items()},
+                             "energy_j": row["energy_j"], "latency_s": row["latency_s"]}
+        doc["totals"] = {"macs_per_sample": totals}
+        doc["step"] = {"batch_size": batch_size, "bits": bits, "grad_bits": grad_bits, "hardware": hardware.name,
+                       "hardware_hash": hardware.content_hash,
+                       "macs": {**exact["macs"], "total": sum(exact["macs"].values())},
+                       "bitops": {**exact["bitops"], "total": sum(exact["bitops"].values())},
+                       "energy_j": cost.energy_j, "latency_s": cost.latency_s,
+                       "relative_to_fp32": cost.relative_to_fp32}
+        emit_json(doc)
+        return
+
+    t = Table(title=f"{model}, input {tuple(shape)}: MACs per sample; one step of {batch_size} at "
+                    f"{bits}/{grad_bits} bits on {hardware.name}", title_justify="left")
+    # Names first: on a narrow terminal the figures shrink, never the layer names.
+    t.add_column("layer", no_wrap=True, min_width=min(30, max(len(r.name) for r in prof.layers)))
+    for col in ("type", "quant"):
+        t.add_column(col, no_wrap=True)
+    for col in ("fwd MAC", "dgrad MAC", "wgrad MAC", "share", "BitOPs/step", "energy/step", "latency/step"):
+        t.add_column(col, justify="right")
+    for rec, row in zip(prof.layers, cost.per_layer):
+        share = sum(rec.macs.values()) / grand if grand else 0.0
+        t.add_row(rec.name, rec.type, "yes" if rec.quantized else "fp32",
+                  *(si(rec.macs[p]) for p in ("fwd", "dgrad", "wgrad")), f"{100 * share:.1f}%",
+                  si(row["bitops"]["total"]), si(row["energy_j"]["total"], "J"), si(row["latency_s"]["total"], "s"))
+    t.add_section()
+    t.add_row("total", "", f"{sum(r.quantized for r in prof.layers)}/{len(prof.layers)}",
+              *(si(totals[p]) for p in ("fwd", "dgrad", "wgrad")), "100%", si(cost.bitops["total"]),
+              si(cost.energy_j["total"], "J"), si(cost.latency_s["total"], "s"))
+    out.print(t)
+    out.print(f"BitOPs relative to FP32: {100 * cost.relative_to_fp32:.2f}%  "
+              f"(quant = quantized at {bits}/{grad_bits} bits; fp32 layers count at 32 bits)", highlight=False)
+    for n in hardware.notes:
+        err.print(f"[yellow]note:[/yellow] {n}", highlight=False)

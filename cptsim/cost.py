@@ -1,0 +1,499 @@
+"""The one cost model that plan, train and report share: BitOPs, bytes, energy and latency of training steps.
+
+Pure, vectorized functions over a profile's per-layer arrays (``cptsim.profiler.ProfileArrays``: L layers x the
+three phases fwd / dgrad / wgrad). Nothing here loops over steps: a schedule takes few distinct (q, g) pairs, and
+every per-step quantity is a function of (q, g, samples in the step) alone, so a run is costed from its histogram
+of (q, g, samples) triples (``np.bincount`` on small integer keys) times the cost of one step of each triple.
+
+Operand widths per phase (DESIGN.md "Cost model"), in the order ``HardwareProfile.gemm_cost`` takes them:
+
+    phase  GEMM                 operands (b1, b2)   BitOPs
+    fwd    weight x activation  (b_w, b_a)           M_fwd   · b_w · b_a
+    dgrad  error x weight       (b_g, b_w)           M_dgrad · b_g · b_w
+    wgrad  error x activation   (b_g, b_a)           M_wgrad · b_g · b_a
+
+Quantized layers run at b_w = b_a = q and b_g = g; full-precision layers at 32 on all three operands.
+Relative-to-FP32 divides BitOPs by the same MACs at 32·32.
+
+Bytes moved per layer-phase (DRAM traffic; a simple, stated model -- no cache reuse across layers or phases):
+
+    fwd    read weight (W·calls elements) at b_w, read input (I·batch) at b_a,   write output (O·batch) at 32
+    dgrad  read error  (O·batch) at b_g,     read weight (W·calls) at b_w,      write input grad (I·batch) at 32
+    wgrad  read error  (O·batch) at b_g,     read input  (I·batch) at b_a,      write weight grad (W·calls) at 32
+
+W = weight elements, I / O = input / output elements per sample (summed over the layer's calls). A phase with
+0 MACs moves 0 bytes. Narrow operands are stored in the container the hardware computes them in
+(``storage_bits``): a GPU stores a b-bit tensor at its tier's width (5 bits -> int8 -> 1 byte; A100's int4 tier
+packs 4-bit operands at 4 bits; FP32 GEMMs at 32), a fixed-width integer array at multiples of its width, the host
+(fake quantization) always at 32, Bit Fusion and the bit-serial array packed at the operand width. Without a
+hardware profile the operands are packed at their width.
+
+Quantizer element-passes (costed only by the ``host`` kind, where fake quantization is real work):
+
+    fwd    quantized layers with q < 32: input elements (I·batch) + weight elements (W·calls)
+    back   quantized layers with g < 32: error elements (O·batch), quantized once per step and shared by both
+           backward GEMMs, so attributed to dgrad -- or to wgrad for a layer without dgrad (the first layer)
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .errors import InputError
+from .profiler import PHASES, LayerProfile, ProfileArrays
+from .schedules import FULL_PRECISION, VALID_BITS, Schedule
+
+__all__ = [
+    "PHASES",
+    "Cost",
+    "layer_bits",
+    "phase_operands",
+    "bitops",
+    "bytes_moved",
+    "quant_elems",
+    "storage_bits",
+    "step_cost",
+    "estimate",
+    "relative_to_static",
+    "bits_histogram",
+]
+
+FP = FULL_PRECISION
+_KEY = FP + 1  # bits take values 1..32: q * 33 + g is a unique small integer key per (q, g) pair
+_NKEYS = _KEY * _KEY
+_VALID = np.zeros(FP + 1, dtype=bool)
+_VALID[sorted(VALID_BITS)] = True
+
+
+# ------------------------------------------------------------------------------------------------ the formulas
+
+
+def _col(x) -> np.ndarray:
+    """Per-step-kind values (K,) -> (K, 1) so they broadcast against per-layer (L,) arrays; scalars stay 0-d."""
+    a = np.asarray(x)
+    return a[..., None] if a.ndim else a
+
+
+def layer_bits(quantized: np.ndarray, q, g) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(b_w, b_a, b_g) per layer: quantized layers at (q, q, g), full-precision layers at 32.
+
+    ``q``, ``g`` scalars give (L,) arrays; arrays of K step kinds give (K, L).
+    """
+    quantized = np.asarray(quantized, dtype=bool)
+    qc, gc = _col(q), _col(g)
+    b_w = np.where(quantized, qc, FP)
+    b_g = np.where(quantized, gc, FP)
+    return b_w, b_w, b_g
+
+
+def phase_operands(quantized: np.ndarray, q, g) -> tuple[np.ndarray, np.ndarray]:
+    """(b1, b2), each (..., L, 3): the operand widths of fwd (b_w, b_a), dgrad (b_g, b_w), wgrad (b_g, b_a)."""
+    b_w, b_a, b_g = layer_bits(quantized, q, g)
+    return np.stack((b_w, b_g, b_g), axis=-1), np.stack((b_a, b_w, b_a), axis=-1)
+
+
+def bitops(macs: np.ndarray, quantized: np.ndarray, q, g) -> np.ndarray:
+    """BitOPs per layer and phase, (..., L, 3): fwd M·b_w·b_a, dgrad M·b_g·b_w, wgrad M·b_g·b_a.
+
+    ``macs`` (L, 3) are the MACs the step executes (scale per-sample MACs by the batch first); the dtype follows
+    ``macs`` (int64 stays exact, float64 for sums over long runs).
+    """
+    b1, b2 = phase_operands(quantized, q, g)
+    return np.asarray(macs) * b1 * b2
+
+
+def _identity_bits(b):
+    return b
+
+
+def bytes_moved(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray, q, g, batch, calls=None,
+                storage=None) -> np.ndarray:
+    """DRAM bytes per layer and phase, (..., L, 3), under the model in the module docstring.
+
+    ``numel`` (L, 3): weight total, input and output per sample; ``macs`` (L, 3) only marks which phases run;
+    ``batch`` samples in the step (scalar or (K,)); ``calls`` (L,) calls per step (default 1); ``storage`` maps
+    operand bits to stored bits (default: packed at the operand width; see ``storage_bits``).
+    """
+    store = storage or _identity_bits
+    numel = np.asarray(numel, dtype=np.float64)
+    calls = np.ones(numel.shape[0]) if calls is None else np.asarray(calls, dtype=np.float64)
+    b_w, b_a, b_g = layer_bits(quantized, q, g)
+    s_w, s_a, s_g = store(b_w), store(b_a), store(b_g)
+    n = _col(np.asarray(batch, dtype=np.float64))
+    w = numel[:, 0] * calls
+    i = numel[:, 1] * n
+    o = numel[:, 2] * n
+    bits = np.stack((w * s_w + i * s_a + o * FP,
+                     o * s_g + w * s_w + i * FP,
+                     o * s_g + i * s_a + w * FP), axis=-1)
+    return np.where(np.asarray(macs) > 0, bits / 8.0, 0.0)
+
+
+def quant_elems(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray, q, g, batch, calls=None) -> np.ndarray:
+    """Quantizer element-passes per layer and phase, (..., L, 3) (the model in the module docstring)."""
+    numel = np.asarray(numel, dtype=np.float64)
+    macs = np.asarray(macs)
+    quantized = np.asarray(quantized, dtype=bool)
+    calls = np.ones(numel.shape[0]) if calls is None else np.asarray(calls, dtype=np.float64)
+    n = _col(np.asarray(batch, dtype=np.float64))
+    fwd = np.where(quantized & (_col(q) < FP) & (macs[:, 0] > 0), numel[:, 1] * n + numel[:, 0] * calls, 0.0)
+    back = np.where(quantized & (_col(g) < FP), numel[:, 2] * n, 0.0)
+    has_d, has_w = macs[:, 1] > 0, macs[:, 2] > 0
+    dgrad = np.where(has_d, back, 0.0)
+    wgrad = np.where(~has_d & has_w, back, 0.0)
+    fwd, dgrad, wgrad = np.broadcast_arrays(fwd, dgrad, wgrad)
+    return np.stack((fwd, dgrad, wgrad), axis=-1)
+
+
+def storage_bits(hardware) -> Any:
+    """The function bits -> stored bits for a hardware profile (see the module docstring); packed when None."""
+    if hardware is None:
+        return _identity_bits
+    kind = hardware.kind
+    if kind == "gpu":
+        tier_bits = np.array([t["bits"] for t in hardware.params["tiers"]], dtype=np.int64)
+        return lambda b: tier_bits[hardware.tier_index(b, b)]
+    if kind == "fixed-int":
+        w = int(hardware.params["width_bits"])
+        return lambda b: np.ceil(np.asarray(b) / w) * w
+    if kind == "host":
+        return lambda b: np.full(np.shape(b), FP)
+    return _identity_bits
+
+
+# ------------------------------------------------------------------------------------------------ input checks
+
+
+def _arrays(profile) -> ProfileArrays:
+    if isinstance(profile, ProfileArrays):
+        return profile
+    if isinstance(profile, LayerProfile):
+        return profile.arrays()
+    if isinstance(profile, Mapping):
+        return LayerProfile.from_json(profile).arrays()
+    raise InputError(f"expected a LayerProfile (or its JSON), got {type(profile).__name__}")
+
+
+def _hardware(hardware):
+    if hardware is None:
+        return None
+    if isinstance(hardware, str):
+        from .hardware import load_profile
+
+        return load_profile(hardware)
+    if not hasattr(hardware, "gemm_cost"):
+        raise InputError(f"hardware must be a profile name, a path or a HardwareProfile, got {hardware!r}")
+    return hardware
+
+
+def _positive_int(v, what: str) -> int:
+    if isinstance(v, bool) or v is None:
+        raise InputError(f"{what} must be a positive integer, got {v!r}")
+    if isinstance(v, (float, np.floating)) and float(v).is_integer():
+        v = int(v)
+    if not isinstance(v, (int, np.integer)) or v < 1:
+        raise InputError(f"{what} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def _check_bits_array(a: np.ndarray, what: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.size == 0:
+        raise InputError(f"{what}: no steps")
+    if a.dtype.kind == "f":
+        if not np.all(np.isfinite(a)) or not np.all(a == np.rint(a)):
+            bad = a[~(np.isfinite(a) & (a == np.rint(a)))].flat[0]
+            raise InputError(f"{what} must be integer bits 1..16 or 32, got {bad!r}")
+        a = a.astype(np.int64)
+    elif a.dtype.kind not in "iu":
+        raise InputError(f"{what} must be integer bits 1..16 or 32, got values of type {a.dtype}")
+    a = a.astype(np.int64, copy=False)
+    ok = (a >= 1) & (a <= FP)
+    ok[ok] = _VALID[a[ok]]
+    if not ok.all():
+        raise InputError(f"{what} must be bits 1..16, or 32 for full precision; got {int(a[~ok].flat[0])}")
+    return a
+
+
+# ------------------------------------------------------------------------------------------------ histograms
+
+
+@dataclass(frozen=True)
+class _Hist:
+    """K kinds of step: forward bits, gradient bits, samples, and how many steps of each kind."""
+
+    q: np.ndarray
+    g: np.ndarray
+    samples: np.ndarray
+    count: np.ndarray
+
+    @property
+    def steps(self) -> int:
+        return int(self.count.sum())
+
+    @property
+    def total_samples(self) -> int:
+        return int((self.count * self.samples).sum())
+
+    def with_q(self, q: int) -> "_Hist":
+        return _Hist(np.full_like(self.q, q), self.g, self.samples, self.count)
+
+
+def _pairs(keys: np.ndarray, counts: np.ndarray, samples: int) -> tuple[np.ndarray, ...]:
+    nz = np.flatnonzero(counts)
+    return nz // _KEY, nz % _KEY, np.full(nz.size, samples, dtype=np.int64), counts[nz]
+
+
+def bits_histogram(q: np.ndarray, g: np.ndarray, batch_size: int, dataset_size: int | None = None):
+    """(q, g, samples, count) arrays of the distinct step kinds of a run with these per-step bits.
+
+    Steps hold ``batch_size`` samples, except, when ``dataset_size`` N is given, the last step of every epoch
+    (steps_per_epoch = ceil(N / B)), which holds N - (steps_per_epoch - 1)·B: exactly what a DataLoader with
+    drop_last=False feeds the training loop.
+    """
+    q = np.asarray(q, dtype=np.int64)
+    g = np.broadcast_to(np.asarray(g, dtype=np.int64), q.shape)
+    keys = q * _KEY + g
+    counts = np.bincount(keys, minlength=_NKEYS)
+    parts = []
+    if dataset_size is not None:
+        spe = -(-dataset_size // batch_size)
+        last = dataset_size - (spe - 1) * batch_size
+        if last != batch_size:
+            ragged = np.bincount(keys[spe - 1::spe], minlength=_NKEYS)
+            counts = counts - ragged
+            parts.append(_pairs(keys, ragged, last))
+    parts.insert(0, _pairs(keys, counts, batch_size))
+    return tuple(np.concatenate(cols) for cols in zip(*parts))
+
+
+@functools.lru_cache(maxsize=256)
+def _schedule_hist(schedule: Schedule, steps: int, batch_size: int, dataset_size: int | None) -> _Hist:
+    # Cached: the planner and `cptsim cost` cost one schedule on several profiles; bits(T) dominates the time.
+    q, g, s, c = bits_histogram(schedule.bits(steps), schedule.grad_bits(steps), batch_size, dataset_size)
+    for a in (q, g, s, c):
+        a.setflags(write=False)
+    return _Hist(q, g, s, c)
+
+
+def _trace_columns(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    keys = ("batch_size", "bits", "grad_bits")
+    if isinstance(trace, Mapping):
+        missing = [k for k in keys if k not in trace]
+        if missing:
+            raise InputError(f"trace lacks {', '.join(missing)}; a trace needs per-step {', '.join(keys)}")
+        cols = [np.asarray(trace[k]) for k in keys]
+        n = max(c.size if c.ndim else 1 for c in cols)
+        cols = [np.broadcast_to(c, (n,)) if c.ndim == 0 else c.reshape(-1) for c in cols]
+        if len({c.size for c in cols}) != 1:
+            raise InputError(f"trace columns differ in length: {', '.join(f'{k} {c.size}' for k, c in zip(keys, cols))}")
+        return tuple(cols)
+    if isinstance(trace, Sequence) and not isinstance(trace, (str, bytes)):
+        try:
+            return tuple(np.array([row[k] for row in trace]) for k in keys)
+        except (KeyError, TypeError):
+            raise InputError(f"every trace line must be an object with {', '.join(keys)}") from None
+    raise InputError(f"expected a Schedule or a trace (lines with {', '.join(keys)}), got {type(trace).__name__}")
+
+
+def _trace_hist(trace) -> _Hist:
+    b, q, g = _trace_columns(trace)
+    q = _check_bits_array(q, "trace bits")
+    g = _check_bits_array(g, "trace grad_bits")
+    if b.size == 0:
+        raise InputError("trace has no steps")
+    if b.dtype.kind == "f" and np.all(b == np.rint(b)):
+        b = b.astype(np.int64)
+    if b.dtype.kind not in "iu" or b.min() < 1:
+        raise InputError("trace batch_size must be positive integers")
+    keys = (b.astype(np.int64) * _KEY + q) * _KEY + g
+    uniq, counts = np.unique(keys, return_counts=True)
+    pair, samples = uniq % _NKEYS, uniq // _NKEYS
+    return _Hist(pair // _KEY, pair % _KEY, samples, counts)
+
+
+# ------------------------------------------------------------------------------------------------ aggregation
+
+
+@dataclass
+class _Totals:
+    macs: np.ndarray      # (L, 3)
+    bitops: np.ndarray    # (L, 3)
+    energy: np.ndarray | None
+    latency: np.ndarray | None
+
+
+def _aggregate(a: ProfileArrays, h: _Hist, hw) -> _Totals:
+    """Sum over step kinds of count x (one step's cost), per layer and phase."""
+    s = h.samples.astype(np.float64)[:, None, None]
+    c = h.count.astype(np.float64)
+    macs_k = a.macs[None] * s                                          # (K, L, 3)
+    b1, b2 = phase_operands(a.quantized, h.q, h.g)                     # (K, L, 3)
+    L = len(a)
+    weigh = lambda x: (c @ x.reshape(len(c), -1)).reshape(L, 3)        # noqa: E731
+    bops = macs_k * b1 * b2
+    energy = latency = None
+    if hw is not None:
+        nbytes = bytes_moved(a.numel, a.macs, a.quantized, h.q, h.g, h.samples, a.calls, storage_bits(hw))
+        qe = quant_elems(a.numel, a.macs, a.quantized, h.q, h.g, h.samples, a.calls)
+        t, e = hw.gemm_cost(macs_k, b1, b2, nbytes, qe)
+        latency, energy = weigh(t), weigh(e)
+    return _Totals(weigh(macs_k), weigh(bops), energy, latency)
+
+
+def _phase_dict(x: np.ndarray) -> dict[str, float]:
+    per = x.sum(axis=0)
+    d = {p: float(per[i]) for i, p in enumerate(PHASES)}
+    d["total"] = float(per.sum())
+    return d
+
+
+def _row_dict(row: np.ndarray) -> dict[str, float]:
+    d = {p: float(row[i]) for i, p in enumerate(PHASES)}
+    d["total"] = float(row.sum())
+    return d
+
+
+# ------------------------------------------------------------------------------------------------ results
+
+
+@dataclass
+class Cost:
+    """What a run (a schedule over T steps, or an executed trace) costs, by phase and by layer.
+
+    ``bitops`` / ``macs`` / ``energy_j`` / ``latency_s`` are dicts with keys fwd, dgrad, wgrad, total (energy and
+    latency are None without a hardware profile). ``baseline`` is the same run at static q_max with the same
+    gradient bits and batches; ``vs_static`` the ratios to it (bitops, energy_j, latency_s);
+    ``relative_to_static`` is the BitOPs ratio.
+    """
+
+    bitops: dict
+    macs: dict
+    energy_j: dict | None
+    latency_s: dict | None
+    per_layer: list = field(default_factory=list)
+    steps: int = 0
+    samples: int = 0
+    relative_to_fp32: float = 0.0
+    relative_to_static: float | None = None
+    vs_static: dict | None = None
+    baseline: dict | None = None
+    hardware: str = ""
+    hardware_hash: str = ""
+    workload: str = ""
+
+    def to_json(self) -> dict:
+        return {
+            "bitops": self.bitops, "macs": self.macs, "energy_j": self.energy_j, "latency_s": self.latency_s,
+            "steps": self.steps, "samples": self.samples, "relative_to_fp32": self.relative_to_fp32,
+            "relative_to_static": self.relative_to_static, "vs_static": self.vs_static, "baseline": self.baseline,
+            "hardware": self.hardware, "hardware_hash": self.hardware_hash, "workload": self.workload,
+            "per_layer": self.per_layer,
+        }
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else (1.0 if a == b else math.inf)
+
+
+def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None = None,
+             batch_size: int | None = None, dataset_size: int | None = None, per_layer: bool = True,
+             epochs: int | None = None, static_bits: int | None = None) -> Cost:
+    """Cost of a whole run on ``hardware`` (a HardwareProfile, a profile name or path; None: BitOPs only).
+
+    ``schedule_or_trace``: a ``Schedule`` run for ``steps`` steps of ``batch_size`` (or ``epochs`` epochs of
+    ``dataset_size`` samples; with ``dataset_size`` the ragged last batch of every epoch is modelled exactly), or a
+    trace of executed steps: a list of dicts with "batch_size", "bits", "grad_bits" (trace.jsonl lines), or a dict
+    of those three columns as arrays. Latency is the sum of every layer-phase's time (layers run one after
+    another), energy the sum of energies. The static baseline runs at ``static_bits`` (default: the schedule's
+    q_max; for a trace, its highest forward bits).
+    """
+    arrays = _arrays(layer_profile)
+    hw = _hardware(hardware)
+    if isinstance(schedule_or_trace, Schedule):
+        sched = schedule_or_trace
+        batch_size = _positive_int(batch_size, "batch_size")
+        if dataset_size is not None:
+            dataset_size = _positive_int(dataset_size, "dataset_size")
+        if epochs is not None:
+            epochs = _positive_int(epochs, "epochs")
+            if dataset_size is None:
+                raise InputError("epochs need dataset_size (samples per epoch) to give a number of steps")
+            by_epochs = epochs * -(-dataset_size // batch_size)
+            if steps is not None and _positive_int(steps, "steps") != by_epochs:
+                raise InputError(f"steps={steps} contradicts epochs={epochs} ({by_epochs} steps); give one")
+            steps = by_epochs
+        if steps is None:
+            raise InputError("a schedule needs steps (or epochs and dataset_size) to be costed")
+        steps = _positive_int(steps, "steps")
+        hist = _schedule_hist(sched, steps, batch_size, dataset_size)
+        static = sched.q_max if static_bits is None else static_bits
+        workload = sched.to_text()
+    else:
+        hist = _trace_hist(schedule_or_trace)
+        if steps is not None and _positive_int(steps, "steps") != hist.steps:
+            raise InputError(f"steps={steps} but the trace has {hist.steps} steps")
+        static = int(hist.q.max()) if static_bits is None else static_bits
+        workload = "trace"
+    static = int(_check_bits_array(np.array([static]), "static bits")[0])
+
+    tot = _aggregate(arrays, hist, hw)
+    base = _aggregate(arrays, hist.with_q(static), hw)
+    bitops_d, macs_d = _phase_dict(tot.bitops), _phase_dict(tot.macs)
+    energy_d = _phase_dict(tot.energy) if tot.energy is not None else None
+    latency_d = _phase_dict(tot.latency) if tot.latency is not None else None
+    base_bitops = _phase_dict(base.bitops)
+    baseline = {"bits": static, "bitops": base_bitops,
+                "energy_j": _phase_dict(base.energy) if base.energy is not None else None,
+                "latency_s": _phase_dict(base.latency) if base.latency is not None else None}
+    vs_static = {"bitops": _ratio(bitops_d["total"], base_bitops["total"])}
+    if hw is not None:
+        vs_static["energy_j"] = _ratio(energy_d["total"], baseline["energy_j"]["total"])
+        vs_static["latency_s"] = _ratio(latency_d["total"], baseline["latency_s"]["total"])
+
+    rows = []
+    if per_layer:
+        for i, name in enumerate(arrays.names):
+            row = {"name": name, "quantized": bool(arrays.quantized[i]), "macs": _row_dict(tot.macs[i]),
+                   "bitops": _row_dict(tot.bitops[i])}
+            if hw is not None:
+                row["energy_j"] = _row_dict(tot.energy[i])
+                row["latency_s"] = _row_dict(tot.latency[i])
+            rows.append(row)
+    return Cost(
+        bitops=bitops_d, macs=macs_d, energy_j=energy_d, latency_s=latency_d, per_layer=rows,
+        steps=hist.steps, samples=hist.total_samples,
+        relative_to_fp32=_ratio(bitops_d["total"], macs_d["total"] * FP * FP),
+        relative_to_static=vs_static["bitops"], vs_static=vs_static, baseline=baseline,
+        hardware=hw.name if hw is not None else "", hardware_hash=getattr(hw, "content_hash", "") if hw else "",
+        workload=workload,
+    )
+
+
+def relative_to_static(layer_profile, schedule_or_trace, hardware=None, **kwargs) -> dict:
+    """{"bitops", "energy_j", "latency_s"}: the run's cost over the static-q_max run with the same gradient bits
+    and batches (energy and latency only with a hardware profile). Arguments as for ``estimate``."""
+    return estimate(layer_profile, schedule_or_trace, hardware, per_layer=False, **kwargs).vs_static
+
+
+def step_cost(profile_arrays, q: int, g: int, batch: int) -> dict:
+    """MACs and BitOPs of ONE step at bits (q, g) with ``batch`` samples, per phase, as exact Python ints --
+    what the training loop writes into each trace line. The same ``bitops`` formula as ``estimate``.
+
+    ``profile_arrays``: a per-sample profile (``LayerProfile.arrays()``), or ``MacCounter.step_arrays()`` (the
+    measured step, batch included) with ``batch=1``.
+    """
+    a = _arrays(profile_arrays)
+    q = int(_check_bits_array(np.array([q]), "bits")[0])
+    g = int(_check_bits_array(np.array([g]), "grad_bits")[0])
+    batch = _positive_int(batch, "batch")
+    macs = np.rint(a.macs).astype(np.int64) * batch
+    bops = bitops(macs, a.quantized, np.int64(q), np.int64(g)).astype(np.int64)
+    m, b = macs.sum(axis=0), bops.sum(axis=0)
+    return {"macs": {p: int(m[i]) for i, p in enumerate(PHASES)},
+            "bitops": {p: int(b[i]) for i, p in enumerate(PHASES)}}
