@@ -120,3 +120,24 @@ def test_existing_run_dir_is_refused_not_overwritten(reference_run):
     r = CliRunner().invoke(cli, ["train", "--quiet", "--out", str(reference_run.path)])
     assert r.exit_code == 2 and "--resume" in r.stderr
     assert {p.name: p.read_bytes() for p in reference_run.path.iterdir()} == before
+
+
+def test_trace_counts_what_ran_and_the_cost_model_reproduces_it(reference_run):
+    """Executed BitOPs summed from the trace == the cost model's estimate of the same schedule, to the BitOP
+    (the estimate models the ragged last batch of each epoch: 1437 = 11 x 128 + 29)."""
+    from cptsim.cost import estimate
+    from cptsim.profiler import LayerProfile
+    from cptsim.schedules import parse_schedule
+
+    profile = LayerProfile.from_json(reference_run.read_json("profile.json"))
+    trace = reference_run.read_trace().records
+    assert [r["batch_size"] for r in trace[:12]] == [128] * 11 + [29]
+    per_sample = profile.totals()
+    for r in trace:
+        assert r["macs"] == {p: per_sample[p] * r["batch_size"] for p in ("fwd", "dgrad", "wgrad")}
+    assert per_sample["dgrad"] < per_sample["fwd"]  # the first conv's input needs no gradient: no dgrad there
+    cfg = reference_run.read_config()
+    est = estimate(profile, parse_schedule(cfg["schedule"]["text"]), steps=cfg["total_steps"], batch_size=128,
+                   dataset_size=cfg["train_size"])
+    for p in ("fwd", "dgrad", "wgrad"):
+        assert est.bitops[p] == sum(r["bitops"][p] for r in trace), p
