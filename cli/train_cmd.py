@@ -15,6 +15,7 @@ Examples:
   cptsim train --schedule rex-tri-h:4-8:g8:n8 --epochs 30
   cptsim train --model resnet20 --dataset cifar10 --data-dir ~/data --batch-size 128 --steps 64000 --lr-schedule step
   cptsim train --resume runs/NAME                continue a run from its last checkpoint
+  cptsim train --plan plan.json                  train exactly what 'cptsim plan' chose
 
 \b
 The run directory (--out) gets config.json, trace.jsonl (one line per step: bits, loss, time),
@@ -47,6 +48,23 @@ def _schedule_text(schedule: str, q_min, q_max, g_bits, cycles) -> str:
     return sched.to_text()
 
 
+def _warn_if_hardware_changed(plan: dict) -> None:
+    """A plan's estimate holds for the hardware profile it was made with; say so if that file changed since."""
+    from cptsim.errors import InputError
+    from cptsim.hardware import load_profile
+
+    hw = plan["hardware"]
+    try:
+        current = load_profile(hw.get("path") or hw["name"])
+    except InputError:
+        err.print(f"[yellow]warning:[/] the plan's hardware profile {hw['name']!r} cannot be loaded here; "
+                  "its estimate cannot be re-checked")
+        return
+    if current.content_hash != hw["hash"]:
+        err.print(f"[yellow]warning:[/] hardware profile {hw['name']!r} changed since the plan was made "
+                  f"(hash {hw['hash']} -> {current.content_hash}); re-plan to refresh the estimate")
+
+
 @click.command("train", epilog=_EPILOG)
 @click.option("--model", default="digits-cnn", show_default=True, help="Model name ('cptsim train --list-models').")
 @click.option("--dataset", default="digits", show_default=True,
@@ -74,12 +92,15 @@ def _schedule_text(schedule: str, q_min, q_max, g_bits, cycles) -> str:
 @click.option("--workers", type=int, default=0, show_default=True, help="DataLoader worker processes.")
 @click.option("--out", default=None, help="Run directory to create (must not exist). Default runs/MODEL-SCHEDULE-TIME.")
 @click.option("--resume", "resume_dir", default=None, help="Continue this run directory from its last checkpoint.")
+@click.option("--plan", "plan_path", default=None,
+              help="Train exactly the workload and schedule of a plan.json from 'cptsim plan' (other workload "
+                   "flags are then ignored, except --out, --device, --workers).")
 @click.option("--list-models", is_flag=True, help="List model names and exit.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @json_option
 def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epochs, steps, batch_size, lr, momentum,
-          weight_decay, lr_schedule, fp_layers, no_augment, seed, device, workers, out, resume_dir, list_models,
-          quiet, as_json) -> None:
+          weight_decay, lr_schedule, fp_layers, no_augment, seed, device, workers, out, resume_dir, plan_path,
+          list_models, quiet, as_json) -> None:
     """Run real quantized training with a cyclic precision schedule and record what ran."""
     from cptsim import train as T
     from cptsim.runs import run_summary
@@ -91,8 +112,23 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
         return
     t0 = time.perf_counter()
     progress = not (quiet or as_json)
+    if resume_dir and plan_path:
+        raise click.UsageError("--resume continues a run with its own settings; it takes no --plan")
     if resume_dir:
         run = T.resume(resume_dir, progress=progress)
+    elif plan_path:
+        from dataclasses import replace
+
+        from cptsim.planner.planfile import read_plan
+
+        plan = read_plan(plan_path)
+        _warn_if_hardware_changed(plan)
+        cfg = replace(T.TrainConfig.from_plan(plan), device=device, workers=workers)
+        if out is None:
+            out = f"runs/{cfg.model}-{cfg.schedule.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if progress:
+            err.print(f"training plan {plan_path}: {cfg.model} on {cfg.dataset} with {cfg.schedule} -> {out}")
+        run = T.train(cfg, out, progress=progress, plan=plan)
     else:
         text = _schedule_text(schedule, q_min, q_max, g_bits, cycles)
         fp = None if fp_layers is None else [] if fp_layers.strip().lower() == "none" else \

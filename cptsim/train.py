@@ -62,6 +62,17 @@ class TrainConfig:
             raise InputError(f"unknown training settings: {', '.join(sorted(unknown))}")
         return cls(**d)
 
+    @classmethod
+    def from_plan(cls, plan: dict) -> "TrainConfig":
+        """The exact workload and schedule a plan (planner/planfile.py) was made for."""
+        from .schedules import Schedule
+
+        w = plan["workload"]
+        keys = ("model", "dataset", "data_dir", "batch_size", "steps", "lr", "lr_schedule", "momentum",
+                "weight_decay", "seed", "fp_layers", "augment")
+        settings = {k: w[k] for k in keys if k in w}
+        return cls(schedule=Schedule.from_json(plan["schedule"]).to_text(), **settings)
+
 
 @dataclass
 class Workload:
@@ -188,10 +199,22 @@ def _fault_step() -> int | None:
     return int(v) if v else None
 
 
-def train(cfg: TrainConfig, out: str, progress: bool = True) -> RunDir:
-    """Start a new run in directory `out` (which must not exist or be empty) and train it to the end."""
+def train(cfg: TrainConfig, out: str, progress: bool = True, plan: dict | None = None) -> RunDir:
+    """Start a new run in directory `out` (which must not exist or be empty) and train it to the end.
+
+    With `plan`, the run records the plan it executed (a copy as plan.json, its digest in config.json).
+    """
+    from .runs import PLAN
+
     w = build(cfg)
-    run = RunDir.create(out, resolved_config(cfg, w))
+    config = resolved_config(cfg, w)
+    if plan is not None:
+        from .planner.planfile import plan_digest
+
+        config["plan"] = {"digest": plan_digest(plan), "schedule": plan["schedule"], "budget": plan.get("budget")}
+    run = RunDir.create(out, config)
+    if plan is not None:
+        run.write_json(PLAN, plan)
     return _loop(cfg, w, run, start_step=0, progress=progress)
 
 
