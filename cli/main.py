@@ -12,7 +12,7 @@ import sys
 import click
 
 from cptsim import __version__
-from cptsim.errors import InputError
+from cptsim.errors import InputError, RunFailed, RunStopped
 
 from .common import die
 
@@ -35,8 +35,12 @@ class CptsimGroup(click.Group):
             die("interrupted", 130)
         except InputError as e:
             die(str(e), 2)
-        except KeyboardInterrupt:
-            die("interrupted", 130)
+        except RunFailed as e:
+            die(str(e), 1)
+        except RunStopped as e:
+            die(str(e), 130)
+        except KeyboardInterrupt as e:
+            die(str(e) or "interrupted", 130)
         except Exception as e:  # anything else is our bug or the environment's; say so on one line
             if os.environ.get("CPTSIM_DEBUG"):
                 raise
@@ -69,6 +73,9 @@ def _register() -> None:
     cli.add_command(cost_cmd.cost)
     cli.add_command(hw_cmd.hw)
     cli.add_command(rangetest_cmd.range_test)
+    from . import plan_cmd
+
+    cli.add_command(plan_cmd.plan)
 
 
 _register()

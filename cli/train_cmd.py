@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import click
 from rich.table import Table
@@ -46,6 +47,44 @@ def _schedule_text(schedule: str, q_min, q_max, g_bits, cycles) -> str:
             flag = "--" + key.replace("_", "-")
             raise InputError(f"{flag} {value} contradicts --schedule {schedule!r}; give the value in one place")
     return sched.to_text()
+
+
+def _launch(nproc: int, out: str | None, resume_dir: str | None, model: str, schedule: str) -> None:
+    """Re-run this very command in `nproc` workers under torchrun (each joins the process group from its env)."""
+    import sys
+    from pathlib import Path
+
+    from cptsim import dist
+    from cptsim.errors import InputError
+
+    if nproc < 1:
+        raise InputError(f"--nproc must be at least 1, got {nproc}")
+    if "WORLD_SIZE" in os.environ:
+        raise InputError("--nproc launches workers itself; under torchrun leave it out")
+    argv = sys.argv[sys.argv.index("train"):] if "train" in sys.argv else None
+    if argv is None:
+        raise InputError("--nproc works from the cptsim command line only")
+    clean, skip = [], False
+    for a in argv:  # drop --nproc N / --nproc=N; the workers must not launch again
+        if skip:
+            skip = False
+            continue
+        if a == "--nproc":
+            skip = True
+            continue
+        if a.startswith("--nproc="):
+            continue
+        clean.append(a)
+    if not resume_dir:
+        if out is None:  # resolve the default name once, so every worker writes to the same place
+            out = f"runs/{model}-{schedule.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+            clean += ["--out", out]
+        p = Path(out)
+        if p.exists() and (not p.is_dir() or any(p.iterdir())):
+            raise InputError(f"{p} already exists and is not empty; resume it with --resume {p} or pick another --out")
+    code = dist.launch(nproc, clean)
+    if code:
+        raise SystemExit(code)
 
 
 def _warn_if_hardware_changed(plan: dict) -> None:
@@ -95,12 +134,17 @@ def _warn_if_hardware_changed(plan: dict) -> None:
 @click.option("--plan", "plan_path", default=None,
               help="Train exactly the workload and schedule of a plan.json from 'cptsim plan' (other workload "
                    "flags are then ignored, except --out, --device, --workers).")
+@click.option("--checkpoint-every", type=int, default=None,
+              help="Also checkpoint every N steps inside an epoch (default: at the end of each epoch).")
+@click.option("--nproc", type=int, default=None,
+              help="Data-parallel worker processes on this machine (torchrun; gloo on CPU, NCCL on CUDA). "
+                   "--batch-size stays the global batch. Under your own torchrun, leave this out.")
 @click.option("--list-models", is_flag=True, help="List model names and exit.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @json_option
 def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epochs, steps, batch_size, lr, momentum,
           weight_decay, lr_schedule, fp_layers, no_augment, seed, device, workers, out, resume_dir, plan_path,
-          list_models, quiet, as_json) -> None:
+          checkpoint_every, nproc, list_models, quiet, as_json) -> None:
     """Run real quantized training with a cyclic precision schedule and record what ran."""
     from cptsim import train as T
     from cptsim.runs import run_summary
@@ -114,6 +158,8 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
     progress = not (quiet or as_json)
     if resume_dir and plan_path:
         raise click.UsageError("--resume continues a run with its own settings; it takes no --plan")
+    if nproc is not None:
+        return _launch(nproc, out, resume_dir, model, schedule)
     if resume_dir:
         run = T.resume(resume_dir, progress=progress)
     elif plan_path:
@@ -123,7 +169,7 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
 
         plan = read_plan(plan_path)
         _warn_if_hardware_changed(plan)
-        cfg = replace(T.TrainConfig.from_plan(plan), device=device, workers=workers)
+        cfg = replace(T.TrainConfig.from_plan(plan), device=device, workers=workers, checkpoint_every=checkpoint_every)
         if out is None:
             out = f"runs/{cfg.model}-{cfg.schedule.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
         if progress:
@@ -136,12 +182,17 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
         cfg = T.TrainConfig(model=model, dataset=dataset, data_dir=data_dir, schedule=text, epochs=epochs, steps=steps,
                             batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay,
                             lr_schedule=lr_schedule, fp_layers=fp, seed=seed, device=device, workers=workers,
-                            augment=not no_augment)
+                            augment=not no_augment, checkpoint_every=checkpoint_every)
         if out is None:
             out = f"runs/{model}-{text.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
         if progress:
             err.print(f"training {model} on {dataset} with {text} -> {out}  (eval at q_max)")
         run = T.train(cfg, out, progress=progress)
+    from cptsim import dist
+
+    dist.shutdown()
+    if os.environ.get("RANK", "0") != "0":
+        return  # rank 0 reports for the job
     summary = run_summary(run) | {"wall_time_s": round(time.perf_counter() - t0, 2)}
     if as_json:
         emit_json(summary)

@@ -169,6 +169,11 @@ class RunDir:
             kept = [r for r in _read_jsonl(path).records if wanted(r)]
             atomic_write_bytes(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept).encode())
 
+    def remove_stale_temp_files(self) -> None:
+        """Delete temporary files a killed atomic write left behind (never read by anything, but clutter)."""
+        for tmp in self.path.glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+
     # ---- checkpoint ------------------------------------------------------------------------------------------
     @property
     def checkpoint_path(self) -> Path:
@@ -193,6 +198,61 @@ class RunDir:
             return torch.load(self.checkpoint_path, map_location=map_location, weights_only=True)
         except Exception as e:  # torch raises several types for a damaged file
             raise InputError(f"{self.checkpoint_path}: cannot load checkpoint ({type(e).__name__}: {e})") from None
+
+    # ---- reading a run for `cptsim report` --------------------------------------------------------------------
+    @classmethod
+    def open_for_report(cls, path: str | os.PathLike) -> "RunDir":
+        """Like ``open``, but a config from a newer cptsim says so (rather than "another version")."""
+        p = Path(path)
+        if not p.is_dir():
+            raise InputError(f"{p} is not a run directory (no such directory)")
+        if not (p / CONFIG).is_file():
+            raise InputError(f"{p} is not a run directory (no {CONFIG})")
+        run = cls(p)
+        check_run_format(run.read_config_raw(), p / CONFIG)
+        return run
+
+    def read_config_raw(self) -> dict:
+        """config.json parsed but not format-checked (``check_run_format`` tells a newer format from garbage)."""
+        path = self.path / CONFIG
+        try:
+            cfg = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise InputError(f"{path}: cannot read run config ({e})") from None
+        if not isinstance(cfg, dict):
+            raise InputError(f"{path}: not a JSON object")
+        return cfg
+
+    def read_executed(self) -> "ExecutedSteps":
+        """The trace as the steps that ran: line format checked, each step once (see ``ExecutedSteps``)."""
+        check_run_format(self.read_config_raw(), self.path / CONFIG)
+        return _executed(self.read_trace(), self.path / TRACE)
+
+    def read_plan(self) -> dict | None:
+        """The plan the run executed (validated), or None for a run given its schedule by hand."""
+        plan = self.read_json(PLAN)
+        if plan is None:
+            return None
+        from .planner.planfile import validate_plan
+
+        return validate_plan(plan, str(self.path / PLAN))
+
+    def read_profile(self):
+        """The per-layer MAC profile measured in this run (a ``LayerProfile``), or None before its first step."""
+        d = self.read_json(PROFILE)
+        if d is None:
+            return None
+        from .profiler import LayerProfile
+
+        try:
+            return LayerProfile.from_json(d)
+        except InputError as e:
+            raise InputError(f"{self.path / PROFILE}: {e}") from None
+
+    def write_bytes(self, name: str, data: bytes) -> Path:
+        """Write a whole file (a report's PNG) atomically into the run directory."""
+        atomic_write_bytes(self.path / name, data)
+        return self.path / name
 
 
 def run_summary(run: RunDir) -> dict:
@@ -219,3 +279,60 @@ def run_summary(run: RunDir) -> dict:
         "train_time_s": round(sum(r.get("time_s", 0.0) for r in steps), 3),
         "mean_bits": (sum(r["bits"] for r in steps) / len(steps)) if steps else None,
     }
+
+
+# ---- reading a finished (or interrupted) run for `cptsim report` ---------------------------------------------------
+
+REPORT_JSON = "report.json"
+REPORT_PNG = "report.png"
+TRACE_LINE_FORMAT = "cptsim.trace/1"  # lines carry no "format" today; one that does must name this one
+TRACE_KEYS = ("step", "epoch", "batch_size", "bits", "grad_bits")
+
+
+@dataclass
+class ExecutedSteps:
+    """The steps a run executed, each once, in step order.
+
+    ``duplicates``: lines dropped because a later line had the same step (a resume re-runs the steps after its
+    checkpoint; ``truncate_after`` removes the old lines first, so only a trace edited by hand or written by an
+    older cptsim has any). ``missing``: step numbers below the last one that no line holds.
+    """
+
+    records: list[dict] = field(default_factory=list)
+    truncated: bool = False
+    duplicates: int = 0
+    missing: list[int] = field(default_factory=list)
+
+
+def check_run_format(cfg: dict, path: Path) -> None:
+    """InputError when config.json names a run format this cptsim cannot read (a newer one says so)."""
+    fmt = cfg.get("format") if isinstance(cfg, dict) else None
+    if fmt == RUN_FORMAT:
+        return
+    version = fmt[len("cptsim.run/"):] if isinstance(fmt, str) and fmt.startswith("cptsim.run/") else ""
+    if version.isdigit() and int(version) > int(RUN_FORMAT.rsplit("/", 1)[1]):
+        raise InputError(f"{path}: run format {fmt!r} was written by a newer cptsim; this one reads {RUN_FORMAT!r}")
+    raise InputError(f"{path}: not a cptsim run config (format {fmt!r}, expected {RUN_FORMAT!r})")
+
+
+def _executed(lines: JsonLines, path: Path) -> ExecutedSteps:
+    by_step: dict[int, dict] = {}
+    dup = 0
+    for i, rec in enumerate(lines.records):
+        fmt = rec.get("format")
+        if fmt is not None and fmt != TRACE_LINE_FORMAT:
+            raise InputError(f"{path}: line {i + 1} has trace format {fmt!r}, written by a newer cptsim; this one "
+                             f"reads {TRACE_LINE_FORMAT!r}")
+        missing = [k for k in TRACE_KEYS if k not in rec]
+        if missing:
+            raise InputError(f"{path}: line {i + 1} lacks {', '.join(missing)} (every step line needs "
+                             f"{', '.join(TRACE_KEYS)})")
+        step = rec["step"]
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise InputError(f"{path}: line {i + 1}: step must be an integer >= 0, got {step!r}")
+        if step in by_step:
+            dup += 1
+        by_step[step] = rec  # the later line is the step that ran last
+    steps = sorted(by_step)
+    gaps = sorted(set(range(steps[-1] + 1)) - set(steps)) if steps else []
+    return ExecutedSteps([by_step[s] for s in steps], lines.truncated, dup, gaps)

@@ -5,10 +5,16 @@ look up this step's bits in the schedule, set them on the shared PrecisionState,
 append one trace line. Each epoch: evaluate at q_max, append one metrics line, replace the checkpoint.
 
 Determinism (what makes a resumed run identical to an uninterrupted one):
-* the data order of epoch e comes from a generator seeded by (seed, e), not from a stream carried across epochs;
+* the data order of epoch e is a permutation drawn from a generator seeded by (seed, e), not from a stream
+  carried across epochs, so any step of any epoch can be found again without replaying the ones before;
 * the only other randomness (stochastic rounding, augmentation in the main process, dropout) draws from torch's
-  global RNG, whose state is saved in the checkpoint;
+  global RNG, whose state (every rank's) is saved in the checkpoint;
 * the schedule and learning rate are pure functions of the global step.
+
+Data parallel (torchrun, see cptsim.dist): every rank walks the same global batches; rank r takes the r-th of
+`world` near-equal contiguous chunks of each, so each sample is seen exactly once per epoch (no padding), a rank
+may get none of a small last batch, and the schedule is indexed by the global step. Gradients are summed across
+ranks and divided by the global batch, so the update is that of the global batch. Rank 0 alone writes the run dir.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from . import __version__
-from .errors import InputError
+from .errors import InputError, RunFailed, RunStopped
 from .runs import RunDir
 
 LR_SCHEDULES = ("step", "cosine", "constant")
@@ -53,6 +59,7 @@ class TrainConfig:
     device: str = "cpu"
     workers: int = 0
     augment: bool = True
+    checkpoint_every: int | None = None  # steps between checkpoints; None: at the end of every epoch
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -80,7 +87,7 @@ class Workload:
 
     model: nn.Module
     precision: object
-    train_loader_for: object  # epoch -> DataLoader
+    train_set: object
     test_loader: DataLoader
     info: object
     schedule: object
@@ -107,6 +114,8 @@ def validate(cfg: TrainConfig) -> None:
         raise InputError(f"--device must be cpu or cuda, got {cfg.device!r}")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError("--device cuda asked for, but PyTorch sees no CUDA device on this machine")
+    if cfg.checkpoint_every is not None and cfg.checkpoint_every < 1:
+        raise InputError(f"--checkpoint-every must be at least 1 step, got {cfg.checkpoint_every}")
     if cfg.workers < 0:
         raise InputError(f"--workers must be >= 0, got {cfg.workers}")
 
@@ -118,6 +127,16 @@ def lr_factor(kind: str, step: int, total: int) -> float:
     if kind == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * step / total))
     return 1.0
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The sample order of one epoch: a permutation fixed by (seed, epoch) alone."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+
+
+def local_share(global_batch: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """This rank's part of a global batch: the rank-th of `world` near-equal contiguous chunks (maybe empty)."""
+    return torch.tensor_split(global_batch, world)[rank]
 
 
 def build(cfg: TrainConfig) -> Workload:
@@ -139,24 +158,37 @@ def build(cfg: TrainConfig) -> Workload:
 
     steps_per_epoch = math.ceil(len(train_set) / cfg.batch_size)  # the ragged last batch is a step too
     total = cfg.steps if cfg.steps is not None else cfg.epochs * steps_per_epoch
-    pin = cfg.device.startswith("cuda")
-
-    def train_loader_for(epoch: int) -> DataLoader:
-        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
-        return DataLoader(train_set, batch_size=cfg.batch_size, shuffle=True, generator=g,
-                          num_workers=cfg.workers, pin_memory=pin, drop_last=False)
-
     test_loader = DataLoader(test_set, batch_size=max(cfg.batch_size, 256), shuffle=False,
-                             num_workers=cfg.workers, pin_memory=pin)
+                             num_workers=cfg.workers, pin_memory=cfg.device.startswith("cuda"))
     return Workload(
-        model=model, precision=precision, train_loader_for=train_loader_for, test_loader=test_loader, info=info,
+        model=model, precision=precision, train_set=train_set, test_loader=test_loader, info=info,
         schedule=schedule, bits=schedule.bits(total).tolist(), grad_bits=schedule.grad_bits(total).tolist(),
         steps_per_epoch=steps_per_epoch, total_steps=total, fp_layers=fp_layers,
         quantized_layers=quantized_layer_names(model),
     )
 
 
-def resolved_config(cfg: TrainConfig, w: Workload) -> dict:
+def epoch_batches(cfg: TrainConfig, w: Workload, epoch: int, first: int, last: int, rank: int, world: int):
+    """Yield (global step index in epoch, global batch size, this rank's (x, y) or None) for steps first..last-1.
+
+    Local batches load through a DataLoader (worker processes, pinned memory) driven by an explicit list of index
+    lists; its generator is seeded per epoch so creating it draws nothing from the global RNG.
+    """
+    order = epoch_order(len(w.train_set), cfg.seed, epoch)
+    B = cfg.batch_size
+    plan = []
+    for i in range(first, last):
+        g = order[i * B:(i + 1) * B]
+        plan.append((i, g.numel(), local_share(g, rank, world).tolist()))
+    lists = [idx for _, _, idx in plan if idx]
+    loader = iter(DataLoader(w.train_set, batch_sampler=lists, num_workers=cfg.workers,
+                             pin_memory=cfg.device.startswith("cuda"),
+                             generator=torch.Generator().manual_seed(cfg.seed * 7919 + epoch)))
+    for i, n_global, idx in plan:
+        yield i, n_global, (next(loader) if idx else None)
+
+
+def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
     """What config.json records: the settings, what they resolved to, and the versions that ran them."""
     return {
         "settings": asdict(cfg),
@@ -167,10 +199,11 @@ def resolved_config(cfg: TrainConfig, w: Workload) -> dict:
         "eval_bits": w.schedule.q_max,
         "input_shape": list(w.info.input_shape),
         "num_classes": w.info.num_classes,
-        "train_size": len(w.train_loader_for(0).dataset),
+        "train_size": len(w.train_set),
         "test_size": len(w.test_loader.dataset),
         "fp_layers": w.fp_layers,
         "quantized_layers": w.quantized_layers,
+        "world_size": world,
         "versions": {"cptsim": __version__, "torch": torch.__version__, "python": platform.python_version()},
         "host": {"machine": platform.machine(), "threads": torch.get_num_threads()},
         "argv": sys.argv,
@@ -193,9 +226,10 @@ def evaluate(w: Workload, device: str) -> tuple[float, float]:
     return loss_sum / n, correct / n
 
 
-def _fault_step() -> int | None:
-    """Test hook: CPTSIM_FAULT_KILL_AT_STEP=k sends this process SIGKILL as step k begins (crash-safety tests)."""
-    v = os.environ.get("CPTSIM_FAULT_KILL_AT_STEP")
+def _fault(name: str) -> int | None:
+    """Test hooks (crash-safety tests): CPTSIM_FAULT_KILL_AT_STEP=k sends this process SIGKILL as step k begins,
+    CPTSIM_FAULT_SIGINT_AT_STEP=k sends it SIGINT, CPTSIM_FAULT_NAN_AT_STEP=k makes step k's loss NaN."""
+    v = os.environ.get(f"CPTSIM_FAULT_{name}_AT_STEP")
     return int(v) if v else None
 
 
@@ -204,127 +238,203 @@ def train(cfg: TrainConfig, out: str, progress: bool = True, plan: dict | None =
 
     With `plan`, the run records the plan it executed (a copy as plan.json, its digest in config.json).
     """
+    from . import dist
     from .runs import PLAN
 
+    d = dist.from_env(cfg.device)
     w = build(cfg)
-    config = resolved_config(cfg, w)
-    if plan is not None:
-        from .planner.planfile import plan_digest
+    run = RunDir(out)
+    if d.is_main:
+        config = resolved_config(cfg, w, d.world)
+        if plan is not None:
+            from .planner.planfile import plan_digest
 
-        config["plan"] = {"digest": plan_digest(plan), "schedule": plan["schedule"], "budget": plan.get("budget")}
-    run = RunDir.create(out, config)
-    if plan is not None:
-        run.write_json(PLAN, plan)
-    return _loop(cfg, w, run, start_step=0, progress=progress)
+            config["plan"] = {"digest": plan_digest(plan), "schedule": plan["schedule"], "budget": plan.get("budget")}
+        run = RunDir.create(out, config)
+        if plan is not None:
+            run.write_json(PLAN, plan)
+    d.barrier()
+    return _loop(cfg, w, run, d, start_step=0, progress=progress)
 
 
 def resume(run_path: str, progress: bool = True) -> RunDir:
     """Continue a run from its last checkpoint; trace lines after the checkpoint are dropped and re-run."""
+    from . import dist
+
     run = RunDir.open(run_path)
     cfg = TrainConfig.from_dict(run.read_config()["settings"])
+    d = dist.from_env(cfg.device)
     w = build(cfg)
-    ckpt = run.load_checkpoint(map_location=cfg.device)
+    ckpt = run.load_checkpoint(map_location="cpu")
     start = 0
     if ckpt is not None:
         w.model.load_state_dict(ckpt["model"])
         start = int(ckpt["step"])
-    run.truncate_after(start)
-    return _loop(cfg, w, run, start_step=start, progress=progress, ckpt=ckpt)
+        if len(ckpt["rng"]["torch"]) != d.world:
+            raise InputError(f"{run_path} was checkpointed by {len(ckpt['rng']['torch'])} process(es); resume it "
+                             f"with the same number (--nproc {len(ckpt['rng']['torch'])}), not {d.world}")
+    if d.is_main:
+        run.remove_stale_temp_files()
+        run.truncate_after(start)
+    d.barrier()
+    return _loop(cfg, w, run, d, start_step=start, progress=progress, ckpt=ckpt)
 
 
-def _loop(cfg: TrainConfig, w: Workload, run: RunDir, start_step: int, progress: bool, ckpt: dict | None = None):
+def _stopped(step: int, run: RunDir) -> str:
+    return f"stopped after step {step}; checkpoint saved - continue with: cptsim train --resume {run.path}"
+
+
+class _StopRequest:
+    """SIGINT / SIGTERM set a flag; the loop checkpoints at the end of the step and stops (a second ^C is fatal)."""
+
+    def __init__(self):
+        self.requested = False
+        self._old = {}
+
+    def __enter__(self):
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progress: bool, ckpt: dict | None = None):
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from rich.console import Console
-
     from .cost import step_cost
-    from .profiler import MacCounter
+    from .profiler import PHASES, MacCounter
     from .runs import PROFILE
 
-    device = cfg.device
-    model = w.model
-    # Counts the MACs each step executes (forward hooks reading shapes; ~0.1% of a resnet20 step).
-    counter = MacCounter(model, cfg.model)
-    need_profile = run.read_json(PROFILE) is None
-    # Weight decay on every parameter, as in CPT's code.
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    device, model = cfg.device, w.model
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    torch.manual_seed(cfg.seed * 1_000_003 + 17 + d.rank)  # each rank draws its own rounding noise
+    epoch_stats = [0.0, 0, 0]  # loss sum, correct, samples of the current epoch so far
     if ckpt is not None:
         opt.load_state_dict(ckpt["optimizer"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
+        torch.set_rng_state(ckpt["rng"]["torch"][d.rank])
         if device.startswith("cuda") and ckpt["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
-    kill_at = _fault_step()
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"][d.rank])
+        epoch_stats = list(ckpt.get("epoch_stats", epoch_stats))
     T, spe = w.total_steps, w.steps_per_epoch
     if start_step >= T:
         return run  # already complete: nothing to run, nothing to append
-    first_epoch = start_step // spe
-    n_epochs = math.ceil(T / spe)
+    kill_at, nan_at, int_at = _fault("KILL"), _fault("NAN"), _fault("SIGINT")
+    counter = MacCounter(model, cfg.model)  # forward hooks reading shapes: ~0.1% of a resnet20 step
+    need_profile = d.is_main and run.read_json(PROFILE) is None
+
+    def checkpoint(step: int) -> None:
+        rng = d.gather_rng()
+        cuda = None
+        if device.startswith("cuda"):
+            cuda = [torch.cuda.get_rng_state()]  # per-rank CUDA state is only restored exactly for one process
+        if d.is_main:
+            run.save_checkpoint({"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                                 "rng": {"torch": rng, "cuda": cuda}, "epoch_stats": list(epoch_stats)})
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
-    with Progress(*columns, console=Console(stderr=True), disable=not progress, transient=False) as bar:
+    n_epochs = math.ceil(T / spe)
+    step = start_step
+    with _StopRequest() as stop, Progress(*columns, console=Console(stderr=True),
+                                          disable=not (progress and d.is_main)) as bar:
         task = bar.add_task("train", total=T, completed=start_step, info="")
-        step = start_step
-        for epoch in range(first_epoch, n_epochs):
+        for epoch in range(step // spe, n_epochs):
             model.train()
-            loader = w.train_loader_for(epoch)
-            loss_sum, correct, seen = 0.0, 0, 0
             t_epoch = time.perf_counter()
-            for x, y in loader:
-                if step >= T:
-                    break
+            last = min(spe, T - epoch * spe)
+            for i, n_global, batch in epoch_batches(cfg, w, epoch, step - epoch * spe, last, d.rank, d.world):
                 if kill_at is not None and step == kill_at:
                     os.kill(os.getpid(), signal.SIGKILL)
+                if int_at is not None and step == int_at:
+                    os.kill(os.getpid(), signal.SIGINT)  # as if ^C arrived during this step
                 t0 = time.perf_counter()
                 bits, gbits = w.bits[step], w.grad_bits[step]
                 w.precision.set(bits, gbits)
                 lr = cfg.lr * lr_factor(cfg.lr_schedule, step, T)
                 for group in opt.param_groups:
                     group["lr"] = lr
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 counter.reset()
-                logits = model(x)
-                loss = F.cross_entropy(logits, y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
+                opt.zero_grad(set_to_none=False)
+                local = torch.zeros(2 + 2 * len(PHASES), dtype=torch.float64)  # loss sum, correct, macs, bitops
+                if batch is not None:
+                    x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
+                    logits = model(x)
+                    # summed here and divided by the *global* batch: the gradient of the global batch's mean loss
+                    loss = F.cross_entropy(logits, y, reduction="sum")
+                    if nan_at is not None and step == nan_at:
+                        loss = loss * float("nan")
+                    (loss / n_global).backward()
+                    local[0] = loss.item()
+                    local[1] = (logits.detach().argmax(1) == y).sum().item()
+                    executed = step_cost(counter.step_arrays(), bits, gbits, batch=1)  # the cost model's formula
+                    local[2:5] = torch.tensor([executed["macs"][p] for p in PHASES], dtype=torch.float64)
+                    local[5:8] = torch.tensor([executed["bitops"][p] for p in PHASES], dtype=torch.float64)
+                d.all_reduce_grads(params)
+                d.all_reduce_sum(local)
+                loss_v = local[0].item() / n_global
+                if not math.isfinite(loss_v):
+                    raise RunFailed(
+                        f"loss became {loss_v} at step {step} (bits {bits}, grad bits {gbits}); nothing of that step "
+                        f"was applied or recorded, the last good checkpoint is kept - resume with --resume {run.path} "
+                        "(it will diverge again unless the cause was transient), or train anew with a higher q_min "
+                        "or a lower --lr")
                 opt.step()
-                loss_v = loss.item()
                 if device.startswith("cuda"):
                     torch.cuda.synchronize()
                 dt = time.perf_counter() - t0
-                n = y.numel()
-                loss_sum += loss_v * n
-                correct += (logits.detach().argmax(1) == y).sum().item()
-                seen += n
-                executed = step_cost(counter.step_arrays(), bits, gbits, batch=1)  # the cost model's own formula
-                if need_profile:
-                    run.write_json(PROFILE, counter.layer_profile(n, w.info.input_shape).to_json())
-                    need_profile = False
-                run.append_trace({"step": step, "epoch": epoch, "batch_size": n, "bits": bits, "grad_bits": gbits,
-                                  "macs": executed["macs"], "bitops": executed["bitops"],
-                                  "lr": lr, "time_s": round(dt, 6), "loss": loss_v})
-                if not math.isfinite(loss_v):
-                    raise InputError(
-                        f"loss became {loss_v} at step {step} (bits {bits}, grad bits {gbits}); the last good "
-                        f"checkpoint is kept in {run.path} - resume with --resume {run.path}, or train again with "
-                        "a higher q_min or lower --lr")
+                epoch_stats[0] += local[0].item()
+                epoch_stats[1] += int(local[1].item())
+                epoch_stats[2] += n_global
+                if d.is_main:
+                    if need_profile and batch is not None:
+                        run.write_json(PROFILE, counter.layer_profile(batch[0].shape[0], w.info.input_shape).to_json())
+                        need_profile = False
+                    # float64 holds these integers exactly (< 2**53)
+                    run.append_trace({"step": step, "epoch": epoch, "batch_size": n_global, "bits": bits,
+                                      "grad_bits": gbits,
+                                      "macs": {p: int(local[2 + k]) for k, p in enumerate(PHASES)},
+                                      "bitops": {p: int(local[5 + k]) for k, p in enumerate(PHASES)},
+                                      "lr": lr, "time_s": round(dt, 6), "loss": loss_v})
                 step += 1
                 bar.update(task, advance=1, description=f"epoch {epoch + 1}/{n_epochs}",
                            info=f"loss {loss_v:.3f}  bits {bits}/{gbits}")
+                if i == last - 1:
+                    break  # the epoch's end: evaluate and checkpoint below
+                if d.any(stop.requested):
+                    checkpoint(step)
+                    raise RunStopped(_stopped(step, run))
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                    checkpoint(step)
 
             counter.enabled = False  # evaluation is not training work
-            test_loss, test_acc = evaluate(w, device)
+            d.broadcast_buffers(model)  # BN statistics and activation ranges: rank 0's, on every rank
+            if d.is_main:
+                test_loss, test_acc = evaluate(w, device)
+                run.append_metrics({"epoch": epoch, "step": step, "eval_bits": w.schedule.q_max,
+                                    "train_loss": epoch_stats[0] / max(epoch_stats[2], 1),
+                                    "train_acc": epoch_stats[1] / max(epoch_stats[2], 1),
+                                    "test_loss": test_loss, "test_acc": test_acc,
+                                    "epoch_time_s": round(time.perf_counter() - t_epoch, 4)})
+                bar.update(task, info=f"test acc {test_acc:.3f} @ {w.schedule.q_max} bits")
             counter.enabled = True
-            run.append_metrics({"epoch": epoch, "step": step, "eval_bits": w.schedule.q_max,
-                                "train_loss": loss_sum / max(seen, 1), "train_acc": correct / max(seen, 1),
-                                "test_loss": test_loss, "test_acc": test_acc,
-                                "epoch_time_s": round(time.perf_counter() - t_epoch, 4)})
-            bar.update(task, info=f"test acc {test_acc:.3f} @ {w.schedule.q_max} bits")
-            run.save_checkpoint({
-                "step": step, "epoch": epoch + 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                "rng": {"torch": torch.get_rng_state(),
-                        "cuda": torch.cuda.get_rng_state_all() if device.startswith("cuda") else None},
-            })
+            epoch_stats = [0.0, 0, 0]
+            checkpoint(step)
+            if d.any(stop.requested):
+                raise RunStopped(_stopped(step, run))
             if step >= T:
                 break
+    counter.close()
     return run

