@@ -74,6 +74,8 @@ def read_plan(path: str | Path) -> dict:
         text = p.read_text()
     except OSError as e:
         raise InputError(f"{p}: cannot read plan ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{p}: not a plan file (not UTF-8 text)") from None
     try:
         plan = json.loads(text)
     except ValueError as e:
