@@ -170,7 +170,7 @@ ProgressFn = Callable[[int, int, dict], None]  # (steps done, total steps, {"bit
 
 def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = None) -> RangeTestResult:
     """Run the precision range test for real (see the module docstring) and return every stage and the suggestion."""
-    from .train import TrainConfig, build
+    from .train import TrainConfig, build, epoch_batches
 
     settings.validate()
     t0 = time.perf_counter()
@@ -189,7 +189,7 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
         # The data order continues across stages and epochs, as one training run would see it.
         epoch = 0
         while True:
-            for xy in w.train_loader_for(epoch):
+            for _, _, xy in epoch_batches(cfg, w, epoch, 0, w.steps_per_epoch, rank=0, world=1):
                 yield xy
             epoch += 1
 
@@ -198,7 +198,7 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
     w.precision.set(settings.q_start, settings.g_bits)
     correct = seen = 0
     with torch.no_grad():
-        for i, (x, y) in enumerate(w.train_loader_for(0)):
+        for i, (_, _, (x, y)) in enumerate(epoch_batches(cfg, w, 0, 0, w.steps_per_epoch, rank=0, world=1)):
             if i >= settings.baseline_batches:
                 break
             x, y = x.to(device), y.to(device)
@@ -249,4 +249,4 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
     return RangeTestResult(settings=settings, baseline_acc=baseline, rows=rows, suggested_q_min=q_min,
                            conclusive=conclusive, reason=reason, steps_per_stage=spe,
                            time_s=round(time.perf_counter() - t0, 3),
-                           train_size=len(w.train_loader_for(0).dataset), input_shape=list(w.info.input_shape))
+                           train_size=len(w.train_set), input_shape=list(w.info.input_shape))

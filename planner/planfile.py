@@ -4,17 +4,38 @@ A plan records everything needed to (1) reproduce the planned training exactly (
 (2) compare a finished run against what was promised (`estimate`, `baseline`, `profile`, `hardware`):
 
     {"format": "cptsim.plan/1", "created": ISO time, "cptsim_version": "0.1.0",
-     "workload": {"model", "dataset", "data_dir", "batch_size", "steps", "dataset_size", "input_shape",
-                  "num_classes", "fp_layers", "lr", "lr_schedule", "momentum", "weight_decay", "seed", "augment"},
+     "workload": {"model", "dataset", "data_dir", "batch_size", "steps", "epochs" (null when planned by steps),
+                  "dataset_size" (samples per epoch: the ragged last batch is costed exactly), "input_shape",
+                  "num_classes", "fp_layers" (resolved layer names), "lr", "lr_schedule", "momentum",
+                  "weight_decay", "seed", "augment"},
      "hardware": {"name", "kind", "hash", "path"},
      "budget": {"metric", "value", "unit", "spec"}, "budget_absolute": float (base units: bitops, J or s),
-     "space": {...SearchSpace.to_json()}, "score": {"name", "definition", "params"},
+     "budget_text": "65% of the static-q_max BitOPs",
+     "space": {...SearchSpace.to_json()}, "candidates": int (how many were searched),
+     "score": {"name": "early-weighted-fidelity/1", "definition", "params": {"alpha", "tau0"}, "help"},
+     "ranking": "proxy" (by the score) | "pilot" (by measured accuracy, see "pilot"),
      "schedule": {"name", "q_min", "q_max", "g_min", "g_max", "cycles", "text"},
-     "estimate": {"bitops": {"fwd", "dgrad", "wgrad", "total"}, "energy_j": float, "latency_s": float,
-                  "relative_to_static": float, "score": float, "per_phase": {...}, "per_layer": [...]},
-     "baseline": {"schedule": text, "bitops": {"total", ...}, "energy_j": float, "latency_s": float},
-     "alternatives": [{"schedule": text, "bitops": float, "energy_j", "latency_s", "score", "budget_fraction"}],
-     "pilot": null | {...}, "profile": {...profile.json document}}
+     "estimate": {"bitops": {"fwd", "dgrad", "wgrad", "total"}, "energy_j": float (total), "latency_s": float,
+                  "relative_to_static": float (BitOPs / the baseline's), "score": float,
+                  "budget_fraction": float (cost on the budget's metric / budget_absolute, <= 1),
+                  "vs_baseline": {"bitops", "energy_j", "latency_s"} (ratios to the baseline), "mean_bits",
+                  "macs": {"fwd", "dgrad", "wgrad", "total"}, "steps", "samples",
+                  "per_phase": {"energy_j": {...}, "latency_s": {...}}, "per_layer": [Cost.per_layer rows]},
+     "baseline": {"schedule": text (static at the space's largest q_max), "bitops": {"total", ...},
+                  "energy_j": float, "latency_s": float, "score", "macs", "per_phase", "steps", "samples"},
+     "alternatives": [{"rank", "role": "chosen" | "alternative" | "cheapest", "schedule": text, "name", "cycles",
+                       "q_min", "q_max", "mean_bits", "score", "bitops": float, "energy_j", "latency_s",
+                       "budget_fraction", "vs_baseline" (on the budget's metric), "within_budget", "cheapest"}],
+     "frontier": {"metric", "cost_key", "points": [{"schedule", "cost", "vs_baseline", "score", "within_budget"}]}
+                 (the Pareto frontier of cost on the budget's metric vs score over all candidates, cheapest first),
+     "notes": [text] (budget used, above-static fallback, why a metric does not fall with bits, hardware notes),
+     "pilot": null | {"k", "method", "measure", "first_steps", "winner", "dir",
+                      "rounds": [{"round", "steps", "kept": [text], "runs": [{"schedule", "proxy_rank",
+                                  "proxy_score", "steps", "test_acc", "eval_bits", "train_loss", "time_s",
+                                  "run_dir"}]}]},
+     "range_test": null | {...cptsim.rangetest/1 document, when --min-bits auto chose q_min},
+     "timings": {"profile_s", "evaluate_s", "select_s"},
+     "profile": {...profile.json document}}
 
 Only the keys in REQUIRED are checked when reading; anything else may be added freely (never renamed without
 bumping the format).

@@ -1,0 +1,101 @@
+"""How fast the planner is: the full default search space for resnet20 (CIFAR shape) over 64,000 steps.
+
+    python benchmarks/bench_planner.py [--steps 64000] [--batch-size 128] [--hw h100,bitfusion,a100]
+                                       [--metrics bitops,energy,latency] [--budget 65%] [--repeats 3] [--json]
+
+The workload is profiled once (one real training step of the quantized resnet20 on a random 3x32x32 batch; no
+data needed) and that time is reported apart. Each timed figure is the median over --repeats of one whole
+planning call after profiling: evaluating every candidate by the fast path on the hardware profile
+(``cptsim.planner.search.evaluate``) plus selecting under the budget (``select``: baseline, cheapest candidate,
+the chosen one and the alternatives re-costed with ``cptsim.cost.estimate``). The cost model's per-schedule
+histogram cache is cleared before every repeat, so every ``estimate`` call pays for generating its bits. An
+infeasible budget (e.g. latency on an H100, where bits below 8 save nothing) is timed up to the error it raises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from cptsim import cost as cost_model
+from cptsim.errors import InputError
+from cptsim.hardware import load_profile
+from cptsim.planner.budget import parse_budget
+from cptsim.planner.search import Workload, evaluate, select
+from cptsim.planner.space import SearchSpace
+
+
+def _one(workload, hw, budget, space):
+    cost_model._schedule_hist.cache_clear()  # cold: no schedule's bits are cached from an earlier repeat
+    t0 = time.perf_counter()
+    cands = evaluate(workload, hw, space)
+    t1 = time.perf_counter()
+    try:
+        p = select(cands, budget)
+        outcome = (p.schedule.to_text(), p.budget_fraction)
+    except InputError as e:
+        outcome = ("infeasible", str(e))
+    t2 = time.perf_counter()
+    return len(cands), t1 - t0, t2 - t1, outcome
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="resnet20")
+    ap.add_argument("--dataset", default="cifar10", help="shapes and epoch size only; nothing is loaded")
+    ap.add_argument("--steps", type=int, default=64_000)
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--hw", default="h100,bitfusion,a100")
+    ap.add_argument("--metrics", default="bitops,energy,latency")
+    ap.add_argument("--budget", default="65%")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    workload = Workload.build(model=args.model, dataset=args.dataset, batch_size=args.batch_size, steps=args.steps)
+    build_s = time.perf_counter() - t0
+    space = SearchSpace()
+    rows = []
+    for name in args.hw.split(","):
+        hw = load_profile(name.strip())
+        for metric in args.metrics.split(","):
+            budget = parse_budget(args.budget, metric.strip())
+            runs = [_one(workload, hw, budget, space) for _ in range(args.repeats)]
+            n = runs[0][0]
+            ev = statistics.median(r[1] for r in runs)
+            se = statistics.median(r[2] for r in runs)
+            total = statistics.median(r[1] + r[2] for r in runs)
+            chosen, detail = runs[0][3]
+            rows.append({"hardware": hw.name, "metric": budget.metric, "budget": args.budget, "candidates": n,
+                         "evaluate_s": ev, "select_s": se, "wall_s": total, "candidates_per_s": n / total,
+                         "chosen": chosen,
+                         "budget_used": detail if chosen != "infeasible" else None,
+                         "error": detail if chosen == "infeasible" else None})
+    doc = {"workload": {"model": args.model, "input_shape": list(workload.input_shape), "steps": workload.steps,
+                        "batch_size": workload.batch_size, "dataset_size": workload.dataset_size,
+                        "layers": len(workload.profile.layers)},
+           "profile_s": workload.profile_s, "build_s": build_s, "repeats": args.repeats, "rows": rows,
+           "max_wall_s": max(r["wall_s"] for r in rows)}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"planner: {args.model} {tuple(workload.input_shape)}, {workload.steps} steps x "
+                    f"{workload.batch_size}, default space, budget {args.budget}; median of {args.repeats}, "
+                    f"after profiling ({workload.profile_s:.2f} s)", title_justify="left")
+    for col in ("hardware", "metric", "candidates", "evaluate", "select", "wall", "candidates/s", "chosen", "used"):
+        t.add_column(col, justify="left" if col in ("hardware", "metric", "chosen") else "right")
+    for r in rows:
+        t.add_row(r["hardware"], r["metric"], str(r["candidates"]), f"{r['evaluate_s'] * 1e3:.0f} ms",
+                  f"{r['select_s'] * 1e3:.0f} ms", f"{r['wall_s'] * 1e3:.0f} ms", f"{r['candidates_per_s']:,.0f}",
+                  r["chosen"], "-" if r["budget_used"] is None else f"{100 * r['budget_used']:.1f}%")
+    Console().print(t)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""`cptsim plan`: search precision schedules for the best one whose estimated cost fits a budget; write plan.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from cptsim.errors import InputError
+from cptsim.planner.budget import BUDGET_HELP
+from cptsim.planner.score import SCORE_HELP
+
+from .common import emit_json, err, json_option, out
+from .profile_cmd import parse_fp_layers, si
+
+DEFAULT_HW = "bitfusion"
+
+_EPILOG = f"""\b
+Examples:
+  cptsim plan --budget 65%                               digits-cnn on digits, 15 epochs, BitOPs, bitfusion
+  cptsim plan --budget 65% --metric energy --hw bitfusion --plot plan.png
+  cptsim plan --budget 2h --hw a100 --model resnet20 --dataset cifar10 --batch-size 128 --steps 64000
+  cptsim plan --budget 60% --schedules cos-rep,rex-rep --cycles 8,32 --q-min 3-4 --q-max 8
+  cptsim plan --budget 65% --min-bits auto --pilot 4     range test for q_min; pilot-train the top 4
+  cptsim train --plan plan.json                          train exactly what was planned
+
+{BUDGET_HELP}
+
+Which plan: among the candidates whose estimated cost on the budget's metric fits the budget, the highest
+score; ties go to the cheaper. The estimate is cptsim's one cost model (as 'cptsim cost'), so a plan's
+estimate is always within its budget. A budget below the cheapest candidate exits 2 naming that candidate
+and its cost. A budget that covers the static-q_max cost plans static q_max (the most precise schedule in
+the space); --prefer-cyclic plans the best cyclic schedule instead.
+
+Hardware: BitOPs do not depend on it; energy and latency do, and often not smoothly -- an H100 runs every
+width up to 8 bits on its int8 tier, so its latency and energy do not fall below 8 bits and a latency budget
+under the static-8 cost is infeasible (the message says why). The default --hw is bitfusion (Sharma et
+al., ISCA 2018), an accelerator whose fused 2-bit bricks run narrower operands faster and with less
+energy, so the energy and latency columns show what low precision can buy; name your own hardware for
+energy or latency budgets.
+
+{SCORE_HELP}
+
+The plan file (--out, default plan.json; never overwritten without --force) holds the workload, hardware
+(name and content hash), budget, the chosen schedule and its estimate by phase and layer, the static-q_max
+baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
+"""
+
+
+@click.command("plan", epilog=_EPILOG,
+               short_help="Search precision schedules for the best one that fits a budget; write plan.json.")
+@click.option("--budget", required=True, help="NUMBER UNIT: 65%, 2.5e17bitops, 500kJ, 3h (grammar below).")
+@click.option("--metric", type=click.Choice(["bitops", "energy", "latency"]), default=None,
+              help="What a % budget is a fraction of [default: bitops; an absolute unit picks its own metric].")
+@click.option("--hw", "--hardware", "hw", default=DEFAULT_HW, show_default=True,
+              help="Target hardware profile (name or .toml path) for energy and latency.")
+@click.option("--model", default="digits-cnn", show_default=True, help="Model name ('cptsim train --list-models').")
+@click.option("--dataset", default="digits", show_default=True,
+              help="Dataset (shapes and epoch size only; nothing is loaded unless --pilot or --min-bits auto).")
+@click.option("--data-dir", default=None, help="Folder holding the dataset (for training it later).")
+@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--epochs", type=int, default=None, help="Training epochs [default: 15 unless --steps].")
+@click.option("--steps", type=int, default=None, help="Training steps (instead of --epochs).")
+@click.option("--dataset-size", type=int, default=None, help="Samples per epoch [default: the train split's size].")
+@click.option("--lr", type=float, default=0.1, show_default=True, help="Peak learning rate, recorded for training.")
+@click.option("--momentum", type=float, default=0.9, show_default=True)
+@click.option("--weight-decay", type=float, default=5e-4, show_default=True)
+@click.option("--lr-schedule", type=click.Choice(["step", "cosine", "constant"]), default="cosine",
+              show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--fp-layers", default=None,
+              help="Layer names or globs kept in full precision; 'none' quantizes every layer "
+                   "[default: the model's convention].")
+@click.option("--no-augment", is_flag=True, help="Turn off random crop / flip in training.")
+@click.option("--schedules", default=None, help="Schedules to search, comma-separated, or 'all' [default: all 11].")
+@click.option("--cycles", default=None, help="Cycle counts, e.g. 1,2,4 or 1-8 [default: 1,2,4,8,16,32,64].")
+@click.option("--q-min", default=None, help="q_min range LOW-HIGH or one value [default: 2-8].")
+@click.option("--q-max", default=None, help="q_max range LOW-HIGH or one value [default: 4-8].")
+@click.option("--g-bits", default=None, help="Gradient bits: G static, GMIN-GMAX cyclic, comma list [default: 8].")
+@click.option("--min-bits", default=None, help="Lowest forward bits allowed: N, or auto (runs the range test).")
+@click.option("--max-bits", default=None, help="Highest forward bits allowed.")
+@click.option("--range-steps", type=int, default=None,
+              help="Steps per precision for --min-bits auto [default: one epoch].")
+@click.option("--prefer-cyclic", is_flag=True,
+              help="When the budget covers static q_max, plan the best cyclic schedule instead.")
+@click.option("--pilot", type=int, default=0, show_default=True,
+              help="Rank the top K candidates by real short training runs (successive halving) instead of the score.")
+@click.option("--pilot-steps", type=int, default=None, help="Steps of the first pilot round [default: steps / 8].")
+@click.option("--pilot-dir", default=None, help="Keep the pilot runs here [default: a temporary directory, removed].")
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda, for --pilot and --min-bits auto.")
+@click.option("--top", type=int, default=10, show_default=True, help="Alternatives to list and record.")
+@click.option("--out", "out_path", default="plan.json", show_default=True, help="Plan file to write.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
+@click.option("--plot", default=None, help="Write a PNG of the cost-vs-score Pareto frontier here.")
+@click.option("--quiet", is_flag=True, help="No progress on stderr.")
+@json_option
+def plan(budget, metric, hw, model, dataset, data_dir, batch_size, epochs, steps, dataset_size, lr, momentum,
+         weight_decay, lr_schedule, seed, fp_layers, no_augment, schedules, cycles, q_min, q_max, g_bits, min_bits,
+         max_bits, range_steps, prefer_cyclic, pilot, pilot_steps, pilot_dir, device, top, out_path, force, plot,
+         quiet, as_json) -> None:
+    """Search cyclic-precision schedules for the best one whose estimated cost on the target hardware fits the
+    budget, show the top candidates, and write plan.json for 'cptsim train --plan'."""
+    from cptsim.hardware import load_profile
+    from cptsim.planner.budget import parse_budget
+    from cptsim.planner.planfile import write_plan
+    from cptsim.planner.search import Workload, plan as make_plan, range_settings
+    from cptsim.planner.space import parse_space
+
+    # Everything that can be wrong with the flags is checked before any work.
+    bud = parse_budget(budget, metric)
+    space = parse_space(schedules, cycles, q_min, q_max, g_bits, min_bits, max_bits)
+    for flag, v, low in (("--top", top, 1), ("--pilot", pilot, 0), ("--pilot-steps", pilot_steps, 1),
+                         ("--range-steps", range_steps, 1)):
+        if v is not None and v < low:
+            raise InputError(f"{flag} must be at least {low}, got {v}")
+    if pilot == 1:
+        raise InputError("--pilot K needs K >= 2 candidates to compare (0 = rank by the score)")
+    target = Path(out_path)
+    if target.exists() and not force:
+        raise InputError(f"{target} already exists; pass --force to overwrite it or pick another --out")
+    for flag, p in (("--out", target), ("--plot", Path(plot) if plot else None)):
+        if p is not None and not p.parent.is_dir():
+            raise InputError(f"{flag} {p}: directory {p.parent} does not exist")
+    if plot and target.resolve() == Path(plot).resolve():
+        raise InputError("--plot and --out name the same file")
+    hardware = load_profile(hw)
+    show = not (quiet or as_json)
+
+    with err.status(f"profiling {model}: one training step ...") if show else _nothing():
+        workload = Workload.build(model=model, dataset=dataset, data_dir=data_dir, batch_size=batch_size,
+                                  epochs=epochs, steps=steps, dataset_size=dataset_size,
+                                  fp_layers=parse_fp_layers(fp_layers), lr=lr, lr_schedule=lr_schedule,
+                                  momentum=momentum, weight_decay=weight_decay, seed=seed, augment=not no_augment)
+    rt = None
+    if space.min_bits_auto:
+        from .rangetest_cmd import print_result, run_with_progress
+
+        settings = range_settings(workload, space, range_steps, device)
+        settings.validate()
+        rt = run_with_progress(settings, show=show)
+        if not as_json:
+            print_result(rt)
+
+    def on_pilot(ev: dict) -> None:
+        if show and ev["event"] == "done":
+            err.print(f"pilot round {ev['round'] + 1}: {ev['schedule']} {ev['steps']} steps -> test acc "
+                      f"{100 * ev['test_acc']:.1f}% @ {ev['eval_bits']} bits ({ev['time_s']:.1f} s)", highlight=False)
+
+    result = make_plan(workload, hardware, bud, space, prefer_cyclic=prefer_cyclic, top=top, pilot=pilot,
+                       pilot_steps=pilot_steps, pilot_dir=pilot_dir, device=device, range_test=rt,
+                       on_pilot=on_pilot)
+    doc = result.to_json()
+    if target.exists() and not force:  # appeared while we searched
+        raise InputError(f"{target} already exists; pass --force to overwrite it or pick another --out")
+    write_plan(doc, target)
+    if plot:
+        plot_frontier(result, plot)
+    if as_json:
+        emit_json(doc)
+        return
+    print_plan(result, doc)
+    out.print(f"plan written to {target}" + (f", frontier plot to {plot}" if plot else "") +
+              f"; train it with: cptsim train --plan {target}", highlight=False)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _pct(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:.1f}%" if abs(x) >= 1e-3 or x == 0 else f"{100 * x:.2g}%"
+
+
+def print_plan(p, doc: dict) -> None:
+    """The top candidates, the chosen one highlighted, then baseline and notes."""
+    from cptsim.planner.search import METRIC_NAMES
+
+    w = p.workload
+    what = METRIC_NAMES[p.metric]
+    base = p.baseline_schedule.to_text()
+    t = Table(title=f"plan: {w.describe()}; {p.hardware.name}; budget {p.budget.describe()} "
+                    f"= {si(p.budget_absolute, {'bitops': '', 'energy': 'J', 'latency': 's'}[p.metric])}"
+                    f"{' BitOPs' if p.metric == 'bitops' else ''}",
+              title_justify="left",
+              caption=f"{len(p.candidates)} candidates; n = cycles, bits = mean forward bits, budget = % of the budget "
+                      f"used, static = {what} as % of {base}; "
+                      f"ranked by {'pilot runs (measured test accuracy)' if p.ranking == 'pilot' else 'score'}",
+              caption_justify="left", box=None, pad_edge=False, collapse_padding=True, padding=(0, 1),
+              header_style="bold underline")
+    t.add_column("#", justify="right", no_wrap=True)
+    t.add_column("schedule", no_wrap=True)
+    for col in ("n", "bits", "BitOPs", "energy", "latency", "budget", "static", "score"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for a in p.alternatives:
+        if a["role"] == "cheapest":
+            t.add_section()
+        chosen = a["role"] == "chosen"
+        label = "min" if a["role"] == "cheapest" else str(a["rank"])
+        t.add_row((">" if chosen else "") + label, a["schedule"],
+                  "-" if a["name"] == "static" else str(a["cycles"]), f"{a['mean_bits']:.2f}",
+                  si(a["bitops"]), si(a["energy_j"], "J"), si(a["latency_s"], "s"), _pct(a["budget_fraction"]),
+                  _pct(a["vs_baseline"]), f"{a['score']:.4f}", style="bold green" if chosen else None)
+    out.print(t)
+    est, b = doc["estimate"], doc["baseline"]
+    out.print(f"[bold]chosen[/]: {p.schedule.to_text()}: {si(est['bitops']['total'])} BitOPs, "
+              f"{si(est['energy_j'], 'J')}, {si(est['latency_s'], 's')} on {p.hardware.name}; "
+              f"{_pct(p.budget_fraction)} of the budget, score {p.score:.4f}", highlight=False)
+    out.print(f"baseline {base}: {si(b['bitops']['total'])} BitOPs, {si(b['energy_j'], 'J')}, "
+              f"{si(b['latency_s'], 's')}", highlight=False)
+    if p.pilot:
+        for r in p.pilot["rounds"]:
+            accs = ", ".join(f"{x['schedule']} {100 * x['test_acc']:.1f}%" for x in r["runs"])
+            out.print(f"pilot round {r['round'] + 1} ({r['steps']} steps): {accs}", highlight=False)
+    for n in p.notes:
+        out.print(f"[yellow]note:[/] {n}", highlight=False)
+
+
+def plot_frontier(p, path: str) -> None:
+    """PNG: every candidate's cost (% of static q_max on the budget's metric) vs score; within-budget ones in
+    colour by schedule, the Pareto frontier, the budget line and the chosen schedule."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from cptsim.planner.search import COST_KEYS, METRIC_NAMES
+
+    c = p.candidates
+    key = COST_KEYS[p.metric]
+    base = float(getattr(p.baseline, key)["total"])
+    x = 100.0 * c.cost[key] / base
+    y = c.score
+    within = c.cost[key] <= p.budget_absolute
+    names = np.array([s.name for s in c.schedules])
+    fig, ax = plt.subplots(figsize=(9, 6))
+    ax.scatter(x[~within], y[~within], s=8, color="0.82", label="over budget", zorder=1)
+    cmap = plt.get_cmap("tab20")
+    for i, name in enumerate(dict.fromkeys(names[within])):
+        m = within & (names == name)
+        ax.scatter(x[m], y[m], s=12, color=cmap(i % 20), label=name, zorder=2)
+    fx = [100.0 * pt["cost"] / base for pt in p.frontier]
+    fy = [pt["score"] for pt in p.frontier]
+    ax.step(fx, fy, where="post", color="black", lw=1.2, label="Pareto frontier", zorder=3)
+    ax.axvline(100.0 * p.budget_absolute / base, color="tab:red", ls="--", lw=1.2,
+               label=f"budget {p.budget.spec}", zorder=3)
+    cx = 100.0 * float(getattr(p.estimate, key)["total"]) / base
+    ax.scatter([cx], [p.score], marker="*", s=260, color="gold", edgecolor="black", zorder=4,
+               label=f"chosen {p.schedule.to_text()}")
+    what = METRIC_NAMES[p.metric]
+    where = "" if p.metric == "bitops" else f" on {p.hardware.name}"
+    ax.set_xlabel(f"{what}{where}, % of static {p.baseline_schedule.q_max} bits")
+    ax.set_ylabel("score (early-weighted-fidelity/1)" if p.ranking == "proxy" else "proxy score")
+    ax.set_title(f"{p.workload.describe()}: {len(c)} candidates", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
