@@ -73,6 +73,9 @@ def _register() -> None:
     cli.add_command(cost_cmd.cost)
     cli.add_command(hw_cmd.hw)
     cli.add_command(rangetest_cmd.range_test)
+    from . import report_cmd
+
+    cli.add_command(report_cmd.report)
     from . import plan_cmd
 
     cli.add_command(plan_cmd.plan)

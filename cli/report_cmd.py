@@ -1,0 +1,308 @@
+"""`cptsim report`: what a run cost against its plan, and the host estimate against the measured time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from cptsim.errors import InputError
+
+from .common import emit_json, err, json_option, out
+from .profile_cmd import si
+
+_EPILOG = """\b
+Examples:
+  cptsim report runs/demo                         tables; writes runs/demo/report.json and report.png
+  cptsim report runs/a runs/b --plot cmp.png      several runs: comparison table + accuracy-vs-cost plot
+  cptsim report runs/demo --hw h100,a100,stripes --json
+  cptsim report runs/a --fit --fit-out ~/.config/cptsim/hw_profiles/host-fitted.toml --holdout runs/b
+
+\b
+Planned = the plan's estimate (plan.json in the run dir), or the cost model's estimate of a schedule given by
+hand. Executed = the trace re-counted with the same cost model. Host time: measured = the sum of the trace's
+step times on this machine; modelled = the host profile's estimate (`cptsim hw calibrate`, then --fit).
+Energy and latency on other hardware are modelled, never measured: the run did not execute there.
+--fit fits compute_efficiency, memory_efficiency and the element-wise rate of the host profile to every
+measured step (least squares), writes a new profile to --fit-out, and predicts each --holdout run with it.
+"""
+
+
+def _parse_hw(hw: str | None) -> list[str] | None:
+    if hw is None:
+        return None
+    names = [h.strip() for h in hw.split(",") if h.strip()]
+    if not names:
+        raise InputError("--hw needs at least one hardware profile name or .toml path")
+    return names
+
+
+def _f(x, fmt="{:.3g}", none="-") -> str:
+    return none if x is None else fmt.format(x)
+
+
+def _pct(x, none="-") -> str:
+    return none if x is None else f"{x:+.2f}%"
+
+
+@click.command("report", epilog=_EPILOG)
+@click.argument("run_dirs", nargs=-1, required=True, metavar="RUN_DIR...")
+@click.option("--hw", "--hardware", "hw", default=None,
+              help="Comma-separated target profiles to model the executed run on "
+                   "[default: the plan's hardware, h100, bitfusion].")
+@click.option("--host", "host", default="host", show_default=True,
+              help="Host profile (name or .toml path) that models this machine's wall time.")
+@click.option("--top", type=int, default=10, show_default=True, help="Layers in the per-layer table.")
+@click.option("--plot", "plot_path", default=None,
+              help="Also write the plot here: one run's panels, or with several runs the accuracy-vs-cost plot.")
+@click.option("--no-save", is_flag=True, help="Do not write report.json / report.png into the run directories.")
+@click.option("--fit", is_flag=True, help="Fit the host profile's calibration to the runs' measured step times.")
+@click.option("--fit-out", default=None, help="Where --fit writes the fitted host profile (.toml).")
+@click.option("--holdout", multiple=True, help="A run to predict with the fitted profile, not fitted on (repeat).")
+@click.option("--force", is_flag=True, help="Let --fit-out replace an existing file.")
+@json_option
+def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, force, as_json) -> None:
+    """Compare a run's executed cost with its plan, the host estimate with the measured time; plots and fit."""
+    from cptsim import report as R
+    from cptsim.runs import REPORT_JSON, REPORT_PNG, RunDir, atomic_write_bytes
+
+    if top < 0:
+        raise InputError(f"--top must be >= 0, got {top}")
+    if (fit_out or holdout) and not fit:
+        raise InputError("--fit-out and --holdout go with --fit")
+    if fit and not fit_out:
+        raise InputError("--fit needs --fit-out PATH.toml: where to write the fitted host profile")
+    targets = _parse_hw(hw)
+    if plot_path is not None:
+        R.require_matplotlib()  # fail before any work
+        p = Path(plot_path)
+        if not p.parent.is_dir():
+            raise InputError(f"--plot: directory {str(p.parent)!r} does not exist")
+        if p.is_dir():
+            raise InputError(f"--plot names a directory, not a file: {p}")
+    if fit:
+        from cptsim.fit import check_fit_out
+
+        check_fit_out(fit_out, force)
+
+    reports = [R.build_report(d, targets, host=host, top=top) for d in run_dirs]
+    for r in reports:
+        for w in r.warnings:
+            err.print(f"[yellow]warning:[/] {w}", highlight=False)
+
+    # ---- plots and files --------------------------------------------------------------------------------------
+    written: list[str] = []
+    can_plot = True
+    try:
+        R.require_matplotlib()
+    except InputError as e:
+        can_plot = False
+        if not no_save:
+            err.print(f"[yellow]warning:[/] no report.png: {e}", highlight=False)
+    for r in reports:
+        run = RunDir(r.data["run"]["path"])
+        png = R.run_figure(r) if can_plot and (not no_save or (plot_path and len(reports) == 1)) else None
+        if not no_save:
+            try:
+                run.write_json(REPORT_JSON, R.to_json(r))
+                written.append(str(run.path / REPORT_JSON))
+                if png is not None:
+                    run.write_bytes(REPORT_PNG, png)
+                    written.append(str(run.path / REPORT_PNG))
+            except OSError as e:
+                err.print(f"[yellow]warning:[/] cannot write the report into {run.path}: {e.strerror or e}")
+        if plot_path and len(reports) == 1:
+            _write(plot_path, png, atomic_write_bytes)
+            written.append(str(plot_path))
+    rows = R.compare(reports) if len(reports) > 1 else None
+    if rows and plot_path:
+        _write(plot_path, R.comparison_figure(rows), atomic_write_bytes)
+        written.append(str(plot_path))
+
+    # ---- calibration fit --------------------------------------------------------------------------------------
+    fit_doc = None
+    if fit:
+        fit_doc = _fit(run_dirs, holdout, host, fit_out, force)
+
+    if as_json:
+        emit_json({"format": R.REPORT_FORMAT, "runs": [R.to_json(r) for r in reports], "comparison": rows,
+                   "fit": fit_doc, "files": written})
+        return
+    for r in reports:
+        _print_run(r)
+    if rows:
+        _print_comparison(rows)
+    if fit_doc:
+        _print_fit(fit_doc)
+    for f in written:
+        err.print(f"wrote {f}", highlight=False)
+
+
+def _write(path, data: bytes, writer) -> None:
+    try:
+        writer(Path(path), data)
+    except OSError as e:
+        raise InputError(f"--plot: cannot write {str(path)!r}: {e.strerror or e}") from None
+
+
+def _fit(run_dirs, holdout, host, fit_out, force) -> dict:
+    from cptsim.fit import RunSteps, fit_host, host_profile, write_fitted_profile
+    from cptsim.runs import RunDir
+
+    base = host_profile(host)
+    fitted = [RunSteps.from_run(RunDir.open_for_report(d), base) for d in run_dirs]
+    held = [RunSteps.from_run(RunDir.open_for_report(d), base) for d in holdout]
+    result = fit_host(fitted, base)
+    path, prof = write_fitted_profile(result, fit_out, force=force)
+    doc = result.to_json()
+    doc["holdout"] = [result.evaluate(h) for h in held]
+    if len(fitted) > 1:  # leave one run out: fit on the others, predict it
+        doc["leave_one_out"] = [fit_host([f for f in fitted if f is not r], base).evaluate(r) for r in fitted]
+    doc["written"] = {"path": str(path), "name": prof.name, "hash": prof.content_hash}
+    return doc
+
+
+# ------------------------------------------------------------------------------------------------ tables
+
+
+def _print_run(r) -> None:
+    d = r.data
+    run, b, h = d["run"], d["bitops"], d["host_time"]
+    plan = run["plan"]
+    head = (f"[bold]{run['path']}[/bold]: {run['model']} on {run['dataset']}, {run['schedule']}; "
+            + (f"plan {plan['digest']} (budget {plan['budget']}, hardware {plan['hardware']})" if plan
+               else "no plan (schedule given by hand)")
+            + f"; {run['steps_done']} of {run['total_steps']} steps"
+            + (" [yellow](trace truncated)[/yellow]" if run["trace_truncated"] else ""))
+    out.print(head, highlight=False)
+
+    if b:
+        t = Table(title="BitOPs: planned vs executed (hardware-independent)", title_justify="left")
+        t.add_column("phase")
+        t.add_column("planned", justify="right")
+        t.add_column("executed", justify="right")
+        t.add_column("difference", justify="right")
+        if b["trace_counted"]:
+            t.add_column("trace's own count", justify="right")
+        for k in ("fwd", "dgrad", "wgrad", "total"):
+            cells = [k, si(b["planned"].get(k)), si(b["executed"].get(k)), _pct(b["diff_pct"].get(k))]
+            if b["trace_counted"]:
+                cells.append(si(b["trace_counted"].get(k)))
+            t.add_row(*cells)
+        out.print(t)
+        out.print(f"  planned: {b['planned']['source']}; executed: trace.jsonl re-counted by the same cost model",
+                  highlight=False)
+        chk = b["trace_check"]
+        ok = "[green]within[/green]" if b["within_tolerance"] else "[yellow]outside[/yellow]"
+        out.print(f"  executed vs planned: {ok} {b['tolerance_pct']}%"
+                  + ("; trace's own counts agree with the re-count" if chk and chk["agrees"] else ""),
+                  highlight=False)
+        for why in b["reasons"]:
+            out.print(f"  - {why}", highlight=False)
+
+    if h:
+        t = Table(title=f"host time on this machine: measured vs modelled ({h['profile']} profile"
+                        f"{'' if h['calibrated'] else ', PLACEHOLDER numbers: run cptsim hw calibrate'})",
+                  title_justify="left")
+        t.add_column("epoch", justify="right")
+        t.add_column("steps", justify="right")
+        t.add_column("measured", justify="right")
+        t.add_column("modelled", justify="right")
+        t.add_column("error", justify="right")
+        t.add_column("wall", justify="right")
+        eps = h["per_epoch"]
+        shown = eps if len(eps) <= 12 else eps[:5] + [None] + eps[-5:]
+        for e in shown:
+            if e is None:
+                t.add_row("...", "", "", "", "", "")
+                continue
+            t.add_row(str(e["epoch"]), str(e["steps"]), f"{e['measured_s']:.3f} s", f"{e['modelled_s']:.3f} s",
+                      _pct(e["error_pct"]), _f(e["epoch_wall_s"], "{:.2f} s"))
+        t.add_row("[bold]all[/bold]", str(sum(e["steps"] for e in eps)), f"[bold]{h['measured_s']:.3f} s[/bold]",
+                  f"[bold]{h['modelled_s']:.3f} s[/bold]", f"[bold]{_pct(h['error_pct'])}[/bold]", "")
+        out.print(t)
+        out.print("  measured: sum of the trace's step times on this machine; modelled: the host profile's estimate "
+                  "of the same steps; wall: the whole epoch incl. data loading and evaluation", highlight=False)
+        out.print(f"  median per-step error {_f(h['median_abs_step_error_pct'], '{:.1f}%')}", highlight=False)
+        for n in h["notes"]:
+            out.print(f"  note: {n}", highlight=False)
+
+    if d["hardware"]:
+        t = Table(title="target hardware, MODELLED (not executed on this hardware): energy E and latency t",
+                  title_justify="left")
+        for col in ("hardware", "plan from", "E plan", "E exec", "ΔE", "t plan", "t exec", "Δt", "saving E/t"):
+            t.add_column(col, justify="left" if col == "hardware" else "right")
+        for x in d["hardware"]:
+            pl, ex, df, vs = x["planned"], x["executed"], x["diff_pct"], x["vs_static"]
+            src = "plan.json" if pl["source"] == "plan.json estimate" else "cost model"
+            t.add_row(f"{x['name']} ({x['kind']})", src, si(pl["energy_j"], "J"), si(ex["energy_j"], "J"),
+                      _pct(df["energy_j"]), si(pl["latency_s"], "s"), si(ex["latency_s"], "s"), _pct(df["latency_s"]),
+                      f"{100 * (1 - vs['energy_j']):.0f}/{100 * (1 - vs['latency_s']):.0f}%"
+                      if vs.get("energy_j") is not None else "-")
+        out.print(t)
+        out.print("  plan: the plan's own estimate (plan.json), or the cost model's estimate of the planned schedule "
+                  "on that profile; exec: the executed steps; saving: 1 - cost / cost of the same steps at static "
+                  "q_max", highlight=False)
+
+    L = d["layers"]
+    if L:
+        t = Table(title=f"top {len(L['top'])} of {L['count']} layers by executed BitOPs", title_justify="left")
+        for col in ("layer", "type", "bits (fwd / grad)", "BitOPs", "share", "MACs share"):
+            t.add_column(col, justify="left" if col in ("layer", "type") else "right")
+        for x in L["top"]:
+            t.add_row(x["name"], x["type"] or "", f"{x['bits']} / {x['grad_bits']}", si(x["bitops"]),
+                      f"{100 * x['share']:.1f}%", f"{100 * x['macs_share']:.1f}%")
+        if L["other"]:
+            o = L["other"]
+            t.add_row(f"({o['layers']} other layers)", "", "", si(o["bitops"]), f"{100 * o['share']:.1f}%", "")
+        out.print(t)
+
+    a = d["accuracy"]
+    if a["final"] is not None:
+        out.print(f"  accuracy at q_max = {a['eval_bits']} bits (measured): final {100 * a['final']:.2f}%, "
+                  f"best {100 * a['best']:.2f}% (epoch {a['best_epoch']})", highlight=False)
+    else:
+        out.print("  accuracy: no evaluation recorded yet", highlight=False)
+    out.print("")
+
+
+def _print_comparison(rows) -> None:
+    t = Table(title="runs compared (accuracy at q_max, measured; cost executed)", title_justify="left")
+    for col in ("run", "model", "schedule", "steps", "BitOPs", "vs static", "time (measured)", "final acc",
+                "best acc"):
+        t.add_column(col, justify="left" if col in ("run", "model", "schedule") else "right")
+    for r in rows:
+        t.add_row(r["run"], r["model"] or "", r["schedule"], f"{r['steps_done']}/{r['total_steps']}",
+                  si(r["executed_bitops"]), _f(r["relative_to_static"] and 100 * r["relative_to_static"], "{:.1f}%"),
+                  _f(r["measured_time_s"], "{:.2f} s"), _f(r["final_acc"] and 100 * r["final_acc"], "{:.2f}%"),
+                  _f(r["best_acc"] and 100 * r["best_acc"], "{:.2f}%"))
+    out.print(t)
+
+
+def _print_fit(doc) -> None:
+    f, q = doc["fitted"], doc["fit"]
+    out.print(f"[bold]host calibration fit[/bold] on {len(doc['fitted_on'])} run(s), {q['steps']} steps "
+              f"(base profile {doc['base_profile']['name']}): compute_efficiency {f['compute_efficiency']:.3g}, "
+              f"memory_efficiency {f['memory_efficiency']:.3g}, elementwise {f['elementwise_gelem_s']:.3g} Gelem/s",
+              highlight=False)
+    t = Table(title="fit quality: modelled vs measured step times", title_justify="left")
+    for col in ("run", "role", "steps", "measured", "modelled", "error", "unfitted", "median step", "R²"):
+        t.add_column(col, justify="left" if col in ("run", "role") else "right")
+    rows = ([("fitted", r) for r in doc["runs"]] + [("hold-out", r) for r in doc["holdout"]]
+            + [("leave-one-out", r) for r in doc.get("leave_one_out", [])])
+    for role, r in rows:
+        t.add_row(Path(r["run"]).name, role, str(r["steps"]), f"{r['measured_s']:.2f} s", f"{r['modelled_s']:.2f} s",
+                  _pct(r["total_error_pct"]), _pct(r["base_profile_total_error_pct"]),
+                  _f(r["median_abs_step_error_pct"], "{:.1f}%"), _f(r["r2"], "{:.3f}"))
+    out.print(t)
+    out.print("  measured: sum of step times; modelled: the fitted profile; unfitted: the error of the profile before "
+              "the fit; hold-out / leave-one-out runs were not fitted on (leave-one-out: fitted on the other runs)",
+              highlight=False)
+    o = doc["overhead_diagnostic"]
+    out.print(f"  diagnostic: a constant per-step overhead would explain {1000 * o['step_overhead_s']:.1f} ms/step "
+              f"({100 * o['share_of_measured_time']:.0f}% of the measured time; median step error with it "
+              f"{o['median_abs_step_error_pct']:.1f}%); host profiles have no such term, so it is not written",
+              highlight=False)
+    out.print(f"  wrote {doc['written']['path']} (profile {doc['written']['name']!r}); use it with "
+              f"--host {doc['written']['path']}, or put it in the user profile dir as host.toml", highlight=False)

@@ -1,0 +1,305 @@
+"""Fit a ``host`` profile's calibration to measured training steps (``cptsim report --fit``).
+
+The host model (``hardware.host_time``, the one ``cost.estimate`` uses) splits a step's time into three terms,
+each the step's work at the rate ``cptsim hw calibrate`` measured with microbenchmarks:
+
+    t_c = MACs / matmul rate        t_m = bytes / bandwidth        t_q = quantizer elements / element-wise rate
+    step time = t_c / compute_efficiency + t_m / memory_efficiency + t_q · k_q
+
+Real training steps do not run at microbenchmark rates (small convolutions reach a fraction of a big GEMM's rate,
+small tensors stay in cache, every op pays dispatch overhead), so we fit the three factors -- k_c = 1 /
+compute_efficiency, k_m = 1 / memory_efficiency and k_q -- to the measured ``time_s`` of every step of one or more
+runs. The profile format has no element-wise efficiency, so k_q is written back as the element-wise rate itself
+(``elementwise_gelem_s`` / k_q); a profile has no per-step overhead term either, so none is fitted into it
+(``HostFit.overhead`` reports how much a constant per-step term would explain, as a diagnostic).
+
+The fit (scipy.optimize.least_squares) works on log factors and relative residuals, so a 10 ms step and a 1 s step
+weigh the same and the factors stay positive; a robust loss (soft L1 at 10%) keeps warm-up steps and hiccups of a
+shared machine from pulling the fit; a weak prior towards 1 (the microbenchmark rate) pins the directions one run
+cannot tell apart (one run has at most two distinct step shapes: the full and the ragged batch).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+
+TERMS = ("compute", "memory", "elementwise")
+PRIOR_WEIGHT = 0.01      # residual weight of log(factor): pins only what the steps cannot tell apart
+ROBUST_SCALE = 0.10      # soft-L1 scale: steps off by more than ~10% count linearly, not quadratically
+FACTOR_BOUND = 1000.0    # factors stay within [1/1000, 1000]
+
+
+def host_profile(hw) -> "object":
+    """A loaded ``host`` profile (name, path or HardwareProfile); InputError for any other kind."""
+    from .hardware import HardwareProfile, load_profile
+
+    prof = hw if isinstance(hw, HardwareProfile) else load_profile(hw)
+    if prof.kind != "host":
+        raise InputError(f"hardware profile {prof.name!r} is of kind {prof.kind!r}; fitting step times needs a "
+                         "host profile (the machine the runs executed on, `cptsim hw calibrate`)")
+    return prof
+
+
+def step_components(profile, records, host) -> np.ndarray:
+    """(S, 3) seconds per executed step: t_c, t_m, t_q at the host's measured rates, before any calibration.
+
+    ``profile``: the run's LayerProfile (or arrays); ``records``: trace lines (batch_size, bits, grad_bits).
+    The same formulas as ``cost.estimate`` (bytes at the host's 32-bit storage, quantizer passes of q, g < 32).
+    """
+    from .cost import _arrays, _check_bits_array, bytes_moved, quant_elems, storage_bits
+
+    a = _arrays(profile)
+    host = host_profile(host)
+    if not records:
+        return np.zeros((0, 3))
+    n = np.array([r["batch_size"] for r in records], dtype=np.int64)
+    q = _check_bits_array(np.array([r["bits"] for r in records]), "trace bits")
+    g = _check_bits_array(np.array([r["grad_bits"] for r in records]), "trace grad_bits")
+    keys = np.stack((n, q, g), axis=1)
+    kinds, inverse = np.unique(keys, axis=0, return_inverse=True)
+    kn, kq, kg = kinds[:, 0], kinds[:, 1], kinds[:, 2]
+    macs = a.macs.sum() * kn.astype(np.float64)
+    nbytes = bytes_moved(a.numel, a.macs, a.quantized, kq, kg, kn, a.calls, storage_bits(host)).sum(axis=(-2, -1))
+    elems = quant_elems(a.numel, a.macs, a.quantized, kq, kg, kn, a.calls).sum(axis=(-2, -1))
+    p = host.params
+    per_kind = np.stack((macs / (p["matmul_gmac_s"] * 1e9), nbytes / (p["bandwidth_gb_s"] * 1e9),
+                         elems / (p["elementwise_gelem_s"] * 1e9)), axis=1)
+    return per_kind[inverse.reshape(-1)]
+
+
+def profile_factors(host) -> np.ndarray:
+    """The factors (k_c, k_m, k_q) a host profile applies to ``step_components``: its own calibration."""
+    c = host.calibration
+    return np.array([1.0 / c["compute_efficiency"], 1.0 / c["memory_efficiency"], 1.0])
+
+
+def measured_times(records) -> np.ndarray:
+    """Measured seconds per step (the trace's ``time_s``); InputError if a line has none."""
+    try:
+        t = np.array([float(r["time_s"]) for r in records], dtype=np.float64)
+    except (KeyError, TypeError, ValueError):
+        raise InputError("a trace line lacks a numeric time_s: this run has no measured step times to fit") from None
+    return t
+
+
+@dataclass
+class RunSteps:
+    """One run's executed steps as the fit sees them: per-step model components and measured times."""
+
+    label: str
+    components: np.ndarray   # (S, 3) seconds, uncalibrated
+    measured: np.ndarray     # (S,) seconds
+
+    @classmethod
+    def from_run(cls, run, host, label: str | None = None) -> "RunSteps":
+        """From a RunDir (its profile.json and trace), costed on ``host``."""
+        steps = run.read_executed().records
+        prof = run.read_profile()
+        if prof is None or not steps:
+            raise InputError(f"{run.path}: no executed steps to fit (empty trace or no profile.json)")
+        return cls(label or str(run.path), step_components(prof, steps, host), measured_times(steps))
+
+
+def quality(pred: np.ndarray, meas: np.ndarray) -> dict:
+    """Fit figures: R² of per-step times, median |error| % per step, error % of the total.
+
+    R² only means something across steps of different shapes (batch sizes, models): within one run every full
+    step costs the same in the model, so the variance left is timing noise and R² sits near 0 (or below) however
+    good the fit; read the median step error and the total error there.
+    """
+    pred, meas = np.asarray(pred, float), np.asarray(meas, float)
+    ss_res = float(((pred - meas) ** 2).sum())
+    ss_tot = float(((meas - meas.mean()) ** 2).sum()) if meas.size else 0.0
+    ok = meas > 0
+    return {
+        "steps": int(meas.size),
+        "r2": (1.0 - ss_res / ss_tot) if ss_tot > 0 else None,
+        "median_abs_step_error_pct": float(np.median(np.abs(pred[ok] / meas[ok] - 1.0)) * 100) if ok.any() else None,
+        "measured_s": float(meas.sum()),
+        "modelled_s": float(pred.sum()),
+        "total_error_pct": float((pred.sum() / meas.sum() - 1.0) * 100) if meas.sum() > 0 else None,
+    }
+
+
+@dataclass
+class HostFit:
+    """Fitted factors (k_c, k_m, k_q) on top of ``base``'s measured rates, and how well they fit."""
+
+    base: object
+    factors: np.ndarray
+    fitted_on: list[str]
+    runs: list[dict] = field(default_factory=list)     # quality per fitted run
+    overall: dict = field(default_factory=dict)         # quality over every fitted step
+    overhead: dict = field(default_factory=dict)        # diagnostic: the same fit plus a constant per-step term
+
+    @property
+    def compute_efficiency(self) -> float:
+        return float(1.0 / self.factors[0])
+
+    @property
+    def memory_efficiency(self) -> float:
+        return float(1.0 / self.factors[1])
+
+    @property
+    def elementwise_gelem_s(self) -> float:
+        return float(self.base.params["elementwise_gelem_s"] / self.factors[2])
+
+    def predict(self, steps: RunSteps) -> np.ndarray:
+        return steps.components @ self.factors
+
+    def evaluate(self, steps: RunSteps) -> dict:
+        """Quality of this fit on a run (a hold-out run when it was not fitted on), next to the base profile's."""
+        base = quality(steps.components @ profile_factors(self.base), steps.measured)
+        return {"run": steps.label, "held_out": steps.label not in self.fitted_on, **quality(self.predict(steps),
+                steps.measured), "base_profile_total_error_pct": base["total_error_pct"]}
+
+    def to_json(self) -> dict:
+        return {
+            "base_profile": {"name": self.base.name, "path": self.base.path, "hash": self.base.content_hash,
+                             "calibrated": bool(self.base.params.get("calibrated"))},
+            "model": "step time = MACs/(matmul rate·compute_efficiency) + bytes/(bandwidth·memory_efficiency) "
+                     "+ quantizer elements/elementwise rate",
+            "fitted": {"compute_efficiency": self.compute_efficiency, "memory_efficiency": self.memory_efficiency,
+                       "elementwise_gelem_s": self.elementwise_gelem_s},
+            "factors": dict(zip(TERMS, map(float, self.factors))),
+            "fitted_on": list(self.fitted_on),
+            "fit": self.overall,
+            "runs": self.runs,
+            "overhead_diagnostic": self.overhead,
+        }
+
+
+def _solve(C: np.ndarray, y: np.ndarray, with_overhead: bool) -> np.ndarray:
+    from scipy.optimize import least_squares
+
+    scale = float(np.median(y))
+    n = 3 + with_overhead
+
+    def residuals(x):
+        pred = C @ np.exp(x[:3]) + (x[3] * scale if with_overhead else 0.0)
+        return np.concatenate(((pred - y) / y, PRIOR_WEIGHT * x[:3]))
+
+    lo = np.full(n, -math.log(FACTOR_BOUND))
+    hi = np.full(n, math.log(FACTOR_BOUND))
+    x0 = np.zeros(n)
+    if with_overhead:
+        lo[3], hi[3], x0[3] = 0.0, 10.0, 0.1  # in units of the median step time
+    res = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=ROBUST_SCALE, x_scale="jac")
+    x = res.x.copy()
+    if with_overhead:
+        x[3] *= scale
+    return x
+
+
+def fit_host(runs: list[RunSteps], base) -> HostFit:
+    """Fit (k_c, k_m, k_q) to every step of ``runs`` on top of the ``base`` host profile's rates."""
+    base = host_profile(base)
+    if not runs:
+        raise InputError("--fit needs at least one run with measured steps")
+    C = np.concatenate([r.components for r in runs])
+    y = np.concatenate([r.measured for r in runs])
+    keep = y > 0
+    if keep.sum() < 2:
+        raise InputError("--fit needs at least two steps with a measured time > 0")
+    C, y = C[keep], y[keep]
+    x = _solve(C, y, with_overhead=False)
+    fit = HostFit(base=base, factors=np.exp(x[:3]), fitted_on=[r.label for r in runs])
+    fit.overall = quality(C @ fit.factors, y)
+    fit.runs = [fit.evaluate(r) for r in runs]
+    xo = _solve(C, y, with_overhead=True)
+    pred_o = C @ np.exp(xo[:3]) + xo[3]
+    fit.overhead = {"step_overhead_s": float(xo[3]), "factors": dict(zip(TERMS, map(float, np.exp(xo[:3])))),
+                    "share_of_measured_time": float(xo[3] * y.size / y.sum()), **quality(pred_o, y),
+                    "note": "not written to the profile: the host kind has no per-step overhead term"}
+    return fit
+
+
+# ------------------------------------------------------------------------------------------------ the profile file
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(float(f"{v:.6g}"))
+    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
+
+
+def fitted_profile_toml(fit: HostFit, name: str) -> str:
+    """The text of a host profile: the base profile's measured rates with the fitted calibration."""
+    base = fit.base
+    now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    q = fit.overall
+    runs = ", ".join(Path(r).name for r in fit.fitted_on)
+    source = (f"calibration fitted by `cptsim report --fit` at {now} from {q['steps']} measured training steps of "
+              f"{len(fit.fitted_on)} run(s) ({runs}): R² {q['r2'] if q['r2'] is None else round(q['r2'], 3)}, "
+              f"median step error {q['median_abs_step_error_pct']:.1f}%, total error {q['total_error_pct']:+.1f}%; "
+              f"elementwise_gelem_s = measured {base.params['elementwise_gelem_s']:g} / {fit.factors[2]:.4g}")
+    params = dict(base.params)
+    params["elementwise_gelem_s"] = fit.elementwise_gelem_s
+    lines = [
+        f"# Written by `cptsim report --fit` at {now} from the host profile {base.name!r} ({base.path}).",
+        "# time = macs / (matmul rate x compute_efficiency) + bytes / (bandwidth x memory_efficiency)",
+        "#        + quantizer elements / elementwise rate   (rates measured by `cptsim hw calibrate`, factors fitted)",
+        f"name = {_toml_value(name)}",
+        'kind = "host"',
+        f"description = {_toml_value(base.description + ' (calibration fitted to measured runs)')}",
+        "sources = [" + ", ".join(_toml_value(s) for s in [*base.sources, source]) + "]",
+        "",
+        "[host]",
+        *(f"{k} = {_toml_value(v)}" for k, v in params.items()),
+        "",
+        "[calibration]",
+        f"compute_efficiency = {_toml_value(fit.compute_efficiency)}",
+        f"memory_efficiency = {_toml_value(fit.memory_efficiency)}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def check_fit_out(path: str | os.PathLike, force: bool = False) -> Path:
+    """The path --fit-out names, checked before any work: a .toml file, not there yet unless ``force``."""
+    p = Path(path).expanduser()
+    if p.suffix != ".toml":
+        raise InputError(f"--fit-out must name a .toml file, got {str(path)!r}")
+    if p.is_dir():
+        raise InputError(f"--fit-out names a directory, not a file: {p}")
+    if p.exists() and not force:
+        raise InputError(f"--fit-out {p} already exists; pass --force to replace it")
+    if not p.parent.is_dir():
+        raise InputError(f"--fit-out: directory {str(p.parent)!r} does not exist")
+    return p
+
+
+def write_fitted_profile(fit: HostFit, path: str | os.PathLike, force: bool = False):
+    """Write the fitted profile atomically and read it back through ``load_profile`` (which validates it).
+
+    The profile's name is the file's stem, so a file in the user's profile dir loads by that name.
+    """
+    from .hardware import load_profile
+
+    p = check_fit_out(path, force)
+    text = fitted_profile_toml(fit, p.stem)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p, load_profile(str(p))

@@ -1,0 +1,634 @@
+"""What a run cost against what was planned, and how far the host estimate was from the measured time.
+
+``build_report(run_dir)`` reads a run directory (through ``cptsim.runs``, the one place that parses its files) and
+returns a ``RunReport``: one JSON-able document (``.data``) and the per-step series its plots draw (``.series``).
+
+Sections of ``.data`` (the keys scripts may rely on; extend freely, rename never without bumping REPORT_FORMAT):
+
+    run          what ran: model, dataset, schedule, plan digest, steps done / planned, trace state
+    bitops       planned (plan.json's estimate, or the cost model's estimate of a schedule given by hand) vs
+                 executed (the trace re-counted by ``cost.estimate``, the same model the planner used), the trace's
+                 own per-step counts as a cross-check, the difference in % and the reasons for it
+    host_time    the host profile's estimate of the steps' wall time vs the measured step times, per epoch and total
+    hardware     energy and latency of the executed steps on each target profile -- MODELLED, not executed there --
+                 next to the planned estimate on the same profile
+    layers       the top layers by executed BitOPs, their share, and the bits they ran at
+    accuracy     final and best test accuracy at q_max
+
+Everything measured comes from this machine's trace (``time_s``, accuracy); everything on other hardware is
+modelled. The trace has no energy column: measured energy (NVML on a GPU) is not recorded by ``cptsim train``
+yet, so no measured energy is reported.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+
+REPORT_FORMAT = "cptsim.report/1"
+AGREE_PCT = 0.5                       # executed vs planned BitOPs of an uninterrupted run of a plan
+DEFAULT_TARGETS = ("h100", "bitfusion")
+MODELLED = "modelled (not executed on this hardware)"
+MEASURED = "measured on this machine (sum of the trace's step times)"
+PHASE_KEYS = ("fwd", "dgrad", "wgrad", "total")
+
+
+@dataclass
+class RunReport:
+    data: dict
+    series: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------------ small helpers
+
+
+def _pct(a: float | None, b: float | None) -> float | None:
+    """(a - b) / b in %, None when either is missing or b is 0 (and a is not)."""
+    if a is None or b is None:
+        return None
+    if b == 0:
+        return 0.0 if a == 0 else None
+    return (a / b - 1.0) * 100.0
+
+
+def _total(x) -> float | None:
+    """A plan's energy / latency: a number, or a per-phase dict with "total"."""
+    if isinstance(x, dict):
+        x = x.get("total")
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _phases(d: dict | None) -> dict | None:
+    if not isinstance(d, dict):
+        return None
+    out = {k: float(d[k]) for k in PHASE_KEYS if isinstance(d.get(k), (int, float))}
+    if "total" not in out and all(k in out for k in PHASE_KEYS[:3]):
+        out["total"] = out["fwd"] + out["dgrad"] + out["wgrad"]
+    return out
+
+
+def _bits_range(values) -> str:
+    lo, hi = min(values), max(values)
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def per_step_bitops(arrays, q, g, n) -> np.ndarray:
+    """BitOPs of each step (bits q, g and n samples), summed over layers and phases: ``cost.bitops`` per step kind."""
+    from .cost import bitops
+
+    q, g, n = (np.asarray(v, dtype=np.int64) for v in (q, g, n))
+    if q.size == 0:
+        return np.zeros(0)
+    kinds, inverse = np.unique(np.stack((q, g, n), axis=1), axis=0, return_inverse=True)
+    per = np.array([bitops(arrays.macs * float(kn), arrays.quantized, kq, kg).sum() for kq, kg, kn in kinds])
+    return per[inverse.reshape(-1)]
+
+
+def planned_batches(steps: int, batch: int, dataset_size: int | None) -> np.ndarray:
+    """Samples per planned step: ``batch``, and the ragged last batch of each epoch when ``dataset_size`` is known
+    (what ``cost.bits_histogram`` models and a DataLoader with drop_last=False feeds)."""
+    n = np.full(steps, batch, dtype=np.int64)
+    if dataset_size:
+        spe = -(-dataset_size // batch)
+        n[spe - 1::spe] = dataset_size - (spe - 1) * batch
+    return n
+
+
+# ------------------------------------------------------------------------------------------------ the report
+
+
+def build_report(path, hardware: list[str] | None = None, host: str = "host", top: int = 10) -> RunReport:
+    """Read one run directory and compare what was planned, executed, modelled and measured.
+
+    ``hardware``: target profiles (names or paths) to model the executed run on; default the plan's hardware (if
+    any) plus h100 and bitfusion. ``host``: the profile that estimates this machine's wall time.
+    """
+    from .cost import estimate
+    from .hardware import load_profile
+    from .runs import RunDir
+    from .schedules import Schedule
+
+    run = RunDir.open_for_report(path)
+    cfg = run.read_config()
+    executed = run.read_executed()
+    steps = executed.records
+    metrics = run.read_metrics()
+    plan = run.read_plan()
+    prof = run.read_profile()
+    warnings: list[str] = []
+    if executed.truncated:
+        warnings.append(f"{run.path / 'trace.jsonl'}: the last line is cut short (killed mid-write?); reporting "
+                        f"the {len(steps)} complete steps before it")
+    if metrics.truncated:
+        warnings.append(f"{run.path / 'metrics.jsonl'}: the last line is cut short; it is left out")
+
+    settings = cfg.get("settings", {})
+    sched = Schedule.from_json(plan["schedule"] if plan else cfg["schedule"])
+    run_sched = Schedule.from_json(cfg["schedule"])
+    w = plan["workload"] if plan else {}
+    planned_steps = int(w.get("steps") or cfg["total_steps"])
+    batch = int(w.get("batch_size") or settings.get("batch_size"))
+    train_size = w.get("dataset_size") or cfg.get("train_size")
+    world = int(cfg.get("world_size", 1) or 1)
+
+    info = {
+        "path": str(run.path), "name": run.path.name, "model": settings.get("model"),
+        "dataset": settings.get("dataset"), "schedule": run_sched.to_text(),
+        "plan": ({"digest": (cfg.get("plan") or {}).get("digest"), "schedule": sched.to_text(),
+                  "budget": (plan.get("budget") or {}).get("spec"), "hardware": plan["hardware"].get("name")}
+                 if plan else None),
+        "batch_size": settings.get("batch_size"), "world_size": world,
+        "steps_done": len(steps), "total_steps": cfg["total_steps"], "planned_steps": planned_steps,
+        "complete": len(steps) >= cfg["total_steps"] and not executed.missing,
+        "trace_truncated": executed.truncated, "duplicate_lines": executed.duplicates,
+        "missing_steps": len(executed.missing), "epochs_evaluated": len(metrics.records),
+    }
+    data = {"format": REPORT_FORMAT, "run": info}
+    series: dict = {"name": run.path.name}
+
+    accuracy = _accuracy(cfg, metrics.records)
+    data["accuracy"] = accuracy
+    series["accuracy"] = accuracy
+    if not steps or prof is None:
+        warnings.append(f"{run.path}: no executed steps recorded yet; nothing to compare")
+        for k in ("bitops", "host_time", "hardware", "layers"):
+            data[k] = None
+        return RunReport(data, series, warnings)
+
+    arrays = prof.arrays()
+    q = np.array([r["bits"] for r in steps], dtype=np.int64)
+    g = np.array([r["grad_bits"] for r in steps], dtype=np.int64)
+    n = np.array([r["batch_size"] for r in steps], dtype=np.int64)
+    step_ids = np.array([r["step"] for r in steps], dtype=np.int64)
+
+    # ---- BitOPs: planned vs executed ------------------------------------------------------------------------
+    plan_prof = prof
+    if plan and isinstance(plan.get("profile"), dict):
+        from .profiler import LayerProfile
+
+        try:
+            plan_prof = LayerProfile.from_json(plan["profile"])
+        except InputError:
+            plan_prof = prof
+    models_ragged, plan_est = _planned_estimate(plan, plan_prof, sched, planned_steps, batch, train_size)
+    exe = estimate(prof, steps, None)
+    trace_sum = _trace_bitops(steps)
+    planned = plan_est["bitops"]
+    executed_b = exe.bitops
+    pq, pg = sched.bits(planned_steps), sched.grad_bits(planned_steps)
+    pn = planned_batches(planned_steps, batch, train_size if models_ragged else None)
+    planned_step_bitops = per_step_bitops(plan_prof.arrays(), pq, pg, pn)
+    executed_step_bitops = (np.array([sum(r["bitops"].values()) for r in steps], dtype=np.float64)
+                            if trace_sum is not None else per_step_bitops(arrays, q, g, n))
+    reasons = _reasons(plan, cfg, sched, run_sched, executed, steps, step_ids, q, g, n, pq, pg, pn, planned_steps,
+                       planned_step_bitops, plan_est, models_ragged, prof, plan_prof, batch, train_size)
+    diff = {k: _pct(executed_b.get(k), planned.get(k)) for k in PHASE_KEYS}
+    check = None
+    if trace_sum is not None:
+        rel = max(abs(_pct(executed_b[k], trace_sum[k]) or 0.0) for k in PHASE_KEYS)
+        check = {"max_diff_pct": rel, "agrees": rel < 1e-6}
+        if not check["agrees"]:
+            reasons.append(f"the trace's own per-step BitOPs differ from the re-count by up to {rel:.3g}% "
+                           "(profile.json is not the MACs the steps executed)")
+    within = diff["total"] is not None and abs(diff["total"]) <= AGREE_PCT
+    data["bitops"] = {
+        "planned": {**planned, "source": plan_est["source"], "steps": planned_steps,
+                    "samples": int(pn.sum()), "models_ragged_batch": models_ragged},
+        "executed": {**executed_b, "source": "trace.jsonl re-counted with cost.estimate (the planner's cost model)",
+                     "steps": exe.steps, "samples": exe.samples, "relative_to_fp32": exe.relative_to_fp32,
+                     "relative_to_static": exe.relative_to_static},
+        "trace_counted": trace_sum, "trace_check": check, "diff_pct": diff,
+        "tolerance_pct": AGREE_PCT, "within_tolerance": within,
+        "reasons": reasons or (["executed what was planned"] if within else []),
+    }
+    series.update(step=step_ids, bits=q, grad_bits=g, executed_bitops=executed_step_bitops,
+                  planned_bits=pq, planned_grad_bits=pg, planned_bitops=planned_step_bitops)
+
+    # ---- host time: modelled vs measured -------------------------------------------------------------------
+    data["host_time"] = _host_time(run, cfg, prof, steps, host, metrics.records, world, warnings)
+    series["host_time"] = data["host_time"]
+
+    # ---- target hardware: modelled -------------------------------------------------------------------------
+    names = list(hardware) if hardware else _default_targets(plan)
+    rows, seen = [], set()
+    for name in names:
+        try:
+            hw = load_profile(name)
+        except InputError as e:
+            if hardware:
+                raise
+            warnings.append(f"target hardware {name!r} skipped: {e}")
+            continue
+        if (hw.name, hw.content_hash) in seen:  # the plan's hardware by path and again by name
+            continue
+        seen.add((hw.name, hw.content_hash))
+        c = estimate(prof, steps, hw, per_layer=False, static_bits=sched.q_max)
+        pl, src = None, None
+        if plan and hw.name == plan["hardware"].get("name") and hw.content_hash == plan["hardware"].get("hash"):
+            pl = {"energy_j": _total(plan["estimate"].get("energy_j")),
+                  "latency_s": _total(plan["estimate"].get("latency_s"))}
+            src = "plan.json estimate"
+        else:
+            pc = estimate(plan_prof, sched, hw, steps=planned_steps, batch_size=batch, per_layer=False,
+                          dataset_size=train_size if models_ragged else None)
+            pl = {"energy_j": pc.energy_j["total"], "latency_s": pc.latency_s["total"]}
+            src = "cost model estimate of the planned schedule" if plan else "schedule estimate (no plan)"
+        ex = {"energy_j": c.energy_j["total"], "latency_s": c.latency_s["total"]}
+        rows.append({"name": hw.name, "kind": hw.kind, "label": MODELLED, "planned": {**pl, "source": src},
+                     "executed": ex, "diff_pct": {k: _pct(ex[k], pl[k]) for k in ex},
+                     "vs_static": c.vs_static, "notes": list(hw.notes)})
+    data["hardware"] = rows
+
+    # ---- layers ---------------------------------------------------------------------------------------------
+    data["layers"] = _layers(exe, prof, q, g, top)
+    series["layers"] = data["layers"]
+    return RunReport(data, series, warnings)
+
+
+def _accuracy(cfg: dict, metrics: list[dict]) -> dict:
+    accs = [(m.get("epoch"), m.get("test_acc")) for m in metrics if isinstance(m.get("test_acc"), (int, float))]
+    best = max(accs, key=lambda t: t[1]) if accs else (None, None)
+    return {
+        "eval_bits": cfg.get("eval_bits"), "final": accs[-1][1] if accs else None, "best": best[1],
+        "best_epoch": best[0], "label": f"test accuracy at q_max = {cfg.get('eval_bits')} bits (measured)",
+        "epochs": [{k: m.get(k) for k in ("epoch", "step", "test_acc", "test_loss", "train_loss", "train_acc")}
+                   for m in metrics],
+    }
+
+
+def _trace_bitops(steps: list[dict]) -> dict | None:
+    """Sum of the trace's own per-step BitOPs (exact integers), or None if its lines carry none."""
+    if not all(isinstance(r.get("bitops"), dict) for r in steps):
+        return None
+    out = {p: float(sum(int(r["bitops"].get(p, 0)) for r in steps)) for p in PHASE_KEYS[:3]}
+    out["total"] = out["fwd"] + out["dgrad"] + out["wgrad"]
+    return out
+
+
+def _planned_estimate(plan, plan_prof, sched, steps, batch, train_size) -> tuple[bool, dict]:
+    """(whether the plan modelled the ragged last batch, the planned BitOPs and where they come from)."""
+    from .cost import estimate
+
+    def est(ds):
+        return estimate(plan_prof, sched, None, steps=steps, batch_size=batch, dataset_size=ds, per_layer=False)
+
+    ragged = est(train_size) if train_size else None
+    if not plan:
+        c = ragged or est(None)
+        return ragged is not None, {"bitops": dict(c.bitops), "source": "schedule estimate (no plan)",
+                                    "reestimate_total": c.bitops["total"]}
+    stored = _phases(plan["estimate"].get("bitops")) or {}
+    flat = est(None)
+    # The plan says whether it modelled the ragged batch only through its numbers: take the model that gives them.
+    cands = [(True, ragged), (False, flat)] if ragged is not None else [(False, flat)]
+    target = stored.get("total")
+    if target:
+        models_ragged, best = min(cands, key=lambda c: abs(c[1].bitops["total"] - target))
+    else:
+        models_ragged, best = cands[0]
+    planned = {k: stored.get(k, best.bitops[k]) for k in PHASE_KEYS}
+    return models_ragged, {"bitops": planned, "source": "plan.json estimate", "reestimate_total": best.bitops["total"]}
+
+
+def _reasons(plan, cfg, sched, run_sched, executed, steps, step_ids, q, g, n, pq, pg, pn, planned_steps,
+             planned_step_bitops, plan_est, models_ragged, prof, plan_prof, batch, train_size) -> list[str]:
+    """Why executed and planned BitOPs differ, one sentence each."""
+    out = []
+    planned_total = float(planned_step_bitops.sum())
+    if not plan:
+        out.append("no plan: the schedule was given by hand; 'planned' is the cost model's estimate of that "
+                   f"schedule ({run_sched.to_text()}) over the configured {planned_steps} steps")
+    else:
+        if run_sched.to_text() != sched.to_text():
+            out.append(f"the run executed schedule {run_sched.to_text()}, the plan chose {sched.to_text()}")
+        rt = plan_est["reestimate_total"]
+        stored = plan_est["bitops"].get("total")
+        if stored and abs(rt / stored - 1) > 1e-6:
+            out.append(f"the plan's stored estimate differs from this cptsim's cost model by "
+                       f"{_pct(stored, rt):+.3g}% (planned by another version, or the plan's numbers were edited)")
+        pa, ra = plan_prof.arrays(), prof.arrays()
+        pm, rm = float(pa.macs.sum()), float(ra.macs.sum())
+        if pm and abs(rm / pm - 1) > 1e-9:
+            out.append(f"the run's measured MACs per sample differ from the plan's profile by {_pct(rm, pm):+.3g}% "
+                       "(a different model, input shape or full-precision layers)")
+    done = len(steps)
+    if executed.truncated:
+        out.append(f"the trace's last line is cut short (killed mid-write); {done} complete steps are counted")
+    if executed.duplicates:
+        out.append(f"{executed.duplicates} repeated step line(s) (a resume that re-ran steps): each step is counted "
+                   "once, the last time it ran")
+    if executed.missing:
+        m = executed.missing
+        out.append(f"{len(m)} step(s) missing from the trace (first: {m[:5]}): not counted")
+    last = int(step_ids.max()) + 1 if done else 0
+    if last < planned_steps:
+        rest = float(planned_step_bitops[last:].sum())
+        out.append(f"stopped early: {done} of {planned_steps} planned steps executed; the {planned_steps - last} "
+                   f"steps not run hold {100 * rest / planned_total:.3g}% of the planned BitOPs"
+                   if planned_total else f"stopped early: {done} of {planned_steps} planned steps executed")
+    elif last > planned_steps:
+        out.append(f"ran {last - planned_steps} steps more than the {planned_steps} planned")
+    inside = step_ids < planned_steps
+    idx = step_ids[inside]
+    if idx.size:
+        bits_off = int(((q[inside] != pq[idx]) | (g[inside] != pg[idx])).sum())
+        if bits_off:
+            out.append(f"{bits_off} executed step(s) ran at other bits than planned for that step")
+        dn = n[inside] - pn[idx]
+        if (dn != 0).any():
+            small = int((dn < 0).sum())
+            ragged_like = (not models_ragged and small and train_size
+                           and set(n[inside][dn < 0].tolist()) <= {train_size - (-(-train_size // batch) - 1) * batch})
+            if ragged_like:
+                out.append(f"ragged last batch not modelled by the plan: {small} step(s) ran "
+                           f"{train_size - (-(-train_size // batch) - 1) * batch} samples, not {batch} "
+                           f"({int(dn.sum()):+d} samples)")
+            else:
+                out.append(f"{int((dn != 0).sum())} step(s) ran another number of samples than planned "
+                           f"({int(dn.sum()):+d} samples in all; global batch {batch} planned)")
+    return out
+
+
+def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> dict | None:
+    from .cost import estimate
+    from .fit import host_profile, measured_times, profile_factors, step_components
+
+    try:
+        host = host_profile(host_name)
+    except InputError as e:
+        warnings.append(f"host time not modelled: {e}")
+        return None
+    try:
+        meas = measured_times(steps)
+    except InputError as e:
+        warnings.append(f"host time not compared: {e}")
+        return None
+    comp = step_components(prof, steps, host)
+    model_steps = comp @ profile_factors(host)
+    total_model = estimate(prof, steps, host, per_layer=False).latency_s["total"]  # the cost model's own sum
+    epochs = np.array([r["epoch"] for r in steps])
+    wall = {m.get("epoch"): m.get("epoch_time_s") for m in metrics}
+    per_epoch = []
+    for e in np.unique(epochs):
+        sel = epochs == e
+        ms, mo = float(meas[sel].sum()), float(model_steps[sel].sum())
+        per_epoch.append({"epoch": int(e), "steps": int(sel.sum()), "measured_s": ms, "modelled_s": mo,
+                          "error_pct": _pct(mo, ms), "epoch_wall_s": wall.get(int(e))})
+    notes = list(host.notes)
+    run_threads = (cfg.get("host") or {}).get("threads")
+    if run_threads and host.params.get("threads") and run_threads != host.params["threads"]:
+        notes.append(f"the run used {run_threads} threads, the host profile was measured with "
+                     f"{host.params['threads']}")
+    device = (cfg.get("settings") or {}).get("device", "cpu")
+    if str(device).split(":")[0] != host.params.get("device", "cpu"):
+        notes.append(f"the run executed on {device}, the host profile describes {host.params.get('device')}")
+    if world > 1:
+        notes.append(f"the run used {world} processes: measured step times are the parallel wall time, the host "
+                     "model costs the whole global batch on one process")
+    measured = float(meas.sum())
+    return {
+        "profile": host.name, "path": host.path, "hash": host.content_hash,
+        "calibrated": bool(host.params.get("calibrated")),
+        "calibration": dict(host.calibration),
+        "measured_label": MEASURED, "modelled_label": f"modelled by the host profile {host.name!r}",
+        "measured_s": measured, "modelled_s": float(total_model), "error_pct": _pct(float(total_model), measured),
+        "median_abs_step_error_pct": float(np.median(np.abs(model_steps[meas > 0] / meas[meas > 0] - 1)) * 100)
+        if (meas > 0).any() else None,
+        "per_epoch": per_epoch, "notes": notes,
+        "measured_energy_j": None,
+        "energy_note": "not measured: the trace has no energy column (cptsim train records no NVML/RAPL reading yet)",
+        "step_measured_s": meas.tolist(), "step_modelled_s": model_steps.tolist(),
+    }
+
+
+def _default_targets(plan) -> list[str]:
+    names = []
+    if plan:
+        hw = plan["hardware"]
+        p = hw.get("path")
+        names.append(p if p and Path(p).is_file() else hw["name"])
+    return names + list(DEFAULT_TARGETS)
+
+
+def _layers(exe, prof, q, g, top: int) -> dict:
+    rows = sorted(exe.per_layer, key=lambda r: -r["bitops"]["total"])
+    total = exe.bitops["total"] or 1.0
+    macs_total = exe.macs["total"] or 1.0
+    types = {r.name: r.type for r in prof.layers}
+    qb, gb = _bits_range(q.tolist()), _bits_range(g.tolist())
+
+    def row(r):
+        return {"name": r["name"], "type": types.get(r["name"]), "quantized": r["quantized"],
+                "bits": qb if r["quantized"] else "32", "grad_bits": gb if r["quantized"] else "32",
+                "bitops": r["bitops"]["total"], "share": r["bitops"]["total"] / total,
+                "macs": r["macs"]["total"], "macs_share": r["macs"]["total"] / macs_total}
+
+    shown = [row(r) for r in rows[:max(top, 0)]]
+    rest = rows[max(top, 0):]
+    other = None
+    if rest:
+        b = sum(r["bitops"]["total"] for r in rest)
+        other = {"layers": len(rest), "bitops": b, "share": b / total}
+    return {"count": len(rows), "top": shown, "other": other}
+
+
+# ------------------------------------------------------------------------------------------------ several runs
+
+
+def compare(reports: list[RunReport]) -> list[dict]:
+    """One row per run: what it cost (executed BitOPs, measured host time) and the accuracy it reached."""
+    rows = []
+    for r in reports:
+        d = r.data
+        b, h, a, run = d.get("bitops"), d.get("host_time"), d["accuracy"], d["run"]
+        rows.append({
+            "run": run["name"], "path": run["path"], "model": run["model"], "dataset": run["dataset"],
+            "schedule": run["schedule"], "steps_done": run["steps_done"], "total_steps": run["total_steps"],
+            "executed_bitops": b["executed"]["total"] if b else None,
+            "relative_to_static": b["executed"]["relative_to_static"] if b else None,
+            "relative_to_fp32": b["executed"]["relative_to_fp32"] if b else None,
+            "measured_time_s": h["measured_s"] if h else None,
+            "final_acc": a["final"], "best_acc": a["best"], "eval_bits": a["eval_bits"],
+        })
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ plots
+
+
+def require_matplotlib():
+    """Import matplotlib with the Agg backend; InputError (exit 2) when it is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise InputError(f"plots need matplotlib, which cannot be imported here ({e}); "
+                         "install it (pip install matplotlib) or leave out --plot") from None
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def run_figure(report: RunReport) -> bytes:
+    """PNG bytes of one run's four panels: bits over steps; cumulative BitOPs planned vs executed; per-layer
+    BitOPs share; host time per epoch, measured vs modelled."""
+    plt = require_matplotlib()
+    from matplotlib.ticker import MaxNLocator
+
+    s, d = report.series, report.data
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    (ax_bits, ax_cum), (ax_layers, ax_time) = axes
+    title = f"{d['run']['name']}: {d['run']['model']} on {d['run']['dataset']}, {d['run']['schedule']}"
+    fig.suptitle(title, fontsize=12)
+
+    if "step" in s:
+        ps = np.arange(len(s["planned_bits"]))
+        ax_bits.step(ps, s["planned_bits"], where="post", lw=2.5, color="0.8", label="planned forward bits")
+        ax_bits.step(s["step"], s["bits"], where="post", lw=1.0, color="C0", label="executed forward bits")
+        ax_bits.step(s["step"], s["grad_bits"], where="post", lw=1.0, ls="--", color="C3",
+                     label="executed gradient bits")
+        lo = min(int(np.min(s["bits"])), int(np.min(s["grad_bits"])), int(np.min(s["planned_bits"])))
+        hi = max(int(np.max(s["bits"])), int(np.max(s["grad_bits"])), int(np.max(s["planned_bits"])))
+        ax_bits.set_ylim(lo - 0.7, hi + 0.7)
+        ax_bits.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax_bits.legend(loc="lower right", fontsize=8, framealpha=0.9)
+
+        b = d["bitops"]
+        ax_cum.plot(ps + 1, np.cumsum(s["planned_bitops"]), lw=3, color="0.75",
+                    label=f"planned ({b['planned']['source']}): {b['planned']['total']:.3g}")
+        ax_cum.plot(s["step"] + 1, np.cumsum(s["executed_bitops"]), lw=1.2, color="C0",
+                    label=f"executed (trace): {b['executed']['total']:.3g}")
+        diff = b["diff_pct"]["total"]
+        ax_cum.set_title(f"cumulative BitOPs: executed {diff:+.2f}% vs planned" if diff is not None
+                         else "cumulative BitOPs", fontsize=10)
+        ax_cum.legend(loc="upper left", fontsize=8)
+    else:
+        for ax in (ax_bits, ax_cum):
+            ax.text(0.5, 0.5, "no executed steps", ha="center", va="center", transform=ax.transAxes)
+    if "step" in s:
+        inside = s["step"] < len(s["planned_bits"])
+        off = int(((s["bits"][inside] != s["planned_bits"][s["step"][inside]])
+                   | (s["grad_bits"][inside] != s["planned_grad_bits"][s["step"][inside]])).sum())
+        ax_bits.set_title("precision over training steps" + (" (executed = planned at every step run)" if not off
+                          else f" ({off} steps differ from the plan)"), fontsize=10)
+    else:
+        ax_bits.set_title("precision over training steps", fontsize=10)
+    ax_bits.set_xlabel("training step")
+    ax_bits.set_ylabel("bits")
+    ax_cum.set_xlabel("training step")
+    ax_cum.set_ylabel("BitOPs (cumulative)")
+    for ax in (ax_bits, ax_cum):
+        ax.grid(alpha=0.3)
+
+    layers = s.get("layers")
+    if layers and layers["top"]:
+        rows = list(layers["top"])
+        names = [f"{r['name']} ({r['bits']}b)" for r in rows]
+        shares = [100 * r["share"] for r in rows]
+        colors = ["C0" if r["quantized"] else "C1" for r in rows]
+        y = np.arange(len(names))[::-1]
+        ax_layers.barh(y, shares, color=colors)
+        ax_layers.set_yticks(y, names, fontsize=8)
+        for yi, v in zip(y, shares):
+            ax_layers.text(v, yi, f" {v:.1f}%", va="center", fontsize=7)
+        ax_layers.set_xlim(0, max(shares) * 1.18)
+        from matplotlib.patches import Patch
+
+        ax_layers.legend(handles=[Patch(color="C0", label="quantized"), Patch(color="C1", label="full precision")],
+                         loc="lower right", fontsize=8)
+    other = layers["other"] if layers else None
+    ax_layers.set_title("executed BitOPs by layer (share of the run)"
+                        + (f"; {other['layers']} more layers hold {100 * other['share']:.1f}%" if other else ""),
+                        fontsize=10)
+    ax_layers.set_xlabel("% of executed BitOPs")
+
+    h = s.get("host_time")
+    if h and h["per_epoch"]:
+        ep = [e["epoch"] for e in h["per_epoch"]]
+        ms = [e["measured_s"] for e in h["per_epoch"]]
+        mo = [e["modelled_s"] for e in h["per_epoch"]]
+        x = np.arange(len(ep))
+        if len(ep) <= 40:
+            ax_time.bar(x - 0.2, ms, 0.4, label="measured (sum of step times)", color="C2")
+            ax_time.bar(x + 0.2, mo, 0.4, label=f"modelled ({h['profile']} profile)", color="C4")
+            ax_time.set_xticks(x, [str(e) for e in ep], fontsize=8 if len(ep) <= 20 else 6)
+            ax_time.set_ylim(0, 1.3 * max(max(ms), max(mo)))  # room for the legend above the bars
+        else:
+            ax_time.plot(ep, ms, label="measured (sum of step times)", color="C2")
+            ax_time.plot(ep, mo, label=f"modelled ({h['profile']} profile)", color="C4")
+        err = h["error_pct"]
+        ax_time.set_title(f"host step time per epoch: modelled {err:+.1f}% vs measured "
+                          f"({h['modelled_s']:.3g} s vs {h['measured_s']:.3g} s)", fontsize=10)
+        ax_time.legend(loc="upper right", fontsize=8, ncol=2)
+    else:
+        ax_time.text(0.5, 0.5, "host time not modelled", ha="center", va="center", transform=ax_time.transAxes)
+        ax_time.set_title("host step time per epoch", fontsize=10)
+    ax_time.set_xlabel("epoch")
+    ax_time.set_ylabel("seconds")
+    ax_time.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    try:
+        return _png(fig)
+    finally:
+        plt.close(fig)
+
+
+def comparison_figure(rows: list[dict]) -> bytes:
+    """PNG bytes of the runs side by side: accuracy at q_max vs executed BitOPs, and vs measured time."""
+    plt = require_matplotlib()
+
+    fig, (ax_b, ax_t) = plt.subplots(1, 2, figsize=(13, 5.2))
+    fig.suptitle(f"accuracy vs cost across {len(rows)} runs (accuracy at q_max, measured; cost executed)",
+                 fontsize=12)
+    for ax, key, xlabel in ((ax_b, "executed_bitops", "executed BitOPs (whole run)"),
+                            (ax_t, "measured_time_s", "measured training time on this machine (s)")):
+        pts = [r for r in rows if r[key] is not None and r["final_acc"] is not None]
+        for i, r in enumerate(rows):
+            if r not in pts:
+                continue
+            c = f"C{i % 10}"
+            ax.scatter([r[key]], [100 * r["final_acc"]], color=c, s=60, zorder=3,
+                       label=f"{i + 1}  {r['run']}: {r['model']}, {r['schedule']}")
+            if r["best_acc"] is not None and r["best_acc"] != r["final_acc"]:
+                ax.scatter([r[key]], [100 * r["best_acc"]], facecolors="none", edgecolors=c, s=60, zorder=3)
+            # Numbers, not names, next to the points: runs of one cost sit on top of each other.
+            ax.annotate(str(i + 1), (r[key], 100 * r["final_acc"]), textcoords="offset points",
+                        xytext=(5, 4 + 9 * (i % 3)), fontsize=8, color=c)
+        xs = [r[key] for r in pts]
+        if xs and min(xs) > 0 and max(xs) / min(xs) > 20:
+            ax.set_xscale("log")
+        ax.margins(x=0.08, y=0.15)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+    ax_b.set_title("filled: final, hollow: best epoch", fontsize=9)
+    handles, labels = ax_b.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(2, len(handles)), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.04 + 0.035 * ((len(handles) + 1) // 2), 1, 1))
+    try:
+        return _png(fig)
+    finally:
+        plt.close(fig)
+
+
+def to_json(report: RunReport, include_steps: bool = False) -> dict:
+    """The report document; per-step host times only with ``include_steps`` (they are long)."""
+    d = dict(report.data)
+    h = d.get("host_time")
+    if h and not include_steps:
+        d["host_time"] = {k: v for k, v in h.items() if not k.startswith("step_")}
+    d["warnings"] = list(report.warnings)
+    return d
