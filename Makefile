@@ -12,10 +12,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# The whole story on the embedded default (digits, digits-cnn): plan a schedule for 65% of the static-8-bit
+# BitOPs on Bit Fusion, train exactly that plan, then report estimated vs executed cost.
 demo: $(STAMP)
 	rm -rf runs/demo
-	$(VENV)/bin/cptsim train --out runs/demo
-	$(VENV)/bin/cptsim schedules show cpt --q-min 3 --q-max 8 --steps 1000 --plot runs/demo/schedule.png
+	mkdir -p runs/demo
+	$(VENV)/bin/cptsim plan --budget 65% --hw bitfusion --out runs/demo/plan.json --plot runs/demo/plan.png
+	$(VENV)/bin/cptsim train --plan runs/demo/plan.json --out runs/demo/run
+	$(VENV)/bin/cptsim report runs/demo/run --hw bitfusion,h100,a100
 
 test: $(STAMP)
 	$(PY) -m pytest -q
