@@ -10,11 +10,11 @@ the fitted profile, and their errors; `--json` prints one JSON object of the sam
     python benchmarks/bench_host_estimate.py --steps 20 --json
     python benchmarks/bench_host_estimate.py --threads 2 --keep /tmp/bench   # keep the runs for `cptsim report`
 
-What limits it: the host model has no per-step overhead term (Python dispatch, optimizer, BatchNorm), so a fit on
-one batch size folds that fixed cost into the proportional factors; the smaller the step, the larger that share.
-With 1 thread resnet20 steps take 0.2-0.8 s and hold-out runs land within ~5-13%; with 2 threads a batch-32
-step is ~0.13 s and is under-predicted by ~20%. Timings on a machine shared with other jobs move by ~10% from
-run to run, and the fitted run's noise carries into every prediction.
+What limits it: one run has only two step shapes (the full and the ragged batch), so a fit on it cannot fully
+separate the per-layer-phase overhead (measured by `cptsim hw calibrate` on tiny layers) from the proportional
+terms, and per-MAC cost itself drifts with batch size (cache). Measured here, 2026-11-25, 2-core AMD EPYC VM:
+1 thread, largest hold-out error 8.5%; 2 threads 14.8% (batch 128 under-predicted). Timings on a machine shared
+with other jobs move by ~10% from run to run, and the fitted run's noise carries into every prediction.
 
 Everything is written under a temporary directory (CPTSIM_HOME included): nothing of the user's is touched.
 The fake images are random, so accuracy means nothing here; only the step times matter. torchvision checks the
@@ -140,10 +140,12 @@ def main() -> int:
         return 0
     q = fit.overall
     print(f"host: {host.params['cpu']}, {host.params['threads']} threads; calibrated {host.params['matmul_gmac_s']:g} "
-          f"GMAC/s, {host.params['bandwidth_gb_s']:g} GB/s, {host.params['elementwise_gelem_s']:g} Gelem/s")
+          f"GMAC/s, {host.params['bandwidth_gb_s']:g} GB/s, {host.params['elementwise_gelem_s']:g} Gelem/s, "
+          f"{host.params['layer_overhead_us']:.0f} us per layer-phase")
     f = result["fitted"]
     print(f"fitted on {fit_label}: compute_efficiency {f['compute_efficiency']:.3f}, memory_efficiency "
-          f"{f['memory_efficiency']:.3f}, elementwise {f['elementwise_gelem_s']:.4g} Gelem/s; R² {q['r2']:.3f}, "
+          f"{f['memory_efficiency']:.3f}, elementwise {f['elementwise_gelem_s']:.4g} Gelem/s, "
+          f"layer overhead {f['layer_overhead_us']:.0f} us; R² {q['r2']:.3f}, "
           f"median step error {q['median_abs_step_error_pct']:.1f}%, total {q['total_error_pct']:+.1f}%")
     print(f"{'run':<15} {'role':<22} {'steps':>5} {'measured':>9} {'calibrated':>11} {'err':>7} {'fitted':>9} "
           f"{'err':>7} {'med step':>8}")

@@ -148,8 +148,8 @@ def show_cmd(name_or_path: str, as_json: bool) -> None:
 def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bool) -> None:
     """Measure this machine and write it as a 'host' hardware profile.
 
-    Times FP32 matmuls (conv-as-GEMM shapes), a large tensor copy (memory bandwidth) and a quantizer pass
-    (cptsim's quantizers on 4M elements) with torch; power from NVML on CUDA when pynvml is installed, from RAPL on a
+    Times FP32 matmuls (conv-as-GEMM shapes), a large tensor copy (memory bandwidth), cptsim's quantizers on 4M
+    elements, and the fixed cost of a layer-phase (a training step of tiny quantized layers) with torch; power from NVML on CUDA when pynvml is installed, from RAPL on a
     CPU when the OS exposes it, else unknown (energy 0). Afterwards the profile named 'host' (`cptsim hw show host`,
     and any command given that hardware) uses these numbers instead of the shipped placeholder.
     """
@@ -171,6 +171,7 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
         t.add_row(f"  {'x'.join(map(str, s['shape']))}", _si(s["macs_per_s"], "MAC/s"))
     t.add_row("memory bandwidth (copy)", _si(measured["bandwidth_bytes_per_s"], "B/s"))
     t.add_row("quantizer pass", _si(measured["elementwise_elems_per_s"], "elem/s"))
+    t.add_row("overhead per layer-phase", f"{measured['layer_overhead_s'] * 1e6:.0f} µs")
     power = measured["power_w"]
     t.add_row("power", f"{power:.1f} W ({measured['power_source']})" if power else "unknown (energy will be 0 J)")
     out.print(t)

@@ -83,6 +83,8 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
         t = _median_time(both, 0.25 * seconds, sync)
         elementwise = 2 * ELEMENTWISE_NUMEL / t
 
+    layer_overhead = _layer_overhead_s(device, 0.15 * seconds, sync)
+
     return {
         "device": device,
         "threads": torch.get_num_threads(),
@@ -90,6 +92,7 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
         "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
         "torch_version": torch.__version__.split("+")[0],
         "matmul_macs_per_s": statistics.median(s["macs_per_s"] for s in by_shape),
+        "layer_overhead_s": layer_overhead,
         "matmul_by_shape": by_shape,
         "bandwidth_bytes_per_s": bandwidth,
         "elementwise_elems_per_s": elementwise,
@@ -103,6 +106,26 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
 def default_output_path() -> Path:
     """Where ``cptsim hw calibrate`` writes unless told otherwise: the user's profile dir, host.toml."""
     return user_profile_dir() / "host.toml"
+
+
+def _layer_overhead_s(device: str, budget_s: float, sync) -> float:
+    """Fixed cost of one executed layer-phase: a training step (forward + backward) of two tiny quantized
+    conv + BN + ReLU blocks, whose arithmetic is negligible, divided by its 6 layer-phases (fwd, dgrad, wgrad
+    of each conv). What it measures is dispatch, autograd and the per-call cost of the quantizers and BN."""
+    import torch
+    import torch.nn as nn
+
+    from .layers import quantize_model
+
+    net = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                        nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()).to(device)
+    quantize_model(net, fp_layers=[]).set(8, 8)
+    x = torch.randn(2, 4, 4, 4, device=device, requires_grad=True)
+
+    def step() -> None:
+        net(x).sum().backward()
+
+    return _median_time(step, budget_s, sync) / 6
 
 
 def output_path(out: str | os.PathLike | None = None) -> Path:
@@ -129,7 +152,8 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
               f"{COPY_NUMEL[dev] * 4 // 2**20} MB; cptsim.quant round-to-nearest + stochastic on {ELEMENTWISE_NUMEL} elements")
     lines = [
         f"# Written by `cptsim hw calibrate` at {measured['measured_at']}. Re-run it to refresh; edit [calibration] to",
-        "# fit measured training runs. time = macs / matmul rate + bytes / bandwidth + quantizer elements / rate.",
+        "# fit measured training runs. time = macs / matmul rate + bytes / bandwidth + quantizer elements / rate\n"
+        "#        + layer_overhead per executed layer-phase.",
         f"name = {_toml_str(name)}",
         'kind = "host"',
         f"description = {_toml_str(description)}",
@@ -144,7 +168,8 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
         f"measured_at = {_toml_str(measured['measured_at'])}",
         f"matmul_gmac_s = {_num(measured['matmul_macs_per_s'] / 1e9)}          # fp32 matmul, median over shapes",
         f"bandwidth_gb_s = {_num(measured['bandwidth_bytes_per_s'] / 1e9)}     # copy: bytes read + written per s",
-        f"elementwise_gelem_s = {_num(measured['elementwise_elems_per_s'] / 1e9)}  # fake-quantize elements per s",
+        f"elementwise_gelem_s = {_num(measured['elementwise_elems_per_s'] / 1e9)}  # quantizer elements per s",
+        f"layer_overhead_us = {_num(measured.get('layer_overhead_s', 0.0) * 1e6)}  # per layer-phase, tiny-layer step",
         f"power_w = {_num(power or 0.0)}   # {power_note}",
         "",
         "[calibration]",

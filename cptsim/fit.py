@@ -1,17 +1,18 @@
 """Fit a ``host`` profile's calibration to measured training steps (``cptsim report --fit``).
 
-The host model (``hardware.host_time``, the one ``cost.estimate`` uses) splits a step's time into three terms,
-each the step's work at the rate ``cptsim hw calibrate`` measured with microbenchmarks:
+The host model (``HostProfile``, the one ``cost.estimate`` uses) splits a step's time into four terms, each the
+step's work at the rate ``cptsim hw calibrate`` measured with microbenchmarks:
 
     t_c = MACs / matmul rate        t_m = bytes / bandwidth        t_q = quantizer elements / element-wise rate
-    step time = t_c / compute_efficiency + t_m / memory_efficiency + t_q · k_q
+    t_o = executed layer-phases x layer overhead (a tiny-layer training step's time per layer-phase)
+    step time = t_c / compute_efficiency + t_m / memory_efficiency + t_q · k_q + t_o · k_o
 
 Real training steps do not run at microbenchmark rates (small convolutions reach a fraction of a big GEMM's rate,
-small tensors stay in cache, every op pays dispatch overhead), so we fit the three factors -- k_c = 1 /
-compute_efficiency, k_m = 1 / memory_efficiency and k_q -- to the measured ``time_s`` of every step of one or more
-runs. The profile format has no element-wise efficiency, so k_q is written back as the element-wise rate itself
-(``elementwise_gelem_s`` / k_q); a profile has no per-step overhead term either, so none is fitted into it
-(``HostFit.overhead`` reports how much a constant per-step term would explain, as a diagnostic).
+small tensors stay in cache, every op pays dispatch overhead), so we fit the four factors -- k_c = 1 /
+compute_efficiency, k_m = 1 / memory_efficiency, k_q and k_o -- to the measured ``time_s`` of every step of one or more
+runs. The profile format has no element-wise or overhead efficiency, so k_q and k_o are written back into the
+numbers themselves (``elementwise_gelem_s`` / k_q, ``layer_overhead_us`` · k_o). ``HostFit.overhead`` reports, as
+a diagnostic, how much a further constant per-step term would explain.
 
 The fit (scipy.optimize.least_squares) works on log factors and relative residuals, so a 10 ms step and a 1 s step
 weigh the same and the factors stay positive; a robust loss (soft L1 at 10%) keeps warm-up steps and hiccups of a
@@ -33,7 +34,7 @@ import numpy as np
 
 from .errors import InputError
 
-TERMS = ("compute", "memory", "elementwise")
+TERMS = ("compute", "memory", "elementwise", "layer_overhead")
 PRIOR_WEIGHT = 0.01      # residual weight of log(factor): pins only what the steps cannot tell apart
 ROBUST_SCALE = 0.10      # soft-L1 scale: steps off by more than ~10% count linearly, not quadratically
 FACTOR_BOUND = 1000.0    # factors stay within [1/1000, 1000]
@@ -51,7 +52,8 @@ def host_profile(hw) -> "object":
 
 
 def step_components(profile, records, host) -> np.ndarray:
-    """(S, 3) seconds per executed step: t_c, t_m, t_q at the host's measured rates, before any calibration.
+    """(S, 4) seconds per executed step: t_c, t_m, t_q, t_o at the host's measured rates, before any calibration
+    (t_o = executed layer-phases x the measured per-layer-phase overhead).
 
     ``profile``: the run's LayerProfile (or arrays); ``records``: trace lines (batch_size, bits, grad_bits).
     The same formulas as ``cost.estimate`` (bytes at the host's 32-bit storage, quantizer passes of q, g < 32).
@@ -61,7 +63,7 @@ def step_components(profile, records, host) -> np.ndarray:
     a = _arrays(profile)
     host = host_profile(host)
     if not records:
-        return np.zeros((0, 3))
+        return np.zeros((0, len(TERMS)))
     n = np.array([r["batch_size"] for r in records], dtype=np.int64)
     q = _check_bits_array(np.array([r["bits"] for r in records]), "trace bits")
     g = _check_bits_array(np.array([r["grad_bits"] for r in records]), "trace grad_bits")
@@ -72,15 +74,17 @@ def step_components(profile, records, host) -> np.ndarray:
     nbytes = bytes_moved(a.numel, a.macs, a.quantized, kq, kg, kn, a.calls, storage_bits(host)).sum(axis=(-2, -1))
     elems = quant_elems(a.numel, a.macs, a.quantized, kq, kg, kn, a.calls).sum(axis=(-2, -1))
     p = host.params
+    phases = float((a.macs > 0).sum())  # every executed layer-phase; the same in every step of a run
     per_kind = np.stack((macs / (p["matmul_gmac_s"] * 1e9), nbytes / (p["bandwidth_gb_s"] * 1e9),
-                         elems / (p["elementwise_gelem_s"] * 1e9)), axis=1)
+                         elems / (p["elementwise_gelem_s"] * 1e9),
+                         np.full(kn.shape, phases * p["layer_overhead_us"] * 1e-6)), axis=1)
     return per_kind[inverse.reshape(-1)]
 
 
 def profile_factors(host) -> np.ndarray:
-    """The factors (k_c, k_m, k_q) a host profile applies to ``step_components``: its own calibration."""
+    """The factors (k_c, k_m, k_q, k_o) a host profile applies to ``step_components``: its own calibration."""
     c = host.calibration
-    return np.array([1.0 / c["compute_efficiency"], 1.0 / c["memory_efficiency"], 1.0])
+    return np.array([1.0 / c["compute_efficiency"], 1.0 / c["memory_efficiency"], 1.0, 1.0])
 
 
 def measured_times(records) -> np.ndarray:
@@ -97,7 +101,7 @@ class RunSteps:
     """One run's executed steps as the fit sees them: per-step model components and measured times."""
 
     label: str
-    components: np.ndarray   # (S, 3) seconds, uncalibrated
+    components: np.ndarray   # (S, 4) seconds, uncalibrated
     measured: np.ndarray     # (S,) seconds
 
     @classmethod
@@ -133,7 +137,7 @@ def quality(pred: np.ndarray, meas: np.ndarray) -> dict:
 
 @dataclass
 class HostFit:
-    """Fitted factors (k_c, k_m, k_q) on top of ``base``'s measured rates, and how well they fit."""
+    """Fitted factors (k_c, k_m, k_q, k_o) on top of ``base``'s measured rates, and how well they fit."""
 
     base: object
     factors: np.ndarray
@@ -154,6 +158,10 @@ class HostFit:
     def elementwise_gelem_s(self) -> float:
         return float(self.base.params["elementwise_gelem_s"] / self.factors[2])
 
+    @property
+    def layer_overhead_us(self) -> float:
+        return float(self.base.params.get("layer_overhead_us", 0.0) * self.factors[3])
+
     def predict(self, steps: RunSteps) -> np.ndarray:
         return steps.components @ self.factors
 
@@ -168,9 +176,9 @@ class HostFit:
             "base_profile": {"name": self.base.name, "path": self.base.path, "hash": self.base.content_hash,
                              "calibrated": bool(self.base.params.get("calibrated"))},
             "model": "step time = MACs/(matmul rate·compute_efficiency) + bytes/(bandwidth·memory_efficiency) "
-                     "+ quantizer elements/elementwise rate",
+                     "+ quantizer elements/elementwise rate + layer-phases·layer overhead",
             "fitted": {"compute_efficiency": self.compute_efficiency, "memory_efficiency": self.memory_efficiency,
-                       "elementwise_gelem_s": self.elementwise_gelem_s},
+                       "elementwise_gelem_s": self.elementwise_gelem_s, "layer_overhead_us": self.layer_overhead_us},
             "factors": dict(zip(TERMS, map(float, self.factors))),
             "fitted_on": list(self.fitted_on),
             "fit": self.overall,
@@ -183,26 +191,27 @@ def _solve(C: np.ndarray, y: np.ndarray, with_overhead: bool) -> np.ndarray:
     from scipy.optimize import least_squares
 
     scale = float(np.median(y))
-    n = 3 + with_overhead
+    k = len(TERMS)
+    n = k + with_overhead
 
     def residuals(x):
-        pred = C @ np.exp(x[:3]) + (x[3] * scale if with_overhead else 0.0)
-        return np.concatenate(((pred - y) / y, PRIOR_WEIGHT * x[:3]))
+        pred = C @ np.exp(x[:k]) + (x[k] * scale if with_overhead else 0.0)
+        return np.concatenate(((pred - y) / y, PRIOR_WEIGHT * x[:k]))
 
     lo = np.full(n, -math.log(FACTOR_BOUND))
     hi = np.full(n, math.log(FACTOR_BOUND))
     x0 = np.zeros(n)
     if with_overhead:
-        lo[3], hi[3], x0[3] = 0.0, 10.0, 0.1  # in units of the median step time
+        lo[k], hi[k], x0[k] = 0.0, 10.0, 0.1  # in units of the median step time
     res = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=ROBUST_SCALE, x_scale="jac")
     x = res.x.copy()
     if with_overhead:
-        x[3] *= scale
+        x[k] *= scale
     return x
 
 
 def fit_host(runs: list[RunSteps], base) -> HostFit:
-    """Fit (k_c, k_m, k_q) to every step of ``runs`` on top of the ``base`` host profile's rates."""
+    """Fit (k_c, k_m, k_q, k_o) to every step of ``runs`` on top of the ``base`` host profile's rates."""
     base = host_profile(base)
     if not runs:
         raise InputError("--fit needs at least one run with measured steps")
@@ -213,12 +222,13 @@ def fit_host(runs: list[RunSteps], base) -> HostFit:
         raise InputError("--fit needs at least two steps with a measured time > 0")
     C, y = C[keep], y[keep]
     x = _solve(C, y, with_overhead=False)
-    fit = HostFit(base=base, factors=np.exp(x[:3]), fitted_on=[r.label for r in runs])
+    k = len(TERMS)
+    fit = HostFit(base=base, factors=np.exp(x[:k]), fitted_on=[r.label for r in runs])
     fit.overall = quality(C @ fit.factors, y)
     fit.runs = [fit.evaluate(r) for r in runs]
     xo = _solve(C, y, with_overhead=True)
-    pred_o = C @ np.exp(xo[:3]) + xo[3]
-    fit.overhead = {"step_overhead_s": float(xo[3]), "factors": dict(zip(TERMS, map(float, np.exp(xo[:3])))),
+    pred_o = C @ np.exp(xo[:k]) + xo[k]
+    fit.overhead = {"step_overhead_s": float(xo[k]), "factors": dict(zip(TERMS, map(float, np.exp(xo[:k])))),
                     "share_of_measured_time": float(xo[3] * y.size / y.sum()), **quality(pred_o, y),
                     "note": "not written to the profile: the host kind has no per-step overhead term"}
     return fit
@@ -249,10 +259,12 @@ def fitted_profile_toml(fit: HostFit, name: str) -> str:
               f"elementwise_gelem_s = measured {base.params['elementwise_gelem_s']:g} / {fit.factors[2]:.4g}")
     params = dict(base.params)
     params["elementwise_gelem_s"] = fit.elementwise_gelem_s
+    params["layer_overhead_us"] = fit.layer_overhead_us
     lines = [
         f"# Written by `cptsim report --fit` at {now} from the host profile {base.name!r} ({base.path}).",
         "# time = macs / (matmul rate x compute_efficiency) + bytes / (bandwidth x memory_efficiency)",
-        "#        + quantizer elements / elementwise rate   (rates measured by `cptsim hw calibrate`, factors fitted)",
+        "#        + quantizer elements / elementwise rate + layer_overhead per executed layer-phase",
+        "#        (rates measured by `cptsim hw calibrate`; factors, the element-wise rate and the overhead fitted)",
         f"name = {_toml_value(name)}",
         'kind = "host"',
         f"description = {_toml_value(base.description + ' (calibration fitted to measured runs)')}",

@@ -16,7 +16,7 @@ from cptsim.fit import (RunSteps, check_fit_out, fit_host, profile_factors, qual
                         write_fitted_profile)
 from cptsim.hardware import load_profile
 
-TRUE = np.array([2.5, 0.6, 4.0])  # k_c, k_m, k_q: what the "machine" does relative to the microbenchmarks
+TRUE = np.array([2.5, 0.6, 4.0, 1.5])  # k_c, k_m, k_q, k_o: what the "machine" does relative to the microbenchmarks
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -74,7 +74,7 @@ def synthetic(label, prof, lines, host, noise=0.0, seed=1) -> RunSteps:
 def test_components_are_the_cost_models_host_time(profiles, host):
     lines = trace(50, 64, ragged=29, fp_every=7)
     comp = step_components(profiles["cnn"], lines, host)
-    assert comp.shape == (50, 3) and (comp > 0).any(axis=0).all()
+    assert comp.shape == (50, 4) and (comp > 0).any(axis=0).all()
     assert (comp @ profile_factors(host)).sum() == pytest.approx(
         estimate(profiles["cnn"], lines, host).latency_s["total"], rel=1e-12)
     fp = [i for i, r in enumerate(lines) if r["bits"] == 32]
@@ -85,7 +85,7 @@ def test_fit_recovers_known_factors(profiles, host):
     a = synthetic("a", profiles["cnn"], trace(120, 64, ragged=29, fp_every=5), host)
     b = synthetic("b", profiles["resnet20"], trace(60, 128, ragged=29, fp_every=4, seed=3), host)
     fit = fit_host([a, b], host)
-    assert fit.factors == pytest.approx(TRUE, rel=0.02)
+    assert fit.factors == pytest.approx(TRUE, rel=0.03)  # the weak prior towards 1 costs ~2% on 4 factors
     assert fit.overall["r2"] > 0.999 and abs(fit.overall["total_error_pct"]) < 0.5
     assert fit.compute_efficiency == pytest.approx(1 / TRUE[0], rel=0.02)
     assert fit.elementwise_gelem_s == pytest.approx(host.params["elementwise_gelem_s"] / TRUE[2], rel=0.02)

@@ -199,12 +199,14 @@ def test_bit_serial_time_scales_with_the_serial_operand_only():
 # -- host --------------------------------------------------------------------------------------------------------------
 
 
-def test_host_time_ignores_bits_and_adds_its_three_terms():
+def test_host_time_ignores_bits_and_adds_its_four_terms():
     h = load_profile("host")
     p = h.params
     macs, nbytes, q = 1e9, 1e8, 1e7
     expected = (macs / (p["matmul_gmac_s"] * 1e9) + nbytes / (p["bandwidth_gb_s"] * 1e9)
-                + q / (p["elementwise_gelem_s"] * 1e9))
+                + q / (p["elementwise_gelem_s"] * 1e9) + p["layer_overhead_us"] * 1e-6)
+    assert p["layer_overhead_us"] > 0
+    assert float(h.gemm_cost(0, 8, 8, 0, 0)[0]) == 0.0  # a phase that does not execute costs no overhead
     for b in (2, 8, 32):
         t, e = h.gemm_cost(macs, b, b, nbytes, q)
         assert float(t) == pytest.approx(expected)
