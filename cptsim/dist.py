@@ -94,7 +94,10 @@ def from_env(device: str) -> Dist:
 
 
 def shutdown() -> None:
+    """Leave the process group together: a rank that tears gloo down while a peer still talks to it can abort
+    ("terminate called without an active exception"), so every rank first waits for all the others."""
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 
