@@ -101,7 +101,7 @@ def main() -> int:
             cfg = TrainConfig(model=model, dataset="cifar10", data_dir=str(data), batch_size=batch,
                               steps=args.steps, schedule="cpt:3-8:g8:n4", lr=0.05)
             train(cfg, str(out), progress=False)
-        steps[label] = RunSteps.from_run(RunDir.open_for_report(out), host, label)
+        steps[label] = RunSteps.from_run(RunDir.open(out), host, label)
 
     fit_label = RUNS[0][0]
     fit = fit_host([steps[fit_label]], host)

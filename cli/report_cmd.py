@@ -151,8 +151,8 @@ def _fit(run_dirs, holdout, host, fit_out, force) -> dict:
     from cptsim.runs import RunDir
 
     base = host_profile(host)
-    fitted = [RunSteps.from_run(RunDir.open_for_report(d), base) for d in run_dirs]
-    held = [RunSteps.from_run(RunDir.open_for_report(d), base) for d in holdout]
+    fitted = [RunSteps.from_run(RunDir.open(d), base) for d in run_dirs]
+    held = [RunSteps.from_run(RunDir.open(d), base) for d in holdout]
     result = fit_host(fitted, base)
     path, prof = write_fitted_profile(result, fit_out, force=force)
     doc = result.to_json()

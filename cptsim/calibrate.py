@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -185,20 +184,15 @@ def write_host_profile(measured: dict, out: str | os.PathLike | None = None) -> 
 
     The profile's name is the file's stem ("host" by default), so a file in the user's profile dir loads by name.
     """
+    from .runs import atomic_write_bytes
+
     path = output_path(out)
     text = host_profile_toml(measured, name=path.stem)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        atomic_write_bytes(path, text.encode("utf-8"))
     except OSError as e:
         raise InputError(f"cannot write {path}: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path, load_profile(str(path))
 
 

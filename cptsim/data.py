@@ -146,7 +146,7 @@ def _cifar_loader(name: str, cls_name: str, folder: str, files: list[str], mean,
         try:
             train = cls(root=str(root), train=True, download=False, transform=_transforms(mean, std, aug))
             test = cls(root=str(root), train=False, download=False, transform=_transforms(mean, std))
-        except RuntimeError as e:
+        except RuntimeError:
             # torchvision checks every file's md5 against the official archive's: present but wrong means corrupt.
             # (torchvision's own message suggests download=True, which cptsim never does, so it is not passed on.)
             raise InputError(

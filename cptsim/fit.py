@@ -26,7 +26,6 @@ import datetime as _dt
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -301,17 +300,9 @@ def write_fitted_profile(fit: HostFit, path: str | os.PathLike, force: bool = Fa
     The profile's name is the file's stem, so a file in the user's profile dir loads by that name.
     """
     from .hardware import load_profile
+    from .runs import atomic_write_bytes
 
     p = check_fit_out(path, force)
     text = fitted_profile_toml(fit, p.stem)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(p, text.encode("utf-8"))
     return p, load_profile(str(p))

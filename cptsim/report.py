@@ -114,7 +114,7 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
     from .runs import RunDir
     from .schedules import Schedule
 
-    run = RunDir.open_for_report(path)
+    run = RunDir.open(path)
     cfg = run.read_config()
     executed = run.read_executed()
     steps = executed.records

@@ -115,14 +115,13 @@ class RunDir:
         atomic_write_json(self.path / CONFIG, {"format": RUN_FORMAT, **config})
 
     def read_config(self) -> dict:
+        """config.json, format-checked (a config from a newer cptsim says so)."""
         path = self.path / CONFIG
         try:
             cfg = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise InputError(f"{path}: cannot read run config ({e})") from None
-        fmt = cfg.get("format") if isinstance(cfg, dict) else None
-        if fmt != RUN_FORMAT:
-            raise InputError(f"{path}: format {fmt!r} is not {RUN_FORMAT!r} (written by another cptsim version?)")
+        check_run_format(cfg, path)
         return cfg
 
     def write_json(self, name: str, obj: Any) -> None:
@@ -200,32 +199,9 @@ class RunDir:
             raise InputError(f"{self.checkpoint_path}: cannot load checkpoint ({type(e).__name__}: {e})") from None
 
     # ---- reading a run for `cptsim report` --------------------------------------------------------------------
-    @classmethod
-    def open_for_report(cls, path: str | os.PathLike) -> "RunDir":
-        """Like ``open``, but a config from a newer cptsim says so (rather than "another version")."""
-        p = Path(path)
-        if not p.is_dir():
-            raise InputError(f"{p} is not a run directory (no such directory)")
-        if not (p / CONFIG).is_file():
-            raise InputError(f"{p} is not a run directory (no {CONFIG})")
-        run = cls(p)
-        check_run_format(run.read_config_raw(), p / CONFIG)
-        return run
-
-    def read_config_raw(self) -> dict:
-        """config.json parsed but not format-checked (``check_run_format`` tells a newer format from garbage)."""
-        path = self.path / CONFIG
-        try:
-            cfg = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise InputError(f"{path}: cannot read run config ({e})") from None
-        if not isinstance(cfg, dict):
-            raise InputError(f"{path}: not a JSON object")
-        return cfg
-
     def read_executed(self) -> "ExecutedSteps":
         """The trace as the steps that ran: line format checked, each step once (see ``ExecutedSteps``)."""
-        check_run_format(self.read_config_raw(), self.path / CONFIG)
+        self.read_config()
         return _executed(self.read_trace(), self.path / TRACE)
 
     def read_plan(self) -> dict | None:
