@@ -129,6 +129,9 @@ def _warn_if_hardware_changed(plan: dict) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--workers", type=int, default=0, show_default=True, help="DataLoader worker processes.")
+@click.option("--threads", type=int, default=None,
+              help="CPU threads for torch. Default: 1 for small inputs (digits, MNIST), whose ops are too small to "
+                   "split, else torch's default.")
 @click.option("--out", default=None, help="Run directory to create (must not exist). Default runs/MODEL-SCHEDULE-TIME.")
 @click.option("--resume", "resume_dir", default=None, help="Continue this run directory from its last checkpoint.")
 @click.option("--plan", "plan_path", default=None,
@@ -144,7 +147,7 @@ def _warn_if_hardware_changed(plan: dict) -> None:
 @json_option
 def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epochs, steps, batch_size, lr, momentum,
           weight_decay, lr_schedule, fp_layers, no_augment, seed, device, workers, out, resume_dir, plan_path,
-          checkpoint_every, nproc, list_models, quiet, as_json) -> None:
+          threads, checkpoint_every, nproc, list_models, quiet, as_json) -> None:
     """Run real quantized training with a cyclic precision schedule and record what ran."""
     from cptsim import train as T
     from cptsim.runs import run_summary
@@ -169,7 +172,8 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
 
         plan = read_plan(plan_path)
         _warn_if_hardware_changed(plan)
-        cfg = replace(T.TrainConfig.from_plan(plan), device=device, workers=workers, checkpoint_every=checkpoint_every)
+        cfg = replace(T.TrainConfig.from_plan(plan), device=device, workers=workers, checkpoint_every=checkpoint_every,
+                      threads=threads)
         if out is None:
             out = f"runs/{cfg.model}-{cfg.schedule.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
         if progress:
@@ -182,7 +186,7 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
         cfg = T.TrainConfig(model=model, dataset=dataset, data_dir=data_dir, schedule=text, epochs=epochs, steps=steps,
                             batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay,
                             lr_schedule=lr_schedule, fp_layers=fp, seed=seed, device=device, workers=workers,
-                            augment=not no_augment, checkpoint_every=checkpoint_every)
+                            augment=not no_augment, checkpoint_every=checkpoint_every, threads=threads)
         if out is None:
             out = f"runs/{model}-{text.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
         if progress:

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from cptsim.cli.main import cli
 from cptsim.runs import RunDir
-from cptsim.train import lr_factor
+from cptsim.train import cpu_threads, lr_factor
 
 ARGS = ["train", "--epochs", "2", "--batch-size", "128", "--quiet", "--schedule", "cpt:3-8:g8:n4"]
 
@@ -78,6 +78,12 @@ def test_resume_of_a_finished_run_changes_nothing(reference_run):
     assert (reference_run.path / "trace.jsonl").read_bytes() == before
 
 
+def test_small_inputs_train_on_one_thread_unless_asked():
+    assert cpu_threads(None, (1, 8, 8)) == 1
+    assert cpu_threads(None, (3, 32, 32)) == torch.get_num_threads()
+    assert cpu_threads(2, (1, 8, 8)) == 2
+
+
 def test_lr_schedules():
     assert lr_factor("step", 0, 100) == 1.0
     assert lr_factor("step", 50, 100) == pytest.approx(0.1)
@@ -105,6 +111,7 @@ def test_lr_schedules():
         (["--device", "tpu"], "cpu"),
         (["--resume", "/nonexistent/run"], "not a run directory"),
         (["--batch-size", "x"], "batch-size"),
+        (["--threads", "0"], "threads"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
