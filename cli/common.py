@@ -34,13 +34,6 @@ def _jsonable(o: Any) -> Any:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout instead of tables.")
 
 
-def fail(message: str) -> None:
-    """Stop with a one-line reason and exit code 2 (bad input)."""
-    from cptsim.errors import InputError
-
-    raise InputError(message)
-
-
 def die(message: str, code: int) -> None:
     click.echo(f"error: {message}", err=True)
     sys.exit(code)

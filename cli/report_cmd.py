@@ -24,8 +24,8 @@ Planned = the plan's estimate (plan.json in the run dir), or the cost model's es
 hand. Executed = the trace re-counted with the same cost model. Host time: measured = the sum of the trace's
 step times on this machine; modelled = the host profile's estimate (`cptsim hw calibrate`, then --fit).
 Energy and latency on other hardware are modelled, never measured: the run did not execute there.
---fit fits compute_efficiency, memory_efficiency and the element-wise rate of the host profile to every
-measured step (least squares), writes a new profile to --fit-out, and predicts each --holdout run with it.
+--fit fits compute_efficiency, memory_efficiency, the element-wise rate and the per-layer-phase overhead of the
+host profile to every measured step (least squares), writes a new profile to --fit-out, and predicts each --holdout run with it.
 """
 
 

@@ -1,10 +1,11 @@
 """Measure the machine cptsim runs on and write it as a ``host`` hardware profile (``cptsim hw calibrate``).
 
-Three rates, each the median of repeated timings within a fixed time budget, with torch on the chosen device:
+Four figures, each the median of repeated timings within a fixed time budget, with torch on the chosen device:
 
 * FP32 matmul MAC rate over a few conv-as-GEMM shapes (the median across shapes);
 * memory bandwidth of a large tensor copy, counting bytes read + bytes written (how callers count ``bytes_moved``);
-* element-wise rate of cptsim's quantizers (``cptsim.quant``: one round-to-nearest and one stochastic pass, 4M elements).
+* element-wise rate of cptsim's quantizers (``cptsim.quant``: one round-to-nearest and one stochastic pass, 4M elements);
+* the fixed cost of one layer-phase: a training step of tiny quantized conv + BN + ReLU layers, per layer-phase.
 
 On CUDA, power comes from NVML when ``pynvml`` is importable; on a CPU, from the RAPL energy counter when the OS
 exposes it. Otherwise power is unknown (0), and the profile reports energy as 0 J.
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import InputError
-from .hardware import HardwareProfile, load_profile, user_profile_dir
+from .hardware import HardwareProfile, check_profile_file_name, load_profile, user_profile_dir
 
 # (M, K, N) of conv layers lowered to GEMMs: ResNet-ish 3x3 convs (K = 9 x C_in) over a batch of feature maps.
 MATMUL_SHAPES = ((512, 1152, 1024), (1024, 576, 256), (256, 2304, 512))
@@ -36,7 +37,7 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
 
     ``seconds`` is the total time budget (each measurement still runs at least a few repetitions).
     Keys: device, threads, cpu, gpu, torch_version, matmul_macs_per_s, matmul_by_shape, bandwidth_bytes_per_s,
-    elementwise_elems_per_s, power_w (None when unknown), power_source, measured_at, elapsed_s.
+    elementwise_elems_per_s, layer_overhead_s, power_w (None when unknown), power_source, measured_at, elapsed_s.
     """
     import torch
 
@@ -134,6 +135,7 @@ def output_path(out: str | os.PathLike | None = None) -> Path:
         raise InputError(f"--out must name a .toml file, got {str(path)!r}")
     if path.is_dir():
         raise InputError(f"--out names a directory, not a file: {path}")
+    check_profile_file_name(path, "--out")
     return path
 
 

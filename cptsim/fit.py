@@ -228,7 +228,7 @@ def fit_host(runs: list[RunSteps], base) -> HostFit:
     xo = _solve(C, y, with_overhead=True)
     pred_o = C @ np.exp(xo[:k]) + xo[k]
     fit.overhead = {"step_overhead_s": float(xo[k]), "factors": dict(zip(TERMS, map(float, np.exp(xo[:k])))),
-                    "share_of_measured_time": float(xo[3] * y.size / y.sum()), **quality(pred_o, y),
+                    "share_of_measured_time": float(xo[k] * y.size / y.sum()), **quality(pred_o, y),
                     "note": "not written to the profile: the host kind has no per-step overhead term"}
     return fit
 
@@ -287,6 +287,9 @@ def check_fit_out(path: str | os.PathLike, force: bool = False) -> Path:
         raise InputError(f"--fit-out must name a .toml file, got {str(path)!r}")
     if p.is_dir():
         raise InputError(f"--fit-out names a directory, not a file: {p}")
+    from .hardware import check_profile_file_name
+
+    check_profile_file_name(p, "--fit-out")
     if p.exists() and not force:
         raise InputError(f"--fit-out {p} already exists; pass --force to replace it")
     if not p.parent.is_dir():

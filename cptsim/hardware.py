@@ -39,6 +39,14 @@ MIN_BITS, MAX_BITS = 1, 32
 FULL_PRECISION_BITS = 32
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def check_profile_file_name(path, flag: str) -> None:
+    """A profile file's stem is its name: refuse one that could not be loaded back by name, before any work."""
+    stem = Path(path).stem
+    if not _NAME_RE.match(stem):
+        raise InputError(f"{flag} {str(path)!r}: a profile's file name is its name and must match "
+                         f"[A-Za-z0-9][A-Za-z0-9._-]* (got {stem!r})")
 _PJ = 1e-12
 
 

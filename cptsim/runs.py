@@ -24,9 +24,9 @@ from typing import Any
 from .errors import InputError
 
 RUN_FORMAT = "cptsim.run/1"
-TRACE_FORMAT_VERSION = 1  # trace lines carry no per-line version; config.json's "format" names it
 
 CONFIG = "config.json"
+CONFIG_KEYS = {"settings": dict, "schedule": dict, "total_steps": int, "steps_per_epoch": int, "eval_bits": int}
 TRACE = "trace.jsonl"
 METRICS = "metrics.jsonl"
 CHECKPOINT = "checkpoint.pt"
@@ -34,13 +34,21 @@ PLAN = "plan.json"
 PROFILE = "profile.json"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write a whole file so that a kill leaves the old file or the new one; permissions as a plain open() gives."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600: runs and profiles are meant to be shared
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -122,6 +130,14 @@ class RunDir:
         except (OSError, ValueError) as e:
             raise InputError(f"{path}: cannot read run config ({e})") from None
         check_run_format(cfg, path)
+        for key, kind in CONFIG_KEYS.items():
+            if not isinstance(cfg.get(key), kind):
+                raise InputError(f"{path}: {key!r} is missing or not a {kind.__name__} (edited by hand?)")
+        for key in ("model", "dataset"):
+            if not isinstance(cfg["settings"].get(key), str):
+                raise InputError(f"{path}: settings.{key} is missing or not a string")
+        if not isinstance(cfg["schedule"].get("text"), str):
+            raise InputError(f"{path}: schedule.text is missing or not a string")
         return cfg
 
     def write_json(self, name: str, obj: Any) -> None:
@@ -237,7 +253,7 @@ def run_summary(run: RunDir) -> dict:
     trace = run.read_trace()
     metrics = run.read_metrics().records
     steps = trace.records
-    accs = [m["test_acc"] for m in metrics]
+    accs = [m["test_acc"] for m in metrics if isinstance(m.get("test_acc"), (int, float))]
     return {
         "run": str(run.path),
         "model": cfg["settings"]["model"],
@@ -251,9 +267,9 @@ def run_summary(run: RunDir) -> dict:
         "eval_bits": cfg["eval_bits"],
         "final_test_acc": accs[-1] if accs else None,
         "best_test_acc": max(accs) if accs else None,
-        "final_train_loss": metrics[-1]["train_loss"] if metrics else None,
+        "final_train_loss": metrics[-1].get("train_loss") if metrics else None,
         "train_time_s": round(sum(r.get("time_s", 0.0) for r in steps), 3),
-        "mean_bits": (sum(r["bits"] for r in steps) / len(steps)) if steps else None,
+        "mean_bits": (sum(r.get("bits", 0) for r in steps) / len(steps)) if steps else None,
     }
 
 

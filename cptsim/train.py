@@ -101,14 +101,38 @@ class Workload:
 
 
 def validate(cfg: TrainConfig) -> None:
+    """Every setting checked before anything is built or written (a plan file or an old config feeds these too)."""
+    for name, v in (("model", cfg.model), ("dataset", cfg.dataset), ("lr-schedule", cfg.lr_schedule),
+                    ("device", cfg.device), ("schedule", cfg.schedule)):
+        if not isinstance(v, str):
+            raise InputError(f"--{name} must be a string, got {v!r}")
+    if cfg.data_dir is not None and not isinstance(cfg.data_dir, str):
+        raise InputError(f"--data-dir must be a path, got {cfg.data_dir!r}")
+    for name, v in (("lr", cfg.lr), ("momentum", cfg.momentum), ("weight-decay", cfg.weight_decay)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise InputError(f"--{name} must be a finite number, got {v!r}")
+    for name, v in (("epochs", cfg.epochs), ("batch-size", cfg.batch_size), ("seed", cfg.seed),
+                    ("steps", cfg.steps), ("workers", cfg.workers), ("threads", cfg.threads),
+                    ("checkpoint-every", cfg.checkpoint_every)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise InputError(f"--{name} must be an integer, got {v!r}")
+    if not isinstance(cfg.augment, bool):
+        raise InputError(f"augment must be true or false, got {cfg.augment!r}")
     if cfg.epochs < 1:
         raise InputError(f"--epochs must be at least 1, got {cfg.epochs}")
     if cfg.steps is not None and cfg.steps < 1:
         raise InputError(f"--steps must be at least 1, got {cfg.steps}")
     if cfg.batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {cfg.batch_size}")
-    if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
+    if cfg.lr <= 0:
         raise InputError(f"--lr must be a positive number, got {cfg.lr}")
+    if not 0 <= cfg.momentum < 1:
+        raise InputError(f"--momentum must be in [0, 1), got {cfg.momentum}")
+    if cfg.weight_decay < 0:
+        raise InputError(f"--weight-decay must be >= 0, got {cfg.weight_decay}")
+    if cfg.fp_layers is not None and (not isinstance(cfg.fp_layers, list)
+                                      or not all(isinstance(x, str) for x in cfg.fp_layers)):
+        raise InputError(f"full-precision layers must be a list of names, got {cfg.fp_layers!r}")
     if cfg.lr_schedule not in LR_SCHEDULES:
         raise InputError(f"unknown --lr-schedule {cfg.lr_schedule!r}; choose one of {', '.join(LR_SCHEDULES)}")
     if cfg.device not in ("cpu", "cuda") and not cfg.device.startswith("cuda:"):
@@ -132,6 +156,7 @@ def lr_factor(kind: str, step: int, total: int) -> float:
     return 1.0
 
 
+_DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice, before any build() narrowed it
 SMALL_INPUT = 1024  # elements per sample: digits 64 and MNIST 784 are small; CIFAR 3072 is not
 
 
@@ -147,7 +172,7 @@ def cpu_threads(requested: int | None, input_shape) -> int:
     n = 1
     for d in input_shape:
         n *= int(d)
-    return 1 if n <= SMALL_INPUT else torch.get_num_threads()
+    return 1 if n <= SMALL_INPUT else _DEFAULT_THREADS
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
