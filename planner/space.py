@@ -122,6 +122,9 @@ class SearchSpace:
         values = dict(schedules=names, cycles=cycles, q_min_range=_pair(self.q_min_range, "q_min range"),
                       q_max_range=_pair(self.q_max_range, "q_max range"), g_bits=g_bits,
                       min_bits=min_bits, max_bits=max_bits, min_bits_auto=bool(self.min_bits_auto))
+        if values["q_min_range"][0] > values["q_max_range"][1]:
+            raise InputError(f"q_min {values['q_min_range'][0]} is above every q_max (at most "
+                             f"{values['q_max_range'][1]}): q_min must not exceed q_max")
         for k, v in values.items():
             object.__setattr__(self, k, v)
         n = self.size()

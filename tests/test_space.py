@@ -85,7 +85,7 @@ def test_json_round_trip():
         (dict(schedules="cpt", min_bits="8"), "--min-bits 8 leaves no candidate"),
         (dict(min_bits="9"), "--min-bits 9 leaves no candidate"),
         (dict(schedules="cpt", min_bits="6", max_bits="6"), "--min-bits 6 together with --max-bits 6"),
-        (dict(schedules="cpt,rex-rep", q_min="7-8", q_max="4-6"), "no q_min below q_max"),
+        (dict(schedules="cpt,rex-rep", q_min="7-8", q_max="4-6"), "q_min must not exceed q_max"),
         (dict(cycles="1-300000"), "too large"),
     ],
 )
