@@ -14,7 +14,6 @@ exposes it. Otherwise power is unknown (0), and the profile reports energy as 0 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import platform
 import statistics
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import InputError
-from .hardware import HardwareProfile, check_profile_file_name, load_profile, user_profile_dir
+from .hardware import HardwareProfile, check_profile_file_name, host_profile_text, load_profile, user_profile_dir
 
 # (M, K, N) of conv layers lowered to GEMMs: ResNet-ish 3x3 convs (K = 9 x C_in) over a batch of feature maps.
 MATMUL_SHAPES = ((512, 1152, 1024), (1024, 576, 256), (256, 2304, 512))
@@ -151,34 +150,25 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
               f"{measured['torch_version']}, {dev}, {measured['threads']} threads): fp32 torch.mm median over "
               f"{', '.join('x'.join(map(str, s['shape'])) for s in measured['matmul_by_shape'])}; tensor copy of "
               f"{COPY_NUMEL[dev] * 4 // 2**20} MB; cptsim.quant round-to-nearest + stochastic on {ELEMENTWISE_NUMEL} elements")
-    lines = [
-        f"# Written by `cptsim hw calibrate` at {measured['measured_at']}. Re-run it to refresh; edit [calibration] to",
-        "# fit measured training runs. time = macs / matmul rate + bytes / bandwidth + quantizer elements / rate\n"
-        "#        + layer_overhead per executed layer-phase.",
-        f"name = {_toml_str(name)}",
-        'kind = "host"',
-        f"description = {_toml_str(description)}",
-        f"sources = [{_toml_str(source)}]",
-        "",
-        "[host]",
-        f"device = {_toml_str(dev)}",
-        "calibrated = true",
-        f"threads = {int(measured['threads'])}",
-        f"cpu = {_toml_str(measured['cpu'])}",
-        f"torch_version = {_toml_str(measured['torch_version'])}",
-        f"measured_at = {_toml_str(measured['measured_at'])}",
-        f"matmul_gmac_s = {_num(measured['matmul_macs_per_s'] / 1e9)}          # fp32 matmul, median over shapes",
-        f"bandwidth_gb_s = {_num(measured['bandwidth_bytes_per_s'] / 1e9)}     # copy: bytes read + written per s",
-        f"elementwise_gelem_s = {_num(measured['elementwise_elems_per_s'] / 1e9)}  # quantizer elements per s",
-        f"layer_overhead_us = {_num(measured.get('layer_overhead_s', 0.0) * 1e6)}  # per layer-phase, tiny-layer step",
-        f"power_w = {_num(power or 0.0)}   # {power_note}",
-        "",
-        "[calibration]",
-        "compute_efficiency = 1.0",
-        "memory_efficiency = 1.0",
-        "",
-    ]
-    return "\n".join(lines)
+    params = {
+        "device": dev, "calibrated": True, "threads": int(measured["threads"]), "cpu": measured["cpu"] or "unknown",
+        "torch_version": measured["torch_version"], "measured_at": measured["measured_at"],
+        "matmul_gmac_s": _sig(measured["matmul_macs_per_s"] / 1e9),
+        "bandwidth_gb_s": _sig(measured["bandwidth_bytes_per_s"] / 1e9),
+        "elementwise_gelem_s": _sig(measured["elementwise_elems_per_s"] / 1e9),
+        "layer_overhead_us": _sig(measured.get("layer_overhead_s", 0.0) * 1e6),
+        "power_w": _sig(power or 0.0),
+    }
+    comments = {"matmul_gmac_s": "fp32 matmul, median over shapes",
+                "bandwidth_gb_s": "copy: bytes read + written per s",
+                "elementwise_gelem_s": "quantizer elements per s",
+                "layer_overhead_us": "per layer-phase, tiny-layer training step", "power_w": power_note}
+    header = [f"Written by `cptsim hw calibrate` at {measured['measured_at']}. Re-run it to refresh; "
+              "`cptsim report --fit` fits [calibration] to measured runs.",
+              "time = macs / matmul rate + bytes / bandwidth + quantizer elements / rate "
+              "+ layer_overhead per executed layer-phase"]
+    return host_profile_text(name, description, [source], params,
+                             {"compute_efficiency": 1.0, "memory_efficiency": 1.0}, header, comments)
 
 
 def write_host_profile(measured: dict, out: str | os.PathLike | None = None) -> tuple[Path, HardwareProfile]:
@@ -288,10 +278,6 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def _toml_str(s: str) -> str:
-    # A JSON string (ASCII, escaped) is a valid TOML basic string.
-    return json.dumps(str(s) if s else "unknown")
-
-
-def _num(x: float) -> str:
-    return repr(float(f"{x:.4g}"))
+def _sig(x: float) -> float:
+    """Four significant digits: what a microbenchmark median is good for."""
+    return float(f"{x:.4g}")

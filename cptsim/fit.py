@@ -23,7 +23,6 @@ cannot tell apart (one run has at most two distinct step shapes: the full and th
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -236,18 +235,10 @@ def fit_host(runs: list[RunSteps], base) -> HostFit:
 # ------------------------------------------------------------------------------------------------ the profile file
 
 
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return repr(float(f"{v:.6g}"))
-    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
-
-
 def fitted_profile_toml(fit: HostFit, name: str) -> str:
     """The text of a host profile: the base profile's measured rates with the fitted calibration."""
+    from .hardware import host_profile_text
+
     base = fit.base
     now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
     q = fit.overall
@@ -259,25 +250,14 @@ def fitted_profile_toml(fit: HostFit, name: str) -> str:
     params = dict(base.params)
     params["elementwise_gelem_s"] = fit.elementwise_gelem_s
     params["layer_overhead_us"] = fit.layer_overhead_us
-    lines = [
-        f"# Written by `cptsim report --fit` at {now} from the host profile {base.name!r} ({base.path}).",
-        "# time = macs / (matmul rate x compute_efficiency) + bytes / (bandwidth x memory_efficiency)",
-        "#        + quantizer elements / elementwise rate + layer_overhead per executed layer-phase",
-        "#        (rates measured by `cptsim hw calibrate`; factors, the element-wise rate and the overhead fitted)",
-        f"name = {_toml_value(name)}",
-        'kind = "host"',
-        f"description = {_toml_value(base.description + ' (calibration fitted to measured runs)')}",
-        "sources = [" + ", ".join(_toml_value(s) for s in [*base.sources, source]) + "]",
-        "",
-        "[host]",
-        *(f"{k} = {_toml_value(v)}" for k, v in params.items()),
-        "",
-        "[calibration]",
-        f"compute_efficiency = {_toml_value(fit.compute_efficiency)}",
-        f"memory_efficiency = {_toml_value(fit.memory_efficiency)}",
-        "",
-    ]
-    return "\n".join(lines)
+    header = [f"Written by `cptsim report --fit` at {now} from the host profile {base.name!r} ({base.path}).",
+              "time = macs / (matmul rate x compute_efficiency) + bytes / (bandwidth x memory_efficiency)",
+              "       + quantizer elements / elementwise rate + layer_overhead per executed layer-phase",
+              "       (rates measured by `cptsim hw calibrate`; factors, the element-wise rate and the overhead fitted)"]
+    return host_profile_text(name, base.description + " (calibration fitted to measured runs)",
+                             [*base.sources, source], params,
+                             {"compute_efficiency": fit.compute_efficiency,
+                              "memory_efficiency": fit.memory_efficiency}, header)
 
 
 def check_fit_out(path: str | os.PathLike, force: bool = False) -> Path:

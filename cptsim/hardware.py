@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import math
 import os
 import re
@@ -614,6 +615,35 @@ class HostProfile(HardwareProfile):
 
     def describe_bits(self, b1: int, b2: int) -> str:
         return "fp32 (fake-quant)"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(float(f"{v:.6g}"))
+    return json.dumps(str(v))  # a JSON string (ASCII, escaped) is a valid TOML basic string
+
+
+def host_profile_text(name: str, description: str, sources: list[str], params: dict, calibration: dict,
+                      header: list[str] = (), comments: dict | None = None) -> str:
+    """The text of a ``host`` profile file: the one writer of the format that ``load_profile`` reads.
+
+    ``header``: comment lines for the top; ``comments``: a trailing comment per [host] key. The text is checked by
+    parsing it back before it is returned, so a writer can never leave a profile that will not load.
+    """
+    comments = comments or {}
+    lines = [*(f"# {h}" for h in header),
+             f"name = {_toml_value(name)}", 'kind = "host"', f"description = {_toml_value(description)}",
+             "sources = [" + ", ".join(_toml_value(x) for x in sources) + "]", "", "[host]"]
+    for k, v in params.items():
+        lines.append(f"{k} = {_toml_value(v)}" + (f"  # {comments[k]}" if k in comments else ""))
+    lines += ["", "[calibration]", *(f"{k} = {_toml_value(v)}" for k, v in calibration.items()), ""]
+    text = "\n".join(lines)
+    parse_profile(text.encode("utf-8"), f"{name}.toml")
+    return text
 
 
 _KIND_CLASSES: dict[str, type[HardwareProfile]] = {
