@@ -68,21 +68,16 @@ def step_components(profile, records, host) -> np.ndarray:
     keys = np.stack((n, q, g), axis=1)
     kinds, inverse = np.unique(keys, axis=0, return_inverse=True)
     kn, kq, kg = kinds[:, 0], kinds[:, 1], kinds[:, 2]
-    macs = a.macs.sum() * kn.astype(np.float64)
-    nbytes = bytes_moved(a.numel, a.macs, a.quantized, kq, kg, kn, a.calls, storage_bits(host)).sum(axis=(-2, -1))
-    elems = quant_elems(a.numel, a.macs, a.quantized, kq, kg, kn, a.calls).sum(axis=(-2, -1))
-    p = host.params
-    phases = float((a.macs > 0).sum())  # every executed layer-phase; the same in every step of a run
-    per_kind = np.stack((macs / (p["matmul_gmac_s"] * 1e9), nbytes / (p["bandwidth_gb_s"] * 1e9),
-                         elems / (p["elementwise_gelem_s"] * 1e9),
-                         np.full(kn.shape, phases * p["layer_overhead_us"] * 1e-6)), axis=1)
+    macs = a.macs[None] * kn[:, None, None].astype(np.float64)  # (kinds, layers, phases)
+    nbytes = bytes_moved(a.numel, a.macs, a.quantized, kq, kg, kn, a.calls, storage_bits(host))
+    elems = quant_elems(a.numel, a.macs, a.quantized, kq, kg, kn, a.calls)
+    per_kind = host.time_components(macs, nbytes, elems).sum(axis=(1, 2))  # the profile's own model, term by term
     return per_kind[inverse.reshape(-1)]
 
 
 def profile_factors(host) -> np.ndarray:
     """The factors (k_c, k_m, k_q, k_o) a host profile applies to ``step_components``: its own calibration."""
-    c = host.calibration
-    return np.array([1.0 / c["compute_efficiency"], 1.0 / c["memory_efficiency"], 1.0, 1.0])
+    return host.factors()
 
 
 def measured_times(records) -> np.ndarray:

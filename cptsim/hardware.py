@@ -133,14 +133,18 @@ def traffic_energy_j(bytes_moved, dram_pj_per_bit, sram_pj_per_dram_bit=0.0):
     return np.asarray(bytes_moved, dtype=np.float64) * 8.0 * (dram_pj_per_bit + sram_pj_per_dram_bit) * _PJ
 
 
-def host_time(macs, mac_rate, bytes_moved, bandwidth, quant_elems, elem_rate):
-    """Time on the host: ``macs / rate + bytes / bw + quant_elems / elem_rate`` (sequential, no overlap).
+def host_time_components(macs, mac_rate, bytes_moved, bandwidth, quant_elems, elem_rate, overhead_s):
+    """Seconds of each host term, stacked on a new last axis: compute, memory, element-wise, overhead.
 
-    Fake-quantized training runs every GEMM in FP32 whatever the bits (DESIGN.md "Cost model", host), one eager
-    PyTorch op after another, so matmul, memory traffic and the quantizers' element-wise passes add up. The rates
-    are measured on this machine by ``cptsim hw calibrate``.
+    ``macs / rate``, ``bytes / bw``, ``quant_elems / elem_rate`` and ``overhead_s`` for each layer-phase that
+    executes. Fake-quantized training runs every GEMM in FP32 whatever the bits (DESIGN.md "Cost model", host), one
+    eager PyTorch op after another, so the terms add up (no overlap). The rates are measured on this machine by
+    ``cptsim hw calibrate``; `cptsim report --fit` fits a factor per term to measured runs.
     """
-    return macs / mac_rate + bytes_moved / bandwidth + quant_elems / elem_rate
+    macs = np.asarray(macs, dtype=np.float64)
+    return np.stack((macs / mac_rate, np.asarray(bytes_moved, dtype=np.float64) / bandwidth,
+                     np.asarray(quant_elems, dtype=np.float64) / elem_rate,
+                     np.where(macs > 0, overhead_s, 0.0)), axis=-1)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -566,8 +570,9 @@ class FixedIntProfile(_AcceleratorProfile):
 class HostProfile(HardwareProfile):
     """``host``: the machine cptsim runs on; fake-quantized training runs in FP32, so bits do not change the time.
 
-    time   = host_time(macs, matmul rate x compute_efficiency, bytes, bandwidth x memory_efficiency,
-                       quant_elems, elementwise rate) + layer_overhead for every layer-phase that executes
+    time   = macs / (matmul rate x compute_efficiency) + bytes / (bandwidth x memory_efficiency)
+             + quant_elems / elementwise rate + layer_overhead for every layer-phase that executes
+             (host_time_components, weighted by ``factors()``)
     The overhead term is what makes small layers and small batches cost more than their MACs say: a training step
     of a CIFAR ResNet at batch 32 on a CPU is dominated by per-op costs, not by arithmetic.
     energy = power_w x time            (power_w = 0 means unknown: energy is reported as 0)
@@ -608,9 +613,17 @@ class HostProfile(HardwareProfile):
     def _throughput(self, b1, b2):
         return np.full(np.shape(b1), self._mac_rate * self._ceff)
 
+    def time_components(self, macs, bytes_moved, quant_elems) -> np.ndarray:
+        """Uncalibrated seconds per term (..., 4): compute, memory, element-wise, overhead."""
+        return host_time_components(macs, self._mac_rate, bytes_moved, self._bandwidth, quant_elems,
+                                    self._elem_rate, self._overhead_s)
+
+    def factors(self) -> np.ndarray:
+        """What this profile's calibration multiplies each term by (compute and memory efficiencies)."""
+        return np.array([1.0 / self._ceff, 1.0 / self._meff, 1.0, 1.0])
+
     def _cost(self, macs, b1, b2, bytes_moved, quant_elems):
-        t = host_time(macs, self._mac_rate * self._ceff, bytes_moved, self._bandwidth * self._meff,
-                      quant_elems, self._elem_rate) + self._overhead_s * (np.asarray(macs) > 0)
+        t = self.time_components(macs, bytes_moved, quant_elems) @ self.factors()
         return t, self.params["power_w"] * t
 
     def describe_bits(self, b1: int, b2: int) -> str:

@@ -1,5 +1,7 @@
 """plan.json: the one place that writes, reads and validates a plan file (format cptsim.plan/1).
 
+The planner assembles the document (``planner.search.Plan.to_json``); every read and write goes through here.
+
 A plan records everything needed to (1) reproduce the planned training exactly (`workload` + `schedule`) and
 (2) compare a finished run against what was promised (`estimate`, `baseline`, `profile`, `hardware`):
 
