@@ -37,3 +37,26 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print one JS
 def die(message: str, code: int) -> None:
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
+
+
+def si(x: float | None, unit: str = "") -> str:
+    """1.024e12 -> '1.02 T' (+unit); None -> '-'."""
+    if x is None:
+        return "-"
+    for factor, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= factor:
+            return f"{x / factor:.3g} {prefix}{unit}"
+    if x and abs(x) < 1:
+        for factor, prefix in ((1e-3, "m"), (1e-6, "µ"), (1e-9, "n"), (1e-12, "p")):
+            if abs(x) >= factor:
+                return f"{x / factor:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}".rstrip()
+
+
+def parse_fp_layers(text: str | None) -> list[str] | None:
+    """--fp-layers: None = the model's convention, "none" = quantize every layer, else comma-separated globs."""
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return []
+    return [p.strip() for p in text.split(",") if p.strip()]

@@ -7,8 +7,8 @@ from rich.table import Table
 
 from cptsim.errors import InputError
 
-from .common import emit_json, err, json_option, out
-from .profile_cmd import build_profile, resolve_workload, si, workload_options
+from .common import emit_json, err, json_option, out, si
+from .profile_cmd import build_profile, resolve_workload, workload_options
 
 DEFAULT_HW = "h100,a100,bitfusion,stripes,int8-systolic"
 

@@ -8,7 +8,7 @@ from rich.table import Table
 from cptsim.errors import InputError
 from cptsim.hardware import HardwareProfile, list_profiles, load_profile, profile_origin
 
-from .common import emit_json, err, json_option, out
+from .common import emit_json, err, json_option, out, si
 
 SHOW_BITS = (2, 3, 4, 5, 6, 8, 12, 16, 32)
 _SHOW_MACS = 1e9  # the GEMM size `hw show` costs per row: compute-bound, no DRAM traffic
@@ -24,14 +24,6 @@ def hw() -> None:
       cptsim hw show ./my_npu.toml   your own profile, by path
       cptsim hw calibrate            measure this machine; writes the 'host' profile
     """
-
-
-def _si(x: float, unit: str = "") -> str:
-    """1.024e12 -> '1.02 T' (+unit)."""
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= factor:
-            return f"{x / factor:.3g} {prefix}{unit}"
-    return f"{x:.3g} {unit}".rstrip()
 
 
 def _peak(p: HardwareProfile, b: int) -> float:
@@ -70,7 +62,7 @@ def list_cmd(as_json: bool) -> None:
         t.add_column(col, **kw)
     for r in rows:
         name = r["name"] + (" (yours)" if r["origin"] == "user" else "")
-        t.add_row(name, r["kind"], _si(r["peak_macs_per_s"]["8x8"]), _si(r["peak_macs_per_s"]["4x4"]),
+        t.add_row(name, r["kind"], si(r["peak_macs_per_s"]["8x8"]), si(r["peak_macs_per_s"]["4x4"]),
                   str(r["sources"]), r["description"])
     out.print(t)
     for b in broken:
@@ -120,7 +112,7 @@ def show_cmd(name_or_path: str, as_json: bool) -> None:
         out.print(f"  - {s}", highlight=False)
     for n in p.notes:
         out.print(f"[yellow]note:[/yellow] {n}", highlight=False)
-    t = Table(title=f"cost of a b x b-bit GEMM ({_si(_SHOW_MACS)}MAC, compute-bound)")
+    t = Table(title=f"cost of a b x b-bit GEMM ({si(_SHOW_MACS)}MAC, compute-bound)")
     t.add_column("bits", justify="right")
     t.add_column("runs as")
     t.add_column("MAC/s", justify="right")
@@ -128,7 +120,7 @@ def show_cmd(name_or_path: str, as_json: bool) -> None:
     prev = None
     for r in rows:
         # A rule where the way it runs changes makes the GPU tier steps stand out.
-        t.add_row(str(r["bits"]), r["runs_as"], _si(r["macs_per_s"]), f"{r['pj_per_mac']:.3g}",
+        t.add_row(str(r["bits"]), r["runs_as"], si(r["macs_per_s"]), f"{r['pj_per_mac']:.3g}",
                   end_section=False)
         if prev is not None and r["runs_as"] != prev:
             t.rows[-2].end_section = True
@@ -166,11 +158,11 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
     t = Table(title=f"measured on this machine ({device}, {measured['threads']} threads)", show_header=False)
     t.add_column("what")
     t.add_column("value", justify="right")
-    t.add_row("fp32 matmul", _si(measured["matmul_macs_per_s"], "MAC/s"))
+    t.add_row("fp32 matmul", si(measured["matmul_macs_per_s"], "MAC/s"))
     for s in measured["matmul_by_shape"]:
-        t.add_row(f"  {'x'.join(map(str, s['shape']))}", _si(s["macs_per_s"], "MAC/s"))
-    t.add_row("memory bandwidth (copy)", _si(measured["bandwidth_bytes_per_s"], "B/s"))
-    t.add_row("quantizer pass", _si(measured["elementwise_elems_per_s"], "elem/s"))
+        t.add_row(f"  {'x'.join(map(str, s['shape']))}", si(s["macs_per_s"], "MAC/s"))
+    t.add_row("memory bandwidth (copy)", si(measured["bandwidth_bytes_per_s"], "B/s"))
+    t.add_row("quantizer pass", si(measured["elementwise_elems_per_s"], "elem/s"))
     t.add_row("overhead per layer-phase", f"{measured['layer_overhead_s'] * 1e6:.0f} µs")
     power = measured["power_w"]
     t.add_row("power", f"{power:.1f} W ({measured['power_source']})" if power else "unknown (energy will be 0 J)")

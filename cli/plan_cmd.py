@@ -11,8 +11,7 @@ from cptsim.errors import InputError
 from cptsim.planner.budget import BUDGET_HELP
 from cptsim.planner.score import SCORE_HELP
 
-from .common import emit_json, err, json_option, out
-from .profile_cmd import parse_fp_layers, si
+from .common import emit_json, err, json_option, out, parse_fp_layers, si
 
 DEFAULT_HW = "bitfusion"
 

@@ -7,7 +7,7 @@ from rich.table import Table
 
 from cptsim.errors import InputError
 
-from .common import emit_json, err, json_option, out
+from .common import emit_json, err, json_option, out, parse_fp_layers, si
 
 _EPILOG = """\b
 Examples:
@@ -23,20 +23,6 @@ samples at --bits (weights, activations) and --grad-bits (errors). No dataset ne
 """
 
 
-def si(x: float | None, unit: str = "") -> str:
-    """1.024e12 -> '1.02 T' (+unit); None -> '-'."""
-    if x is None:
-        return "-"
-    for factor, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= factor:
-            return f"{x / factor:.3g} {prefix}{unit}"
-    if x and abs(x) < 1:
-        for factor, prefix in ((1e-3, "m"), (1e-6, "µ"), (1e-9, "n"), (1e-12, "p")):
-            if abs(x) >= factor:
-                return f"{x / factor:.3g} {prefix}{unit}"
-    return f"{x:.3g} {unit}".rstrip()
-
-
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
@@ -47,14 +33,6 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     if not (1 <= len(shape) <= 3) or any(s < 1 for s in shape):
         raise InputError(f"--input-shape must be positive sizes C,H,W or T,F (e.g. 3,32,32), got {text!r}")
     return shape
-
-
-def parse_fp_layers(text: str | None) -> list[str] | None:
-    if text is None:
-        return None
-    if text.strip().lower() == "none":
-        return []
-    return [p.strip() for p in text.split(",") if p.strip()]
 
 
 def workload_options(f):

@@ -9,8 +9,7 @@ from rich.table import Table
 
 from cptsim.errors import InputError
 
-from .common import emit_json, err, json_option, out
-from .profile_cmd import si
+from .common import emit_json, err, json_option, out, si
 
 _EPILOG = """\b
 Examples:

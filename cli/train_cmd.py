@@ -7,7 +7,7 @@ import time
 import click
 from rich.table import Table
 
-from .common import emit_json, err, json_option
+from .common import emit_json, err, json_option, parse_fp_layers
 from .common import out as console
 
 _EPILOG = """\b
@@ -49,13 +49,17 @@ def _schedule_text(schedule: str, q_min, q_max, g_bits, cycles) -> str:
     return sched.to_text()
 
 
+def _default_out(model: str, schedule_text: str) -> str:
+    return f"runs/{model}-{schedule_text.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
 def _launch(nproc: int, out: str | None, resume_dir: str | None, model: str, schedule: str) -> None:
     """Re-run this very command in `nproc` workers under torchrun (each joins the process group from its env)."""
     import sys
-    from pathlib import Path
 
     from cptsim import dist
     from cptsim.errors import InputError
+    from cptsim.runs import RunDir
 
     if nproc < 1:
         raise InputError(f"--nproc must be at least 1, got {nproc}")
@@ -77,11 +81,9 @@ def _launch(nproc: int, out: str | None, resume_dir: str | None, model: str, sch
         clean.append(a)
     if not resume_dir:
         if out is None:  # resolve the default name once, so every worker writes to the same place
-            out = f"runs/{model}-{schedule.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+            out = _default_out(model, schedule)
             clean += ["--out", out]
-        p = Path(out)
-        if p.exists() and (not p.is_dir() or any(p.iterdir())):
-            raise InputError(f"{p} already exists and is not empty; resume it with --resume {p} or pick another --out")
+        RunDir.check_new(out)
     code = dist.launch(nproc, clean)
     if code:
         raise SystemExit(code)
@@ -175,20 +177,19 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
         cfg = replace(T.TrainConfig.from_plan(plan), device=device, workers=workers, checkpoint_every=checkpoint_every,
                       threads=threads)
         if out is None:
-            out = f"runs/{cfg.model}-{cfg.schedule.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+            out = _default_out(cfg.model, cfg.schedule)
         if progress:
             err.print(f"training plan {plan_path}: {cfg.model} on {cfg.dataset} with {cfg.schedule} -> {out}")
         run = T.train(cfg, out, progress=progress, plan=plan)
     else:
         text = _schedule_text(schedule, q_min, q_max, g_bits, cycles)
-        fp = None if fp_layers is None else [] if fp_layers.strip().lower() == "none" else \
-            [p.strip() for p in fp_layers.split(",") if p.strip()]
+        fp = parse_fp_layers(fp_layers)
         cfg = T.TrainConfig(model=model, dataset=dataset, data_dir=data_dir, schedule=text, epochs=epochs, steps=steps,
                             batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay,
                             lr_schedule=lr_schedule, fp_layers=fp, seed=seed, device=device, workers=workers,
                             augment=not no_augment, checkpoint_every=checkpoint_every, threads=threads)
         if out is None:
-            out = f"runs/{model}-{text.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+            out = _default_out(model, text)
         if progress:
             err.print(f"training {model} on {dataset} with {text} -> {out}  (eval at q_max)")
         run = T.train(cfg, out, progress=progress)

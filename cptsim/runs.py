@@ -99,13 +99,19 @@ class RunDir:
     @classmethod
     def create(cls, path: str | os.PathLike, config: dict) -> "RunDir":
         """Make a new run directory; refuse to touch one that already holds anything."""
-        p = Path(path)
-        if p.exists() and (not p.is_dir() or any(p.iterdir())):
-            raise InputError(f"{p} already exists and is not empty; resume it with --resume {p} or pick another --out")
+        p = cls.check_new(path)
         p.mkdir(parents=True, exist_ok=True)
         run = cls(p)
         run.write_config(config)
         return run
+
+    @staticmethod
+    def check_new(path: str | os.PathLike) -> Path:
+        """The path of a run that is yet to start: it must not exist, or be an empty directory."""
+        p = Path(path)
+        if p.exists() and (not p.is_dir() or any(p.iterdir())):
+            raise InputError(f"{p} already exists and is not empty; resume it with --resume {p} or pick another --out")
+        return p
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> "RunDir":
