@@ -11,7 +11,7 @@ from cptsim.errors import InputError
 from cptsim.planner.budget import BUDGET_HELP
 from cptsim.planner.score import SCORE_HELP
 
-from .common import emit_json, err, json_option, out, parse_fp_layers, si
+from .common import emit_json, err, json_option, out, parse_fp_layers, save_figure, si
 
 DEFAULT_HW = "bitfusion"
 
@@ -261,5 +261,7 @@ def plot_frontier(p, path: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right", ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=120)
+    finally:
+        plt.close(fig)

@@ -10,7 +10,7 @@ from rich.table import Table
 from cptsim import schedules as S
 from cptsim.errors import InputError
 
-from .common import emit_json, err, json_option, out
+from .common import emit_json, err, json_option, out, save_figure
 
 _TEXT_HELP = f"""\b
 Schedule text form:  {S.TEXT_FORM}
@@ -144,8 +144,6 @@ def plot_schedules(scheds: list[S.Schedule], total_steps: int, path: Path) -> No
     fig.suptitle(f"precision schedules over {total_steps} steps")
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=100, bbox_inches="tight")
-    except OSError as e:
-        raise InputError(f"--plot: cannot write {str(path)!r}: {e.strerror or e}") from None
+        save_figure(fig, path, dpi=100, bbox_inches="tight")
     finally:
         plt.close(fig)
