@@ -85,6 +85,10 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
 
         check_fit_out(fit_out, force)
 
+    if host != "host":  # a host profile the user named must exist; the default may be missing (a warning then)
+        from cptsim.fit import host_profile
+
+        host_profile(host)
     reports = [R.build_report(d, targets, host=host, top=top) for d in run_dirs]
     for r in reports:
         for w in r.warnings:
