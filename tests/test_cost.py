@@ -20,17 +20,6 @@ from cptsim.schedules import cpt_relative_cost, describe, make_schedule, parse_s
 HW = ["h100", "a100", "bitfusion", "stripes", "int8-systolic", "host"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The commands profile small models on 2 shared cores: one intra-op thread is as fast and steadier."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path, monkeypatch):
     """Never read the real ~/.config/cptsim (a calibrated host profile there would change 'host')."""

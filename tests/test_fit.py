@@ -26,16 +26,6 @@ def _isolated_home(tmp_path_factory):
         yield
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def host():
     return load_profile("host")

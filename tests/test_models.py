@@ -17,16 +17,6 @@ NATURAL_INPUT = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # These models are tiny at these batch sizes; intra-op threads gain nothing, and on a shared 2-core machine
-    # they oversubscribe the cores and make the file's run time erratic.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _convs(model):
     return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Conv2d)]
 

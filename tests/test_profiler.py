@@ -18,15 +18,6 @@ from cptsim.profiler import (COUNTERS, PHASES, PROFILE_FORMAT, LayerProfile, Mac
                              profile_model)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small models on 2 shared cores: one intra-op thread is as fast and does not stall on busy neighbours."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _flop_macs(fn) -> tuple[int, dict]:
     """MACs (FLOPs / 2) of what `fn` runs, total and per module FQN, as torch's FlopCounterMode counts them."""
     with FlopCounterMode(display=False) as fc:

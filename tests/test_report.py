@@ -25,16 +25,6 @@ SCHEDULE = "cpt:3-8:g8:n4"
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(autouse=True, scope="module")
 def _isolated_home(tmp_path_factory):
     """Never read the real ~/.config/cptsim (a calibrated host profile there would change 'host')."""
     with pytest.MonkeyPatch.context() as mp:
