@@ -75,3 +75,17 @@ def save_figure(fig, path, flag: str = "--plot", **savefig_kw) -> None:
         atomic_write_bytes(path, buf.getvalue())
     except OSError as e:
         raise InputError(f"{flag}: cannot write {str(path)!r}: {e.strerror or e}") from None
+
+
+def check_output_file(flag: str, path):
+    """A file a command will write: its directory must exist and it must not be a directory (checked before work)."""
+    from pathlib import Path
+
+    from cptsim.errors import InputError
+
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{flag} names a directory, not a file: {p}")
+    if not p.parent.is_dir():
+        raise InputError(f"{flag} {p}: directory {str(p.parent)!r} does not exist")
+    return p

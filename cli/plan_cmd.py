@@ -11,7 +11,7 @@ from cptsim.errors import InputError
 from cptsim.planner.budget import BUDGET_HELP
 from cptsim.planner.score import SCORE_HELP
 
-from .common import emit_json, err, json_option, out, parse_fp_layers, save_figure, si
+from .common import check_output_file, emit_json, err, json_option, out, parse_fp_layers, save_figure, si
 
 DEFAULT_HW = "bitfusion"
 
@@ -118,9 +118,9 @@ def plan(budget, metric, hw, model, dataset, data_dir, batch_size, epochs, steps
     target = Path(out_path)
     if target.exists() and not force:
         raise InputError(f"{target} already exists; pass --force to overwrite it or pick another --out")
-    for flag, p in (("--out", target), ("--plot", Path(plot) if plot else None)):
-        if p is not None and not p.parent.is_dir():
-            raise InputError(f"{flag} {p}: directory {p.parent} does not exist")
+    check_output_file("--out", target)
+    if plot:
+        check_output_file("--plot", plot)
     if plot and target.resolve() == Path(plot).resolve():
         raise InputError("--plot and --out name the same file")
     hardware = load_profile(hw)

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from cptsim.errors import InputError
 
-from .common import emit_json, err, json_option, out, si
+from .common import check_output_file, emit_json, err, json_option, out, si
 
 _EPILOG = """\b
 Examples:
@@ -75,11 +75,7 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
     targets = _parse_hw(hw)
     if plot_path is not None:
         R.require_matplotlib()  # fail before any work
-        p = Path(plot_path)
-        if not p.parent.is_dir():
-            raise InputError(f"--plot: directory {str(p.parent)!r} does not exist")
-        if p.is_dir():
-            raise InputError(f"--plot names a directory, not a file: {p}")
+        check_output_file("--plot", plot_path)
     if fit:
         from cptsim.fit import check_fit_out
 

@@ -10,7 +10,7 @@ from rich.table import Table
 from cptsim import schedules as S
 from cptsim.errors import InputError
 
-from .common import emit_json, err, json_option, out, save_figure
+from .common import check_output_file, emit_json, err, json_option, out, save_figure
 
 _TEXT_HELP = f"""\b
 Schedule text form:  {S.TEXT_FORM}
@@ -119,9 +119,7 @@ def plot_schedules(scheds: list[S.Schedule], total_steps: int, path: Path) -> No
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise InputError(f"--plot: directory {str(path.parent)!r} does not exist")
+    path = check_output_file("--plot", path)
     steps = range(total_steps)
     fig, axes = plt.subplots(len(scheds), 1, sharex=True, squeeze=False,
                              figsize=(10, 1.2 + 1.9 * len(scheds)))
