@@ -416,7 +416,8 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                     group["lr"] = lr
                 counter.reset()
                 opt.zero_grad(set_to_none=False)
-                local = torch.zeros(2 + 2 * len(PHASES), dtype=torch.float64)  # loss sum, correct, macs, bitops
+                local = torch.zeros(2, dtype=torch.float64)  # loss sum, correct
+                counts = torch.zeros(2 * len(PHASES), dtype=torch.int64)  # MACs, BitOPs (exact beyond 2**53)
                 if batch is not None:
                     x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
                     logits = model(x)
@@ -428,10 +429,10 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                     local[0] = loss.item()
                     local[1] = (logits.detach().argmax(1) == y).sum().item()
                     executed = step_cost(counter.step_arrays(), bits, gbits, batch=1)  # the cost model's formula
-                    local[2:5] = torch.tensor([executed["macs"][p] for p in PHASES], dtype=torch.float64)
-                    local[5:8] = torch.tensor([executed["bitops"][p] for p in PHASES], dtype=torch.float64)
+                    counts[:] = torch.tensor([executed[k][p] for k in ("macs", "bitops") for p in PHASES])
                 d.all_reduce_grads(params)
                 d.all_reduce_sum(local)
+                d.all_reduce_sum(counts)
                 loss_v = local[0].item() / n_global
                 if not math.isfinite(loss_v):
                     raise RunFailed(
@@ -450,11 +451,10 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                     if need_profile and batch is not None:
                         run.write_json(PROFILE, counter.layer_profile(batch[0].shape[0], w.info.input_shape).to_json())
                         need_profile = False
-                    # float64 holds these integers exactly (< 2**53)
+                    c = counts.tolist()
                     run.append_trace({"step": step, "epoch": epoch, "batch_size": n_global, "bits": bits,
-                                      "grad_bits": gbits,
-                                      "macs": {p: int(local[2 + k]) for k, p in enumerate(PHASES)},
-                                      "bitops": {p: int(local[5 + k]) for k, p in enumerate(PHASES)},
+                                      "grad_bits": gbits, "macs": dict(zip(PHASES, c[:3])),
+                                      "bitops": dict(zip(PHASES, c[3:])),
                                       "lr": lr, "time_s": round(dt, 6), "loss": loss_v})
                 step += 1
                 bar.update(task, advance=1, description=f"epoch {epoch + 1}/{n_epochs}",
