@@ -331,3 +331,12 @@ def test_cli_main_turns_bad_schedule_into_exit_2():
     r = CliRunner().invoke(cli, ["schedules", "show", "cosine"])
     assert r.exit_code == 2
     assert "error: unknown schedule 'cosine'" in r.output
+
+
+@pytest.mark.parametrize("T, n", [(100_000, 32), (20, 6), (7, 10), (64_001, 64), (345, 32), (1, 1), (5, 5)])
+def test_cycle_position_is_exact_integer_division(T, n):
+    from cptsim.schedules import cycle_position
+
+    k, z = cycle_position(T, n)
+    kk, rr = np.divmod(np.arange(T, dtype=np.int64) * n, T)
+    assert np.array_equal(k, kk) and np.array_equal(z, rr / T)
