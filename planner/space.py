@@ -235,12 +235,17 @@ def _items(text: str, flag: str) -> list[str]:
     return items
 
 
-def _range(text: str, flag: str, example: str) -> tuple[int, int]:
-    m = _RANGE_RE.fullmatch(str(text))
+def _match_range(item: str, bad: str) -> tuple[int, int]:
+    """(lo, hi) of "N" (hi = lo) or "LOW-HIGH"; InputError(bad) for anything else."""
+    m = _RANGE_RE.fullmatch(str(item))
     if not m:
-        raise InputError(f"{flag} {text!r} must be N or LOW-HIGH, e.g. {example}")
+        raise InputError(bad)
     lo = int(m.group(1))
-    hi = int(m.group(2)) if m.group(2) is not None else lo
+    return lo, (int(m.group(2)) if m.group(2) is not None else lo)
+
+
+def _range(text: str, flag: str, example: str) -> tuple[int, int]:
+    lo, hi = _match_range(text, f"{flag} {text!r} must be N or LOW-HIGH, e.g. {example}")
     if lo > hi:
         raise InputError(f"{flag} {text!r}: low {lo} is greater than high {hi}")
     for b in (lo, hi):
@@ -252,11 +257,7 @@ def _range(text: str, flag: str, example: str) -> tuple[int, int]:
 def _parse_cycles(text: str) -> tuple[int, ...]:
     out: list[int] = []
     for item in _items(text, "--cycles"):
-        m = _RANGE_RE.fullmatch(item)
-        if not m:
-            raise InputError(f"--cycles {text!r}: {item!r} is not a count N or a range LOW-HIGH, e.g. 1,2,4,8")
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.group(2) is not None else lo
+        lo, hi = _match_range(item, f"--cycles {text!r}: {item!r} is not a count N or a range LOW-HIGH, e.g. 1,2,4,8")
         if lo < 1:
             raise InputError(f"--cycles {text!r}: cycle counts start at 1")
         if lo > hi:
@@ -270,11 +271,7 @@ def _parse_cycles(text: str) -> tuple[int, ...]:
 def _parse_g_bits(text: str) -> tuple[tuple[int, int], ...]:
     out = []
     for item in _items(text, "--g-bits"):
-        m = _RANGE_RE.fullmatch(item)
-        if not m:
-            raise InputError(f"--g-bits {text!r}: {item!r} is not G or GMIN-GMAX, e.g. 8 or 6-8 or 8,6-8")
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.group(2) is not None else lo
+        lo, hi = _match_range(item, f"--g-bits {text!r}: {item!r} is not G or GMIN-GMAX, e.g. 8 or 6-8 or 8,6-8")
         try:
             out.append(_g_setting((lo, hi)))
         except InputError as e:
