@@ -109,7 +109,9 @@ def _warn_if_hardware_changed(plan: dict) -> None:
 @click.command("train", epilog=_EPILOG)
 @click.option("--model", default="digits-cnn", show_default=True, help="Model name ('cptsim train --list-models').")
 @click.option("--dataset", default="digits", show_default=True,
-              help="digits (embedded), cifar10, cifar100, mnist, fashion-mnist, imagefolder.")
+              help="digits (embedded), cifar10, cifar100, mnist, fashion-mnist, imagefolder, or "
+                   "synthetic:C,H,W:K[:N] (random tensors of that shape, K classes, N samples, seeded; for "
+                   "throughput and calibration runs where no dataset exists).")
 @click.option("--data-dir", default=None, help="Folder holding the dataset (never downloaded).")
 @click.option("--schedule", default="cpt", show_default=True, help="Precision schedule, name or text form.")
 @click.option("--q-min", type=int, default=None, help="Lower forward bits (default 3, or from the text).")

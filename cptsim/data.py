@@ -54,8 +54,11 @@ def list_datasets() -> list[str]:
 
 def _spec(name: str) -> _Spec:
     key = name.strip().lower() if isinstance(name, str) else None
+    if key is not None and key.split(":")[0] == SYNTHETIC:
+        return _synthetic_spec(key)
     if key not in _DATASETS:
-        raise InputError(f"unknown dataset {name!r}; choose from: {', '.join(_DATASETS)}")
+        raise InputError(f"unknown dataset {name!r}; choose from: {', '.join(_DATASETS)}, "
+                         f"or {SYNTHETIC_FORM}")
     return _DATASETS[key]
 
 
@@ -73,6 +76,8 @@ def _check_dir(name: str, spec: _Spec, data_dir) -> Path:
 def dataset_info(name: str, data_dir=None) -> DataInfo:
     """Shape, class count and split sizes without loading the data (imagefolder reads its class folders)."""
     spec = _spec(name)
+    if spec.info.name.startswith(SYNTHETIC + ":"):
+        return spec.info
     if spec.info.name == "imagefolder":
         root = _check_dir("imagefolder", spec, data_dir)
         classes, _ = _imagefolder_classes(root)
@@ -275,3 +280,86 @@ def _load_imagefolder(root: Path, augment: bool):
         _renumber(ds, classes)
         out.append(ds)
     return out[0], out[1]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# synthetic:C,H,W:K[:N] - random images and labels, for throughput and calibration runs where no dataset exists
+# (as NVIDIA's own training benchmarks do). Not a dataset to learn anything from: the labels are random.
+
+SYNTHETIC = "synthetic"
+SYNTHETIC_FORM = "synthetic:C,H,W:K[:N] (random tensors: C,H,W sample shape, K classes, N training samples)"
+SYNTHETIC_DEFAULT_N = 1024
+SYNTHETIC_MAX_ELEMENTS = 2**31  # 8 GB of float32 in one split: far past what a throughput run needs
+SYNTHETIC_SEED = 20240601       # one fixed seed: the same spec gives the same tensors on every machine
+
+
+def parse_synthetic(name: str) -> tuple[tuple[int, int, int], int, int]:
+    """((C, H, W), K, N) of a ``synthetic:C,H,W:K[:N]`` name; InputError naming the part that is wrong."""
+    parts = name.strip().lower().split(":")
+    if parts[0] != SYNTHETIC or len(parts) not in (3, 4):
+        raise InputError(f"dataset {name!r}: expected {SYNTHETIC_FORM}, e.g. synthetic:3,32,32:10:50000")
+
+    def count(text: str, what: str) -> int:
+        if not text.strip().isdigit() or int(text) < 1:
+            raise InputError(f"dataset {name!r}: {what} must be a positive integer, got {text!r} "
+                             f"(expected {SYNTHETIC_FORM})")
+        return int(text)
+
+    dims = parts[1].split(",")
+    if len(dims) != 3:
+        raise InputError(f"dataset {name!r}: the sample shape must be three sizes C,H,W, got {parts[1]!r}")
+    shape = tuple(count(d, w) for d, w in zip(dims, ("C", "H", "W")))
+    classes = count(parts[2], "K (classes)")
+    n = count(parts[3], "N (samples)") if len(parts) == 4 else SYNTHETIC_DEFAULT_N
+    if n * shape[0] * shape[1] * shape[2] > SYNTHETIC_MAX_ELEMENTS:
+        raise InputError(f"dataset {name!r}: {n} samples of {shape} are more than {SYNTHETIC_MAX_ELEMENTS} elements; "
+                         "ask for fewer samples")
+    return shape, classes, n
+
+
+def synthetic_test_size(n: int) -> int:
+    """The test split's size: a tenth of the training samples (at least 1); evaluation of noise need not be long."""
+    return max(1, n // 10)
+
+
+def _synthetic_spec(name: str) -> _Spec:
+    shape, classes, n = parse_synthetic(name)
+    canonical = f"{SYNTHETIC}:{','.join(map(str, shape))}:{classes}:{n}"
+    info = DataInfo(canonical, shape, classes, n, synthetic_test_size(n))
+
+    def load(root, augment):
+        return (SyntheticDataset(shape, classes, n, SYNTHETIC_SEED),
+                SyntheticDataset(shape, classes, synthetic_test_size(n), SYNTHETIC_SEED + 1))
+
+    return _Spec(info, None, load)
+
+
+class SyntheticDataset(TensorDataset):
+    """Standard-normal images and uniform labels drawn from a seeded generator (the same on every machine).
+
+    It is an ordinary map-style dataset (per-sample indexing, so any DataLoader, Subset or sampler works), and it
+    also gathers whole batches on a device (``gather``): the training loop uses that to skip the DataLoader, so a
+    step on a GPU reads its batch from GPU memory with no host work and no host-device copy of the images.
+    """
+
+    def __init__(self, shape: tuple[int, int, int], classes: int, n: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn((n, *shape), generator=g)
+        y = torch.randint(0, classes, (n,), generator=g)
+        super().__init__(x, y)
+        self._on: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def gather(self, indices, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch of these sample indices, on ``device`` (the tensors move there once, on the first call).
+
+        No host-device synchronisation: the index list travels through pinned memory with a non-blocking copy.
+        """
+        dev = torch.device(device)
+        key = str(dev)
+        if key not in self._on:
+            self._on[key] = (self.tensors[0].to(dev), self.tensors[1].to(dev))
+        x, y = self._on[key]
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        if dev.type == "cuda":
+            idx = idx.pin_memory().to(dev, non_blocking=True)
+        return x.index_select(0, idx), y.index_select(0, idx)
