@@ -6,7 +6,7 @@
 The workload is profiled once (one real training step of the quantized resnet20 on a random 3x32x32 batch; no
 data needed) and that time is reported apart. Each timed figure is the median over --repeats of one whole
 planning call after profiling: evaluating every candidate by the fast path on the hardware profile
-(``cptsim.planner.search.evaluate``) plus selecting under the budget (``select``: baseline, cheapest candidate,
+(``cptsim.planner.evaluate.evaluate``) plus selecting under the budget (``select``: baseline, cheapest candidate,
 the chosen one and the alternatives re-costed with ``cptsim.cost.estimate``). The cost model's per-schedule
 histogram cache is cleared before every repeat, so every ``estimate`` call pays for generating its bits. An
 infeasible budget (e.g. latency on an H100, where bits below 8 save nothing) is timed up to the error it raises.
@@ -23,8 +23,10 @@ from cptsim import cost as cost_model
 from cptsim.errors import InputError
 from cptsim.hardware import load_profile
 from cptsim.planner.budget import parse_budget
-from cptsim.planner.search import Workload, evaluate, select
+from cptsim.planner.evaluate import evaluate
+from cptsim.planner.select import select
 from cptsim.planner.space import SearchSpace
+from cptsim.planner.workload import Workload
 
 
 def _one(workload, hw, budget, space):

@@ -1,0 +1,449 @@
+"""Selection: the best-scoring schedule whose estimated cost fits a budget on a target hardware, and the plan
+document that records it.
+
+``plan(workload, hardware, budget, space) -> Plan`` (also ``from cptsim.planner import plan``) evaluates every
+candidate (``cptsim.planner.evaluate``), then:
+
+1. **Select** (``select``): among candidates whose cost on the budget's metric is <= the budget, the highest
+   score (``cptsim.planner.score``), ties to the cheaper. The choice is then re-costed with the one cost model,
+   ``cptsim.cost.estimate``: the plan's numbers come from there, and if the fast path and ``estimate`` ever
+   disagreed at the budget's edge, ``estimate`` wins and the next candidate is tried. So a plan's estimate is
+   always <= its budget.
+2. **Record** the static-q_max baseline, the top alternatives by score within budget plus the cheapest candidate
+   (each re-costed by ``estimate``), and the Pareto frontier of cost vs score over all candidates.
+
+Budget semantics:
+
+* a relative budget ("65%") is that fraction of the **baseline**: the static schedule at the space's largest
+  q_max (after --max-bits) with the space's highest gradient bits, on the budget's metric;
+* below the cheapest candidate: ``InputError`` (exit 2) naming the cheapest achievable cost and the schedule that
+  achieves it, and -- where the metric does not fall with bits on that hardware -- why;
+* at or above the baseline's cost: the plan is static q_max (nothing in the space is more precise, so nothing
+  scores higher) and a note says so; ``prefer_cyclic=True`` (``--prefer-cyclic``) plans the best cyclic
+  schedule instead. If ``--schedules`` leaves static out, the listed schedules are searched as usual.
+* "flat" metrics: energy and latency fall in steps, not smoothly, on most hardware (an H100 runs every width up
+  to 8 bits on its int8 tier; a fixed 8-bit array likewise). The plan says, per metric, which forward widths
+  cost the same, so that an infeasible latency budget on an H100 reads as what it is: below 8 bits nothing is
+  saved, so no schedule in a q_max <= 8 space is cheaper than static 8.
+
+``pilot=K`` replaces the proxy score with evidence: the top K candidates by score within budget train for real
+(``cptsim.planner.pilot.run_pilot``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from cptsim.errors import InputError
+from cptsim.schedules import Schedule
+
+from .budget import Budget, format_quantity, parse_budget
+from .evaluate import COST_KEYS, METRIC_NAMES, Candidates, evaluate
+from .pilot import run_pilot
+from .score import score_json
+from .space import SearchSpace
+from .workload import Workload
+
+__all__ = ["Plan", "plan", "select", "baseline_schedule", "flat_note", "metric_levels", "range_settings"]
+
+
+# ---------------------------------------------------------------------------------------------------- explanations
+
+
+def _bits_span(bits: list[int]) -> str:
+    return f"{bits[0]}" if len(bits) == 1 else f"{bits[0]}-{bits[-1]}"
+
+
+def metric_levels(cands: Candidates, metric: str) -> list[tuple[list[int], float, float, str]]:
+    """The forward widths the space can use, grouped into levels: for energy and latency, consecutive widths the
+    hardware runs at the same rate (the same ``describe_bits``: GPU tier, Bit Fusion bricks, passes; memory
+    traffic may still differ a little), for BitOPs every width on its own. [(bits, lowest and highest cost of
+    one full-batch step at those bits and the baseline's gradient bits, how the hardware runs them)]."""
+    key = COST_KEYS[metric]
+    space, hw = cands.space, cands.hardware
+    top = baseline_schedule(space)
+    lo = max(space.q_min_range[0], space.min_bits or 1)
+    table = cands.tables[key][0]
+    levels: list[tuple[list[int], float, float, str]] = []
+    for q in range(min(lo, top.q_max), top.q_max + 1):
+        c = float(table[q, top.g_max])
+        how = hw.describe_bits(q, q) if metric != "bitops" else ""
+        if levels and ((how and how == levels[-1][3]) or math.isclose(levels[-1][2], c, rel_tol=1e-12)):
+            bits, c_lo, c_hi, _ = levels[-1]
+            levels[-1] = (bits + [q], min(c_lo, c), max(c_hi, c), how)
+        else:
+            levels.append(([q], c, c, how))
+    return levels
+
+
+def flat_note(cands: Candidates, metric: str) -> str | None:
+    """Why bits below some width save little or nothing on ``metric`` here (None for BitOPs, or when every bit
+    changes the rate)."""
+    if metric == "bitops":
+        return None
+    levels = metric_levels(cands, metric)
+    hw = cands.hardware
+    what = METRIC_NAMES[metric]
+    if len(levels) == 1:
+        bits, c_lo, c_hi, how = levels[0]
+        if math.isclose(c_lo, c_hi, rel_tol=1e-9):
+            return (f"on {hw.name}, {what} does not fall with bits: every forward width {_bits_span(bits)} costs the "
+                    f"same per step{f' ({how})' if how else ''}, so every schedule in this space costs what static "
+                    f"{bits[-1]} costs; lower bits save BitOPs only (budget --metric bitops, or plan for hardware "
+                    "with narrow arithmetic such as bitfusion or stripes)")
+        return (f"on {hw.name}, every forward width {_bits_span(bits)} runs at the same rate"
+                f"{f' ({how})' if how else ''}; only memory traffic shrinks with the bits, so a step at {bits[0]} "
+                f"bits still costs {100 * c_lo / c_hi:.0f}% of one at {bits[-1]} in {what}")
+    if not any(len(lv[0]) > 1 for lv in levels):
+        return None
+    parts = ", ".join(f"{_bits_span(b)} bits{f' {how}' if how else ''}" for b, _, _, how in levels)
+    lowest = levels[0][0]
+    return (f"on {hw.name}, {what} falls in steps, not per bit: forward widths within a step run at the same rate "
+            f"({parts}); only steps at <= {lowest[-1]} bits reach the lowest level, so a tight {what} budget forces "
+            f"time at {_bits_span(lowest)} bits")
+
+
+# ---------------------------------------------------------------------------------------------------- the plan
+
+
+def _dataset_needs_dir(dataset: str) -> str | None:
+    """What --data-dir must hold for this dataset (None: it ships with a package, like digits)."""
+    from cptsim import data
+
+    spec = getattr(data, "_DATASETS", {}).get(dataset)
+    return getattr(spec, "needs_dir", None)
+
+
+def baseline_schedule(space: SearchSpace) -> Schedule:
+    """The static-q_max baseline: the space's largest allowed q_max, at its highest gradient bits."""
+    q_max = space.q_max_range[1] if space.max_bits is None else min(space.q_max_range[1], space.max_bits)
+    g = max(g_hi for _, g_hi in space.g_bits)
+    return Schedule(name="static", q_min=q_max, q_max=q_max, g_min=g, g_max=g, cycles=1)
+
+
+def _cost_value(cost, metric: str) -> float:
+    v = getattr(cost, COST_KEYS[metric])
+    return float(v["total"])
+
+
+def _fmt(metric: str, v: float) -> str:
+    return f"{v:.4g} BitOPs" if metric == "bitops" else format_quantity(metric, v)
+
+
+def _cost_json(cost, base=None) -> dict:
+    d = {"bitops": dict(cost.bitops), "energy_j": float(cost.energy_j["total"]),
+         "latency_s": float(cost.latency_s["total"]), "macs": dict(cost.macs),
+         "per_phase": {"energy_j": dict(cost.energy_j), "latency_s": dict(cost.latency_s)},
+         "steps": cost.steps, "samples": cost.samples}
+    if base is not None:
+        d["vs_baseline"] = {k: (float(getattr(cost, k)["total"]) / float(getattr(base, k)["total"])
+                                if float(getattr(base, k)["total"]) else None)
+                            for k in COST_KEYS.values()}
+    return d
+
+
+@dataclass
+class Plan:
+    """The outcome of ``plan``: the chosen schedule and its estimate, the baseline, alternatives, frontier, notes."""
+
+    workload: Workload
+    hardware: Any
+    budget: Budget
+    budget_absolute: float
+    space: SearchSpace
+    schedule: Schedule
+    estimate: Any          # cptsim.cost.Cost of the chosen schedule (per layer)
+    baseline_schedule: Schedule
+    baseline: Any          # cptsim.cost.Cost of the baseline
+    score: float
+    alternatives: list[dict]
+    frontier: list[dict]
+    notes: list[str]
+    candidates: Candidates
+    chosen_index: int | None
+    ranking: str = "proxy"
+    pilot: dict | None = None
+    range_test: dict | None = None
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def metric(self) -> str:
+        return self.budget.metric
+
+    @property
+    def chosen_cost(self) -> float:
+        return _cost_value(self.estimate, self.metric)
+
+    @property
+    def budget_fraction(self) -> float:
+        """Estimated cost on the budget's metric over the budget (<= 1 by construction)."""
+        return self.chosen_cost / self.budget_absolute
+
+    def to_json(self) -> dict:
+        """The plan.json document (format in planner/planfile.py)."""
+        from cptsim import __version__
+
+        from .planfile import PLAN_FORMAT
+
+        hw = self.hardware
+        est = _cost_json(self.estimate, self.baseline)
+        est.update({"relative_to_static": float(self.estimate.bitops["total"] / self.baseline.bitops["total"]),
+                    "score": self.score, "budget_fraction": self.budget_fraction,
+                    "mean_bits": float(self.schedule.bits(self.workload.steps).mean()),
+                    "per_layer": self.estimate.per_layer})
+        base = _cost_json(self.baseline)
+        base["schedule"] = self.baseline_schedule.to_text()
+        base["score"] = float(self.candidates.score[self.candidates.index(self.baseline_schedule)]) \
+            if self.candidates.index(self.baseline_schedule) is not None else None
+        return {
+            "format": PLAN_FORMAT,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "cptsim_version": __version__,
+            "workload": self.workload.to_json(),
+            "hardware": {"name": hw.name, "kind": hw.kind, "hash": hw.content_hash, "path": hw.path},
+            "budget": self.budget.to_json(),
+            "budget_absolute": self.budget_absolute,
+            "budget_text": self.budget.describe(),
+            "space": self.space.to_json(),
+            "candidates": len(self.candidates),
+            "score": score_json(),
+            "ranking": self.ranking,
+            "schedule": self.schedule.to_json() | {"text": self.schedule.to_text()},
+            "estimate": est,
+            "baseline": base,
+            "alternatives": self.alternatives,
+            "frontier": {"metric": self.metric, "cost_key": COST_KEYS[self.metric], "points": self.frontier},
+            "notes": list(self.notes),
+            "pilot": self.pilot,
+            "range_test": self.range_test,
+            "profile": self.workload.profile.to_json(),
+            "timings": dict(self.timings),
+        }
+
+
+def _pareto(cost: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """Indices of the candidates no other beats on both cost (lower) and score (higher), by increasing cost."""
+    order = np.lexsort((-score, cost))
+    keep, best = [], -np.inf
+    for i in order:
+        if score[i] > best:
+            keep.append(int(i))
+            best = score[i]
+    return np.array(keep, dtype=np.int64)
+
+
+def _ranked(cands: Candidates, mask: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """Candidate indices under ``mask`` by score descending, then cost ascending, then space order."""
+    idx = np.flatnonzero(mask)
+    order = np.lexsort((idx, cost[idx], -cands.score[idx]))
+    return idx[order]
+
+
+def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = False, top: int = 10,
+           pilot: int = 0, pilot_steps: int | None = None, pilot_dir: str | None = None, device: str = "cpu",
+           on_pilot: Callable[[dict], None] | None = None) -> Plan:
+    """Pick the plan from evaluated candidates (budget semantics in the module docstring)."""
+    t0 = time.perf_counter()
+    if isinstance(budget, str):
+        budget = parse_budget(budget)
+    w, hw, space = cands.workload, cands.hardware, cands.space
+    metric = budget.metric
+    key = COST_KEYS[metric]
+    what = METRIC_NAMES[metric]
+    cost = cands.cost[key]
+    notes: list[str] = []
+
+    base_sched = baseline_schedule(space)
+    base = w.estimate(base_sched, hw)
+    base_val = _cost_value(base, metric)
+    if base_val <= 0:
+        raise InputError(f"{hw.name} reports no {what} for this workload (static {base_sched.q_max} costs 0); "
+                         + ("its power is unknown (power_w = 0): " if metric == "energy" else "")
+                         + "plan for another --metric or --hw")
+    limit = budget.absolute(base_val)
+    pct = lambda v: 100.0 * v / base_val  # noqa: E731
+    flat = flat_note(cands, metric)
+
+    # The cheapest candidate, as the one cost model counts it (ties: the best score).
+    # Costs equal to rounding (a GPU's flat int8 tier) count as ties.
+    near = np.flatnonzero(cost <= cost.min() * (1.0 + 1e-12))
+    cheapest = int(near[np.lexsort((near, -cands.score[near]))[0]])
+    cheap_est = w.estimate(cands.schedules[cheapest], hw)
+    cheap_val = _cost_value(cheap_est, metric)
+
+    def infeasible() -> InputError:
+        levels = metric_levels(cands, metric)
+        lo_bits, lo_cost, hi_bits, hi_cost = levels[0][0], levels[0][1], levels[-1][0], levels[-1][2]
+        why = f"; {flat}" if flat else ""
+        if not math.isclose(lo_cost, hi_cost, rel_tol=1e-9):
+            why += (f"; even a step at {lo_bits[0]} bits costs {100 * lo_cost / hi_cost:.0f}% of one at "
+                    f"{hi_bits[-1]} in {what}" + ("" if metric == "bitops" else f" on {hw.name}") +
+                    (" (the gradient GEMMs run at the gradient bits and full-precision layers at 32, whatever the "
+                     "forward bits)" if metric == "bitops" else
+                     " (gradient GEMMs, full-precision layers and memory traffic do not shrink with the forward "
+                     "bits)"))
+        return InputError(
+            f"budget {budget.spec} ({_fmt(metric, limit)}{'' if metric == 'bitops' else f' of {what} on {hw.name}'}) "
+            f"is below the cheapest candidate: {cands.schedules[cheapest].to_text()} costs {_fmt(metric, cheap_val)} "
+            f"({pct(cheap_val):.1f}% of static {base_sched.q_max}){why}")
+
+    above_static = limit >= base_val
+    mask = cost <= limit
+    if not mask.any():
+        raise infeasible()
+    static_first = False
+    if above_static:
+        notes.append(f"the budget ({_fmt(metric, limit)}) covers the static-{base_sched.q_max} cost "
+                     f"({_fmt(metric, base_val)}, {pct(limit):.0f}% of it)")
+        if prefer_cyclic:
+            cyclic = np.array([s.name != "static" for s in cands.schedules])
+            if (mask & cyclic).any():
+                mask = mask & cyclic
+                notes.append("--prefer-cyclic: planning the best cyclic schedule instead of static q_max")
+        elif "static" in space.schedules:
+            static_first = True
+            notes.append(f"planning static {base_sched.q_max} (the most precise schedule in the space; "
+                         "pass --prefer-cyclic for the best cyclic schedule instead)")
+        else:
+            notes.append("static is not among --schedules, so the listed schedules are ranked as usual")
+    ranked = _ranked(cands, mask, cost)
+    if static_first:
+        bi = cands.index(base_sched)
+        if bi is not None:
+            ranked = np.concatenate(([bi], ranked[ranked != bi]))
+
+    ranking, pilot_doc = "proxy", None
+    if pilot and not static_first:
+        if pilot < 2:
+            raise InputError(f"--pilot K needs K >= 2 candidates to compare, got {pilot}")
+        pool = [int(i) for i in ranked[:pilot]]
+        if len(pool) >= 2:
+            winner_pos, pilot_doc = run_pilot(cands, pool, pilot_steps, pilot_dir, device, on_pilot)
+            ranked = np.concatenate(([pool[winner_pos]], ranked[ranked != pool[winner_pos]]))
+            ranking = "pilot"
+        else:
+            notes.append("--pilot skipped: only one candidate fits the budget")
+    elif pilot:
+        notes.append("--pilot skipped: the budget covers static q_max, which is planned")
+
+    # Verify with the one cost model; if the fast path was optimistic at the budget's edge, trust estimate.
+    chosen = est = None
+    for i in ranked:
+        e = w.estimate(cands.schedules[int(i)], hw, per_layer=True)
+        if _cost_value(e, metric) <= limit:
+            chosen, est = int(i), e
+            break
+        notes.append(f"{cands.schedules[int(i)].to_text()} passed the fast check but cost.estimate puts it "
+                     f"above the budget; skipped")
+    if chosen is None:
+        raise infeasible()
+    sched = cands.schedules[chosen]
+
+    # Alternatives: the best by score within budget, the chosen one, and the cheapest candidate overall.
+    alt_idx = [chosen] + [int(i) for i in ranked[:top] if int(i) != chosen]
+    alt_idx = alt_idx[:max(top, 1)]
+    if cheapest not in alt_idx:
+        alt_idx.append(cheapest)
+    alternatives = []
+    for rank, i in enumerate(alt_idx, start=1):
+        e = est if i == chosen else cheap_est if i == cheapest else w.estimate(cands.schedules[i], hw)
+        v = _cost_value(e, metric)
+        role = "chosen" if i == chosen else "cheapest" if i == cheapest and rank > top else "alternative"
+        alternatives.append({
+            "rank": rank, "role": role, "schedule": cands.schedules[i].to_text(),
+            "name": cands.schedules[i].name, "cycles": cands.schedules[i].cycles,
+            "q_min": cands.schedules[i].q_min, "q_max": cands.schedules[i].q_max,
+            "mean_bits": float(cands.mean_bits[i]), "score": float(cands.score[i]),
+            "bitops": float(e.bitops["total"]), "energy_j": float(e.energy_j["total"]),
+            "latency_s": float(e.latency_s["total"]), "budget_fraction": v / limit,
+            "vs_baseline": v / base_val, "within_budget": bool(v <= limit),
+            "cheapest": i == cheapest,
+        })
+
+    front = _pareto(cost, cands.score)
+    frontier = [{"schedule": cands.schedules[i].to_text(), "cost": float(cost[i]),
+                 "vs_baseline": float(cost[i] / base_val), "score": float(cands.score[i]),
+                 "within_budget": bool(cost[i] <= limit)} for i in front]
+
+    used = _cost_value(est, metric) / limit
+    if not above_static:
+        notes.insert(0, f"{sched.to_text()} uses {100 * used:.1f}% of the budget "
+                        f"({100 * _cost_value(est, metric) / base_val:.1f}% of static {base_sched.q_max} {what})")
+    if flat:
+        notes.append(flat)
+    if metric == "bitops":  # say where saved BitOPs buy no time or energy on this hardware
+        saved = 1.0 - est.bitops["total"] / base.bitops["total"]
+        stuck = []
+        for m in ("latency", "energy"):
+            k = COST_KEYS[m]
+            b = float(getattr(base, k)["total"])
+            ratio = float(getattr(est, k)["total"]) / b if b else 1.0
+            if saved > 0.05 and ratio > 0.98:
+                stuck.append((m, ratio))
+        if stuck:
+            top_bits, _, _, how = metric_levels(cands, stuck[0][0])[-1]
+            if sched.q_min in top_bits:
+                why = (f"its forward bits {sched.q_min}-{sched.q_max} all run at the rate of "
+                       f"{base_sched.q_max} bits here ({how})")
+            else:
+                why = next((w for w in (flat_note(cands, m) for m, _ in stuck) if w), None)
+            notes.append(f"on {hw.name} this plan saves {100 * saved:.0f}% of the BitOPs but only "
+                         + " and ".join(f"{100 * (1 - r):.1f}% of the {m}" for m, r in stuck)
+                         + (f"; {why}" if why else ""))
+    needs = _dataset_needs_dir(w.dataset)
+    if needs and not w.data_dir:
+        notes.append(f"{w.dataset} is not on disk for this plan: 'cptsim train --plan' reads the data directory "
+                     f"from the plan, so plan again with --data-dir pointing at {needs} before training it")
+    notes.extend(f"{hw.name}: {n}" for n in hw.notes)
+    return Plan(workload=w, hardware=hw, budget=budget, budget_absolute=limit, space=space, schedule=sched,
+                estimate=est, baseline_schedule=base_sched, baseline=base, score=float(cands.score[chosen]),
+                alternatives=alternatives, frontier=frontier, notes=notes, candidates=cands, chosen_index=chosen,
+                ranking=ranking, pilot=pilot_doc,
+                timings={"profile_s": w.profile_s, "evaluate_s": cands.eval_s,
+                         "select_s": time.perf_counter() - t0})
+
+
+def plan(workload: Workload, hardware, budget: Budget | str, space: SearchSpace | None = None, *,
+         prefer_cyclic: bool = False, top: int = 10, pilot: int = 0, pilot_steps: int | None = None,
+         pilot_dir: str | None = None, device: str = "cpu", range_test=None,
+         on_pilot: Callable[[dict], None] | None = None) -> Plan:
+    """The best-scoring schedule of ``space`` whose estimated cost on ``hardware`` fits ``budget``.
+
+    ``hardware``: a HardwareProfile, name or path; ``budget``: a Budget or its text ("65%", "500kJ").
+    ``space`` with ``--min-bits auto`` runs CPT's precision range test first (or give its ``range_test`` result).
+    Raises InputError when nothing fits (the message names the cheapest candidate and its cost)."""
+    space = space or SearchSpace()
+    if isinstance(budget, str):
+        budget = parse_budget(budget)
+    rt_doc = None
+    if space.min_bits_auto or range_test is not None:
+        if range_test is None:
+            from cptsim.rangetest import run_range_test
+
+            range_test = run_range_test(range_settings(workload, space))
+        space = space.with_min_bits(range_test.suggested_q_min) if space.min_bits_auto else space
+        rt_doc = range_test.to_json()
+    cands = evaluate(workload, hardware, space)
+    p = select(cands, budget, prefer_cyclic=prefer_cyclic, top=top, pilot=pilot, pilot_steps=pilot_steps,
+               pilot_dir=pilot_dir, device=device, on_pilot=on_pilot)
+    if rt_doc is not None:
+        p.range_test = rt_doc
+        p.notes.append(f"--min-bits auto: the precision range test suggests q_min = {range_test.suggested_q_min} "
+                       f"({range_test.reason})")
+    return p
+
+
+def range_settings(workload: Workload, space: SearchSpace, steps_per_stage: int | None = None, device="cpu"):
+    """The range test for this workload: forward bits from the space's lowest q_min up to its largest q_max."""
+    from cptsim.rangetest import RangeTestSettings
+
+    top = baseline_schedule(space)
+    return RangeTestSettings(model=workload.model, dataset=workload.dataset, data_dir=workload.data_dir,
+                             batch_size=workload.batch_size, q_start=min(space.q_min_range[0], top.q_max - 1),
+                             q_max=top.q_max, g_bits=min(top.g_max, 16), steps_per_stage=steps_per_stage,
+                             seed=workload.seed, device=device, augment=workload.augment)

@@ -1,0 +1,116 @@
+"""The workload a plan is made for: model, data, run length, and the measured per-layer profile of its quantized
+model (``Workload.build``); ``Workload.estimate`` costs a schedule on it with the one cost model."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cptsim.errors import InputError
+from cptsim.schedules import Schedule
+
+__all__ = ["Workload"]
+
+
+@dataclass
+class Workload:
+    """What is being trained: model, data, run length, and the measured per-layer profile of its quantized model.
+
+    ``steps`` is the exact number of optimizer steps; ``dataset_size`` (samples per epoch) makes the ragged last
+    batch of every epoch part of the cost, exactly as ``cptsim train`` executes it. Build with ``Workload.build``.
+    """
+
+    model: str
+    dataset: str
+    batch_size: int
+    steps: int
+    profile: Any  # cptsim.profiler.LayerProfile
+    input_shape: tuple[int, ...]
+    num_classes: int
+    dataset_size: int | None = None
+    data_dir: str | None = None
+    epochs: int | None = None
+    fp_layers: list[str] = field(default_factory=list)
+    lr: float = 0.1
+    lr_schedule: str = "cosine"
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    seed: int = 0
+    augment: bool = True
+    profile_s: float = 0.0
+
+    @classmethod
+    def build(cls, model: str = "digits-cnn", dataset: str = "digits", data_dir: str | None = None,
+              batch_size: int = 64, epochs: int | None = None, steps: int | None = None,
+              dataset_size: int | None = None, fp_layers: list[str] | None = None, lr: float = 0.1,
+              lr_schedule: str = "cosine", momentum: float = 0.9, weight_decay: float = 5e-4, seed: int = 0,
+              augment: bool = True) -> "Workload":
+        """Resolve the workload without loading data (``dataset_info``), and profile one real training step of the
+        model quantized as ``cptsim train`` will quantize it (``fp_layers``: None = the model's convention).
+
+        Give ``epochs`` (steps = epochs x ceil(N / B)) or ``steps``; neither means 15 epochs."""
+        from cptsim.data import dataset_info
+        from cptsim.layers import quantize_model, resolve_fp_layers
+        from cptsim.models import create_model
+        from cptsim.profiler import profile_model
+        from cptsim.train import TrainConfig, validate
+
+        if epochs is not None and steps is not None:
+            raise InputError("give --epochs or --steps, not both")
+        for flag, v in (("--epochs", epochs), ("--steps", steps), ("--batch-size", batch_size),
+                        ("--dataset-size", dataset_size)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise InputError(f"{flag} must be a positive integer, got {v!r}")
+        validate(TrainConfig(model=model, dataset=dataset, batch_size=batch_size, lr=lr, lr_schedule=lr_schedule,
+                             steps=steps))
+        info = dataset_info(dataset, data_dir)
+        n = dataset_size if dataset_size is not None else info.train_size
+        if steps is None:
+            epochs = 15 if epochs is None else epochs
+            if n is None:
+                raise InputError(f"{dataset}: the epoch size is unknown without loading the data; "
+                                 "give --dataset-size N or --steps T")
+            steps = epochs * -(-n // batch_size)
+        shape = tuple(int(s) for s in info.input_shape)
+        t0 = time.perf_counter()
+        net = create_model(model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape)
+        resolved = resolve_fp_layers(net, fp_layers)
+        quantize_model(net, fp_layers=resolved)
+        prof = profile_model(net, shape, batch_size=2, model_name=model)
+        return cls(model=model, dataset=info.name, batch_size=batch_size, steps=steps, profile=prof,
+                   input_shape=shape, num_classes=info.num_classes, dataset_size=n, data_dir=data_dir,
+                   epochs=epochs, fp_layers=list(resolved), lr=lr, lr_schedule=lr_schedule, momentum=momentum,
+                   weight_decay=weight_decay, seed=seed, augment=augment, profile_s=time.perf_counter() - t0)
+
+    @property
+    def ragged(self) -> tuple[int, int] | None:
+        """(steps per epoch, samples in the last batch) when the last batch of an epoch is short, else None."""
+        if self.dataset_size is None:
+            return None
+        spe = -(-self.dataset_size // self.batch_size)
+        last = self.dataset_size - (spe - 1) * self.batch_size
+        return None if last == self.batch_size else (spe, last)
+
+    def describe(self) -> str:
+        ep = ""
+        if self.dataset_size:
+            ep = f" ({self.steps * self.batch_size / self.dataset_size:.3g} epochs)" if self.epochs is None \
+                else f" ({self.epochs} epochs of {self.dataset_size})"
+        return f"{self.model} on {self.dataset}, {self.steps} steps x batch {self.batch_size}{ep}"
+
+    def to_json(self) -> dict:
+        """The plan's workload section: what TrainConfig.from_plan reads to run exactly this."""
+        return {"model": self.model, "dataset": self.dataset, "data_dir": self.data_dir,
+                "batch_size": self.batch_size, "steps": self.steps, "epochs": self.epochs,
+                "dataset_size": self.dataset_size, "input_shape": list(self.input_shape),
+                "num_classes": self.num_classes, "fp_layers": list(self.fp_layers), "lr": self.lr,
+                "lr_schedule": self.lr_schedule, "momentum": self.momentum, "weight_decay": self.weight_decay,
+                "seed": self.seed, "augment": self.augment}
+
+    def estimate(self, schedule: Schedule, hardware, per_layer: bool = False, static_bits: int | None = None):
+        """``cptsim.cost.estimate`` of this workload run with ``schedule``: the one cost model."""
+        from cptsim.cost import estimate
+
+        return estimate(self.profile, schedule, hardware, steps=self.steps, batch_size=self.batch_size,
+                        dataset_size=self.dataset_size, per_layer=per_layer, static_bits=static_bits)
