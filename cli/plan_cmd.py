@@ -10,8 +10,9 @@ from rich.table import Table
 from cptsim.errors import InputError
 from cptsim.planner.budget import BUDGET_HELP
 from cptsim.planner.score import SCORE_HELP
+from cptsim.plots import plot_frontier
 
-from .common import check_output_file, emit_json, err, json_option, out, parse_fp_layers, save_figure, si
+from .common import check_output_file, emit_json, err, json_option, out, parse_fp_layers, si
 
 DEFAULT_HW = "bitfusion"
 
@@ -57,11 +58,15 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
 @click.option("--model", default="digits-cnn", show_default=True, help="Model name ('cptsim train --list-models').")
 @click.option("--dataset", default="digits", show_default=True,
               help="Dataset (shapes and epoch size only; nothing is loaded unless --pilot or --min-bits auto).")
-@click.option("--data-dir", default=None, help="Folder holding the dataset (for training it later).")
+@click.option("--data-dir", default=None,
+              help="Folder holding the dataset: its training samples are counted for the epoch size (no image is "
+                   "loaded), and 'cptsim train --plan' reads it from there.")
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--epochs", type=int, default=None, help="Training epochs [default: 15 unless --steps].")
 @click.option("--steps", type=int, default=None, help="Training steps (instead of --epochs).")
-@click.option("--dataset-size", type=int, default=None, help="Samples per epoch [default: the train split's size].")
+@click.option("--dataset-size", type=int, default=None,
+              help="Samples per epoch, for data not at hand [default: counted in --data-dir, else the full train "
+                   "split's size]; one that contradicts the data found is an error (exit 2).")
 @click.option("--lr", type=float, default=0.1, show_default=True, help="Peak learning rate, recorded for training.")
 @click.option("--momentum", type=float, default=0.9, show_default=True)
 @click.option("--weight-decay", type=float, default=5e-4, show_default=True)
@@ -219,49 +224,3 @@ def print_plan(p, doc: dict) -> None:
             out.print(f"pilot round {r['round'] + 1} ({r['steps']} steps): {accs}", highlight=False)
     for n in p.notes:
         out.print(f"[yellow]note:[/] {n}", highlight=False)
-
-
-def plot_frontier(p, path: str) -> None:
-    """PNG: every candidate's cost (% of static q_max on the budget's metric) vs score; within-budget ones in
-    colour by schedule, the Pareto frontier, the budget line and the chosen schedule."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from cptsim.planner.search import COST_KEYS, METRIC_NAMES
-
-    c = p.candidates
-    key = COST_KEYS[p.metric]
-    base = float(getattr(p.baseline, key)["total"])
-    x = 100.0 * c.cost[key] / base
-    y = c.score
-    within = c.cost[key] <= p.budget_absolute
-    names = np.array([s.name for s in c.schedules])
-    fig, ax = plt.subplots(figsize=(9, 6))
-    ax.scatter(x[~within], y[~within], s=8, color="0.82", label="over budget", zorder=1)
-    cmap = plt.get_cmap("tab20")
-    for i, name in enumerate(dict.fromkeys(names[within])):
-        m = within & (names == name)
-        ax.scatter(x[m], y[m], s=12, color=cmap(i % 20), label=name, zorder=2)
-    fx = [100.0 * pt["cost"] / base for pt in p.frontier]
-    fy = [pt["score"] for pt in p.frontier]
-    ax.step(fx, fy, where="post", color="black", lw=1.2, label="Pareto frontier", zorder=3)
-    ax.axvline(100.0 * p.budget_absolute / base, color="tab:red", ls="--", lw=1.2,
-               label=f"budget {p.budget.spec}", zorder=3)
-    cx = 100.0 * float(getattr(p.estimate, key)["total"]) / base
-    ax.scatter([cx], [p.score], marker="*", s=260, color="gold", edgecolor="black", zorder=4,
-               label=f"chosen {p.schedule.to_text()}")
-    what = METRIC_NAMES[p.metric]
-    where = "" if p.metric == "bitops" else f" on {p.hardware.name}"
-    ax.set_xlabel(f"{what}{where}, % of static {p.baseline_schedule.q_max} bits")
-    ax.set_ylabel("score (early-weighted-fidelity/1)" if p.ranking == "proxy" else "proxy score")
-    ax.set_title(f"{p.workload.describe()}: {len(c)} candidates", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right", ncol=2)
-    fig.tight_layout()
-    try:
-        save_figure(fig, path, dpi=120)
-    finally:
-        plt.close(fig)

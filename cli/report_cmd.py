@@ -63,6 +63,7 @@ def _pct(x, none="-") -> str:
 @json_option
 def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, force, as_json) -> None:
     """Compare a run's executed cost with its plan, the host estimate with the measured time; plots and fit."""
+    from cptsim import plots as P
     from cptsim import report as R
     from cptsim.runs import REPORT_JSON, REPORT_PNG, RunDir, atomic_write_bytes
 
@@ -74,7 +75,7 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
         raise InputError("--fit needs --fit-out PATH.toml: where to write the fitted host profile")
     targets = _parse_hw(hw)
     if plot_path is not None:
-        R.require_matplotlib()  # fail before any work
+        P.require_matplotlib()  # fail before any work
         check_output_file("--plot", plot_path)
     if fit:
         from cptsim.fit import check_fit_out
@@ -94,14 +95,14 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
     written: list[str] = []
     can_plot = True
     try:
-        R.require_matplotlib()
+        P.require_matplotlib()
     except InputError as e:
         can_plot = False
         if not no_save:
             err.print(f"[yellow]warning:[/] no report.png: {e}", highlight=False)
     for r in reports:
         run = RunDir(r.data["run"]["path"])
-        png = R.run_figure(r) if can_plot and (not no_save or (plot_path and len(reports) == 1)) else None
+        png = P.run_figure(r) if can_plot and (not no_save or (plot_path and len(reports) == 1)) else None
         if not no_save:
             try:
                 run.write_json(REPORT_JSON, R.to_json(r))
@@ -116,7 +117,7 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
             written.append(str(plot_path))
     rows = R.compare(reports) if len(reports) > 1 else None
     if rows and plot_path:
-        _write(plot_path, R.comparison_figure(rows), atomic_write_bytes)
+        _write(plot_path, P.comparison_figure(rows), atomic_write_bytes)
         written.append(str(plot_path))
 
     # ---- calibration fit --------------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ from rich.table import Table
 
 from cptsim import schedules as S
 from cptsim.errors import InputError
+from cptsim.plots import plot_schedules
 
-from .common import check_output_file, emit_json, err, json_option, out, save_figure
+from .common import check_output_file, emit_json, err, json_option, out
 
 _TEXT_HELP = f"""\b
 Schedule text form:  {S.TEXT_FORM}
@@ -88,7 +89,7 @@ def show_cmd(specs: tuple[str, ...], q_min: int, q_max: int, g_bits: str, cycles
     scheds = [S.parse_schedule(text, q_min=q_min, q_max=q_max, g_bits=g_bits, cycles=cycles) for text in specs]
     infos = [S.describe(s, steps) for s in scheds]
     if plot_path is not None:
-        plot_schedules(scheds, steps, plot_path)
+        plot_schedules(scheds, steps, check_output_file("--plot", plot_path))
     if as_json:
         emit_json({"total_steps": steps, "schedules": infos,
                    "plot": str(plot_path) if plot_path is not None else None})
@@ -109,39 +110,3 @@ def show_cmd(specs: tuple[str, ...], q_min: int, q_max: int, g_bits: str, cycles
     out.print(table)
     if plot_path is not None:
         err.print(f"wrote {plot_path}")
-
-
-def plot_schedules(scheds: list[S.Schedule], total_steps: int, path: Path) -> None:
-    """A PNG with one step plot of bits over training steps per schedule (gradient bits dashed when they vary)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    path = check_output_file("--plot", path)
-    steps = range(total_steps)
-    fig, axes = plt.subplots(len(scheds), 1, sharex=True, squeeze=False,
-                             figsize=(10, 1.2 + 1.9 * len(scheds)))
-    for ax, s in zip(axes[:, 0], scheds):
-        q = s.bits(total_steps)
-        ax.step(steps, q, where="post", lw=1.0, label=f"{s.to_text()}  forward (mean {q.mean():.2f})")
-        if s.g_min != s.g_max:
-            g = s.grad_bits(total_steps)
-            ax.step(steps, g, where="post", lw=1.0, ls="--", label=f"gradient (mean {g.mean():.2f})")
-        lo = min(s.q_min, s.g_min if s.g_min != s.g_max else s.q_min)
-        hi = max(s.q_max, s.g_max if s.g_min != s.g_max else s.q_max)
-        pad = 0.5 if hi > lo else 1.0  # a constant schedule needs room for integer ticks either side
-        ax.set_ylim(lo - pad, hi + pad)
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("bits")
-        ax.grid(alpha=0.3)
-        # Outside the axes: cyclic schedules fill the whole panel, so a legend inside would hide data.
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    axes[-1, 0].set_xlabel("training step")
-    fig.suptitle(f"precision schedules over {total_steps} steps")
-    fig.tight_layout()
-    try:
-        save_figure(fig, path, dpi=100, bbox_inches="tight")
-    finally:
-        plt.close(fig)

@@ -1,0 +1,322 @@
+"""Every figure cptsim draws, in one module: matplotlib (Agg backend) in, PNG out.
+
+    run_figure(report) -> bytes            one run: bits, cumulative BitOPs, BitOPs by layer, host time (cptsim report)
+    comparison_figure(rows) -> bytes       several runs: accuracy vs executed BitOPs and vs time (cptsim report)
+    plot_frontier(plan, path)              the planner's candidates: cost vs score, frontier, budget (cptsim plan)
+    plot_schedules(scheds, steps, path)    bits over steps, one panel per schedule (cptsim schedules show)
+    sweep_figure(report) -> bytes          accuracy vs cost per schedule family with seed spread, and accuracy vs
+                                           the proxy score (cptsim sweep --report)
+
+Functions that return bytes leave where to write to the caller; those given a path write it atomically (a kill
+never leaves half an image). Without matplotlib, every function raises InputError (exit 2) naming the fix.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from .errors import InputError
+
+
+def require_matplotlib():
+    """Import matplotlib with the Agg backend; InputError (exit 2) when it is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise InputError(f"plots need matplotlib, which cannot be imported here ({e}); "
+                         "install it (pip install matplotlib) or leave out --plot") from None
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def write_png(fig, path, flag: str = "--plot", **savefig_kw) -> None:
+    """Write a figure as PNG atomically; an unwritable path is bad input (exit 2) naming ``flag``."""
+    from .runs import atomic_write_bytes
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", **savefig_kw)
+    try:
+        atomic_write_bytes(path, buf.getvalue())
+    except OSError as e:
+        raise InputError(f"{flag}: cannot write {str(path)!r}: {e.strerror or e}") from None
+
+
+def run_figure(report) -> bytes:
+    """PNG bytes of one run's four panels (a ``cptsim.report.RunReport``): bits over steps; cumulative BitOPs
+    planned vs executed; per-layer BitOPs share; host time per epoch, measured vs modelled."""
+    plt = require_matplotlib()
+    from matplotlib.ticker import MaxNLocator
+
+    s, d = report.series, report.data
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    (ax_bits, ax_cum), (ax_layers, ax_time) = axes
+    title = f"{d['run']['name']}: {d['run']['model']} on {d['run']['dataset']}, {d['run']['schedule']}"
+    fig.suptitle(title, fontsize=12)
+
+    if "step" in s:
+        ps = np.arange(len(s["planned_bits"]))
+        ax_bits.step(ps, s["planned_bits"], where="post", lw=2.5, color="0.8", label="planned forward bits")
+        ax_bits.step(s["step"], s["bits"], where="post", lw=1.0, color="C0", label="executed forward bits")
+        ax_bits.step(s["step"], s["grad_bits"], where="post", lw=1.0, ls="--", color="C3",
+                     label="executed gradient bits")
+        lo = min(int(np.min(s["bits"])), int(np.min(s["grad_bits"])), int(np.min(s["planned_bits"])))
+        hi = max(int(np.max(s["bits"])), int(np.max(s["grad_bits"])), int(np.max(s["planned_bits"])))
+        ax_bits.set_ylim(lo - 0.7, hi + 0.7)
+        ax_bits.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax_bits.legend(loc="lower right", fontsize=8, framealpha=0.9)
+
+        b = d["bitops"]
+        ax_cum.plot(ps + 1, np.cumsum(s["planned_bitops"]), lw=3, color="0.75",
+                    label=f"planned ({b['planned']['source']}): {b['planned']['total']:.3g}")
+        ax_cum.plot(s["step"] + 1, np.cumsum(s["executed_bitops"]), lw=1.2, color="C0",
+                    label=f"executed (trace): {b['executed']['total']:.3g}")
+        diff = b["diff_pct"]["total"]
+        ax_cum.set_title(f"cumulative BitOPs: executed {diff:+.2f}% vs planned" if diff is not None
+                         else "cumulative BitOPs", fontsize=10)
+        ax_cum.legend(loc="upper left", fontsize=8)
+    else:
+        for ax in (ax_bits, ax_cum):
+            ax.text(0.5, 0.5, "no executed steps", ha="center", va="center", transform=ax.transAxes)
+    if "step" in s:
+        inside = s["step"] < len(s["planned_bits"])
+        off = int(((s["bits"][inside] != s["planned_bits"][s["step"][inside]])
+                   | (s["grad_bits"][inside] != s["planned_grad_bits"][s["step"][inside]])).sum())
+        ax_bits.set_title("precision over training steps" + (" (executed = planned at every step run)" if not off
+                          else f" ({off} steps differ from the plan)"), fontsize=10)
+    else:
+        ax_bits.set_title("precision over training steps", fontsize=10)
+    ax_bits.set_xlabel("training step")
+    ax_bits.set_ylabel("bits")
+    ax_cum.set_xlabel("training step")
+    ax_cum.set_ylabel("BitOPs (cumulative)")
+    for ax in (ax_bits, ax_cum):
+        ax.grid(alpha=0.3)
+
+    layers = s.get("layers")
+    if layers and layers["top"]:
+        rows = list(layers["top"])
+        names = [f"{r['name']} ({r['bits']}b)" for r in rows]
+        shares = [100 * r["share"] for r in rows]
+        colors = ["C0" if r["quantized"] else "C1" for r in rows]
+        y = np.arange(len(names))[::-1]
+        ax_layers.barh(y, shares, color=colors)
+        ax_layers.set_yticks(y, names, fontsize=8)
+        for yi, v in zip(y, shares):
+            ax_layers.text(v, yi, f" {v:.1f}%", va="center", fontsize=7)
+        ax_layers.set_xlim(0, max(shares) * 1.18)
+        from matplotlib.patches import Patch
+
+        ax_layers.legend(handles=[Patch(color="C0", label="quantized"), Patch(color="C1", label="full precision")],
+                         loc="lower right", fontsize=8)
+    other = layers["other"] if layers else None
+    ax_layers.set_title("executed BitOPs by layer (share of the run)"
+                        + (f"; {other['layers']} more layers hold {100 * other['share']:.1f}%" if other else ""),
+                        fontsize=10)
+    ax_layers.set_xlabel("% of executed BitOPs")
+
+    h = s.get("host_time")
+    if h and h["per_epoch"]:
+        ep = [e["epoch"] for e in h["per_epoch"]]
+        ms = [e["measured_s"] for e in h["per_epoch"]]
+        mo = [e["modelled_s"] for e in h["per_epoch"]]
+        x = np.arange(len(ep))
+        if len(ep) <= 40:
+            ax_time.bar(x - 0.2, ms, 0.4, label="measured (sum of step times)", color="C2")
+            ax_time.bar(x + 0.2, mo, 0.4, label=f"modelled ({h['profile']} profile)", color="C4")
+            ax_time.set_xticks(x, [str(e) for e in ep], fontsize=8 if len(ep) <= 20 else 6)
+            ax_time.set_ylim(0, 1.3 * max(max(ms), max(mo)))  # room for the legend above the bars
+        else:
+            ax_time.plot(ep, ms, label="measured (sum of step times)", color="C2")
+            ax_time.plot(ep, mo, label=f"modelled ({h['profile']} profile)", color="C4")
+        err = h["error_pct"]
+        ax_time.set_title(f"host step time per epoch: modelled {err:+.1f}% vs measured "
+                          f"({h['modelled_s']:.3g} s vs {h['measured_s']:.3g} s)", fontsize=10)
+        ax_time.legend(loc="upper right", fontsize=8, ncol=2)
+    else:
+        ax_time.text(0.5, 0.5, "host time not modelled", ha="center", va="center", transform=ax_time.transAxes)
+        ax_time.set_title("host step time per epoch", fontsize=10)
+    ax_time.set_xlabel("epoch")
+    ax_time.set_ylabel("seconds")
+    ax_time.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    try:
+        return _png(fig)
+    finally:
+        plt.close(fig)
+
+
+def comparison_figure(rows: list[dict]) -> bytes:
+    """PNG bytes of the runs side by side: accuracy at q_max vs executed BitOPs, and vs measured time."""
+    plt = require_matplotlib()
+
+    fig, (ax_b, ax_t) = plt.subplots(1, 2, figsize=(13, 5.2))
+    fig.suptitle(f"accuracy vs cost across {len(rows)} runs (accuracy at q_max, measured; cost executed)",
+                 fontsize=12)
+    for ax, key, xlabel in ((ax_b, "executed_bitops", "executed BitOPs (whole run)"),
+                            (ax_t, "measured_time_s", "measured training time on this machine (s)")):
+        pts = [r for r in rows if r[key] is not None and r["final_acc"] is not None]
+        for i, r in enumerate(rows):
+            if r not in pts:
+                continue
+            c = f"C{i % 10}"
+            ax.scatter([r[key]], [100 * r["final_acc"]], color=c, s=60, zorder=3,
+                       label=f"{i + 1}  {r['run']}: {r['model']}, {r['schedule']}")
+            if r["best_acc"] is not None and r["best_acc"] != r["final_acc"]:
+                ax.scatter([r[key]], [100 * r["best_acc"]], facecolors="none", edgecolors=c, s=60, zorder=3)
+            # Numbers, not names, next to the points: runs of one cost sit on top of each other.
+            ax.annotate(str(i + 1), (r[key], 100 * r["final_acc"]), textcoords="offset points",
+                        xytext=(5, 4 + 9 * (i % 3)), fontsize=8, color=c)
+        xs = [r[key] for r in pts]
+        if xs and min(xs) > 0 and max(xs) / min(xs) > 20:
+            ax.set_xscale("log")
+        ax.margins(x=0.08, y=0.15)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+    ax_b.set_title("filled: final, hollow: best epoch", fontsize=9)
+    handles, labels = ax_b.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(2, len(handles)), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.04 + 0.035 * ((len(handles) + 1) // 2), 1, 1))
+    try:
+        return _png(fig)
+    finally:
+        plt.close(fig)
+
+
+def plot_frontier(p, path: str) -> None:
+    """PNG: every candidate's cost (% of static q_max on the budget's metric) vs score; within-budget ones in
+    colour by schedule, the Pareto frontier, the budget line and the chosen schedule."""
+    plt = require_matplotlib()
+
+    from .planner.search import COST_KEYS, METRIC_NAMES
+
+    c = p.candidates
+    key = COST_KEYS[p.metric]
+    base = float(getattr(p.baseline, key)["total"])
+    x = 100.0 * c.cost[key] / base
+    y = c.score
+    within = c.cost[key] <= p.budget_absolute
+    names = np.array([s.name for s in c.schedules])
+    fig, ax = plt.subplots(figsize=(9, 6))
+    ax.scatter(x[~within], y[~within], s=8, color="0.82", label="over budget", zorder=1)
+    cmap = plt.get_cmap("tab20")
+    for i, name in enumerate(dict.fromkeys(names[within])):
+        m = within & (names == name)
+        ax.scatter(x[m], y[m], s=12, color=cmap(i % 20), label=name, zorder=2)
+    fx = [100.0 * pt["cost"] / base for pt in p.frontier]
+    fy = [pt["score"] for pt in p.frontier]
+    ax.step(fx, fy, where="post", color="black", lw=1.2, label="Pareto frontier", zorder=3)
+    ax.axvline(100.0 * p.budget_absolute / base, color="tab:red", ls="--", lw=1.2,
+               label=f"budget {p.budget.spec}", zorder=3)
+    cx = 100.0 * float(getattr(p.estimate, key)["total"]) / base
+    ax.scatter([cx], [p.score], marker="*", s=260, color="gold", edgecolor="black", zorder=4,
+               label=f"chosen {p.schedule.to_text()}")
+    what = METRIC_NAMES[p.metric]
+    where = "" if p.metric == "bitops" else f" on {p.hardware.name}"
+    ax.set_xlabel(f"{what}{where}, % of static {p.baseline_schedule.q_max} bits")
+    ax.set_ylabel("score (early-weighted-fidelity/1)" if p.ranking == "proxy" else "proxy score")
+    ax.set_title(f"{p.workload.describe()}: {len(c)} candidates", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right", ncol=2)
+    fig.tight_layout()
+    try:
+        write_png(fig, path, dpi=120)
+    finally:
+        plt.close(fig)
+
+
+def plot_schedules(scheds: list, total_steps: int, path) -> None:
+    """A PNG with one step plot of bits over training steps per schedule (gradient bits dashed when they vary)."""
+    plt = require_matplotlib()
+    from matplotlib.ticker import MaxNLocator
+
+    steps = range(total_steps)
+    fig, axes = plt.subplots(len(scheds), 1, sharex=True, squeeze=False,
+                             figsize=(10, 1.2 + 1.9 * len(scheds)))
+    for ax, s in zip(axes[:, 0], scheds):
+        q = s.bits(total_steps)
+        ax.step(steps, q, where="post", lw=1.0, label=f"{s.to_text()}  forward (mean {q.mean():.2f})")
+        if s.g_min != s.g_max:
+            g = s.grad_bits(total_steps)
+            ax.step(steps, g, where="post", lw=1.0, ls="--", label=f"gradient (mean {g.mean():.2f})")
+        lo = min(s.q_min, s.g_min if s.g_min != s.g_max else s.q_min)
+        hi = max(s.q_max, s.g_max if s.g_min != s.g_max else s.q_max)
+        pad = 0.5 if hi > lo else 1.0  # a constant schedule needs room for integer ticks either side
+        ax.set_ylim(lo - pad, hi + pad)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("bits")
+        ax.grid(alpha=0.3)
+        # Outside the axes: cyclic schedules fill the whole panel, so a legend inside would hide data.
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    axes[-1, 0].set_xlabel("training step")
+    fig.suptitle(f"precision schedules over {total_steps} steps")
+    fig.tight_layout()
+    try:
+        write_png(fig, path, dpi=100, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+
+
+# Markers per schedule family: the figure tells families apart by shape as well as colour (grey-scale prints).
+_MARKERS = "osD^v<>phX*P8"
+
+
+def sweep_figure(report: dict) -> bytes:
+    """PNG bytes of a sweep report (``cptsim.sweep.sweep_report``): left, mean test accuracy vs BitOPs relative to
+    the static baseline, one point per schedule with its seed spread (mean +- std error bars), one marker and colour
+    per schedule family; right, mean accuracy vs the proxy score, with the Spearman rank correlation."""
+    plt = require_matplotlib()
+
+    table = report["schedules"]
+    fams = list(dict.fromkeys(t["family"] for t in table))
+    style = {f: (f"C{i % 10}", _MARKERS[i % len(_MARKERS)]) for i, f in enumerate(fams)}
+    fig, (ax_c, ax_s) = plt.subplots(1, 2, figsize=(13, 5.6))
+    w = report.get("workload") or {}
+    ref = report.get("cost_reference") or {}
+    fig.suptitle(f"{w.get('model', '?')} on {w.get('dataset', '?')}, {w.get('steps', '?')} steps x batch "
+                 f"{w.get('batch_size', '?')}: {report['runs']} runs, {len(table)} schedules "
+                 f"(workload {report['workload_key']})", fontsize=11)
+    for ax, key in ((ax_c, "cost_rel"), (ax_s, "score")):
+        seen = set()
+        for t in table:
+            if t[key] is None:
+                continue
+            color, marker = style[t["family"]]
+            x = 100.0 * t[key] if key == "cost_rel" else t[key]
+            ax.errorbar([x], [100.0 * t["acc_mean"]], yerr=[100.0 * t["acc_std"]], fmt=marker, color=color,
+                        ms=7, capsize=3, lw=1.2, label=None if t["family"] in seen else t["family"], zorder=3)
+            seen.add(t["family"])
+            if key == "cost_rel" and len(table) <= 24:
+                ax.annotate(t["schedule"], (x, 100.0 * t["acc_mean"]), textcoords="offset points", xytext=(5, 3),
+                            fontsize=6, color=color)
+        ax.set_ylabel("test accuracy (%), mean +- std over seeds")
+        ax.grid(alpha=0.3)
+        ax.margins(x=0.1, y=0.15)
+    ax_c.set_xlabel(f"BitOPs, % of {ref.get('schedule', 'static q_max')}")
+    ax_c.set_title("accuracy vs cost, by schedule family", fontsize=10)
+    ax_c.legend(fontsize=8, loc="best")
+    sp = report["spearman"]
+    if sp["rho"] is None:
+        title = "Spearman rank correlation: n/a (fewer than 3 distinct schedules)"
+    else:
+        title = f"Spearman rho = {sp['rho']:.2f} over {sp['n_schedules']} schedules"
+        if sp.get("per_seed_mean") is not None:
+            title += f"; per seed {sp['per_seed_mean']:.2f} +- {sp['per_seed_std']:.2f}"
+    ax_s.set_title(title, fontsize=10)
+    ax_s.set_xlabel(f"proxy score ({report.get('score_name', 'score')})")
+    fig.tight_layout()
+    try:
+        return _png(fig)
+    finally:
+        plt.close(fig)
