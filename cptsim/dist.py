@@ -53,6 +53,26 @@ class Dist:
             p.grad.copy_(flat[offset:offset + n].view_as(p))
             offset += n
 
+    def step_totals(self, stats: torch.Tensor | None, counts: list[int]) -> tuple[float, float, list[int]]:
+        """(loss sum, correct, counts) of the global batch, read to the host in one transfer.
+
+        ``stats``: this rank's [loss sum, correct] as a float64 tensor on its device, None for a rank with no sample;
+        ``counts``: its executed MACs and BitOPs (host integers). With one process the only device read is
+        ``stats.tolist()``: the training step's one host-device synchronisation. With several, the counts are summed
+        as int64 (exact beyond 2**53) and travel back with the float64 stats as their bit patterns.
+        """
+        if not self.active:
+            vals = stats.tolist() if stats is not None else [0.0, 0.0]
+            return vals[0], vals[1], list(counts)
+        dev = torch.device(self.device) if str(self.device).startswith("cuda") else torch.device("cpu")
+        s = stats.to(dev) if stats is not None else torch.zeros(2, dtype=torch.float64, device=dev)
+        c = torch.tensor(counts, dtype=torch.int64).to(dev, non_blocking=True)
+        dist.all_reduce(s, op=dist.ReduceOp.SUM)
+        dist.all_reduce(c, op=dist.ReduceOp.SUM)
+        vals = torch.cat([s.view(torch.int64), c]).tolist()
+        loss_sum, correct = torch.tensor(vals[:2], dtype=torch.int64).view(torch.float64).tolist()
+        return loss_sum, correct, vals[2:]
+
     def broadcast_buffers(self, module: torch.nn.Module) -> None:
         """Make every rank's buffers (BatchNorm statistics, activation ranges) rank 0's."""
         if self.active:
@@ -72,7 +92,8 @@ class Dist:
         """True on every rank if any rank says so (to stop all ranks at the same step)."""
         if not self.active:
             return flag
-        t = torch.tensor([1 if flag else 0])
+        dev = self.device if str(self.device).startswith("cuda") else "cpu"  # NCCL reduces device tensors only
+        t = torch.tensor([1 if flag else 0], device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 

@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import InputError
-from .quant import FULL_PRECISION, check_bits, fake_quant_per_channel, fake_quant_per_tensor, fake_quant_stochastic
+from .quant import FULL_PRECISION, check_bits, quantize_activation, quantize_error, quantize_weight
 
 ACT_MOMENTUM = 0.9  # running-range momentum for eval, as in the SBM/CPT code
 
@@ -44,7 +44,7 @@ class _QuantInput(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, lo, hi, bits):
-        return fake_quant_per_tensor(x, lo, hi, bits)
+        return quantize_activation(x, lo, hi, bits)
 
     @staticmethod
     def backward(ctx, grad):
@@ -56,7 +56,7 @@ class _QuantWeight(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, w, bits):
-        return fake_quant_per_channel(w, bits, axis=0)
+        return quantize_weight(w, bits)
 
     @staticmethod
     def backward(ctx, grad):
@@ -75,7 +75,7 @@ class _QuantError(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return fake_quant_stochastic(grad, ctx.bits), None
+        return quantize_error(grad, ctx.bits), None
 
 
 class _QuantMixin:
@@ -91,19 +91,21 @@ class _QuantMixin:
         self.register_buffer("act_count", torch.zeros((), dtype=torch.long, device=self.weight.device))
 
     def _input_range(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.training or int(self.act_count) == 0:
-            lo, hi = torch.aminmax(x.detach())
-            if self.training:
-                with torch.no_grad():
-                    if int(self.act_count) == 0:
-                        self.act_lo.copy_(lo)
-                        self.act_hi.copy_(hi)
-                    else:
-                        self.act_lo.mul_(ACT_MOMENTUM).add_(lo, alpha=1 - ACT_MOMENTUM)
-                        self.act_hi.mul_(ACT_MOMENTUM).add_(hi, alpha=1 - ACT_MOMENTUM)
-                    self.act_count += 1
+        # No host read of act_count (an int() here was a host-device synchronisation per layer per step on a GPU):
+        # "never seen a training batch" is decided on the device with torch.where, so whoever zeroes act_count
+        # (BatchNorm re-estimation does) or loads a state dict gets exactly the old behaviour.
+        lo, hi = torch.aminmax(x.detach())
+        first = self.act_count == 0
+        if self.training:
+            with torch.no_grad():
+                # first batch: its range; later ones: a running average (the same arithmetic as mul_ then add_)
+                self.act_lo.copy_(torch.where(first, lo, torch.add(self.act_lo * ACT_MOMENTUM, lo,
+                                                                   alpha=1 - ACT_MOMENTUM)))
+                self.act_hi.copy_(torch.where(first, hi, torch.add(self.act_hi * ACT_MOMENTUM, hi,
+                                                                   alpha=1 - ACT_MOMENTUM)))
+                self.act_count += 1
             return lo, hi
-        return self.act_lo, self.act_hi
+        return torch.where(first, lo, self.act_lo), torch.where(first, hi, self.act_hi)
 
     def _quantized_operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         bits = self.precision.bits

@@ -16,6 +16,9 @@ functions below are written for few allocations and vectorised in-place passes (
 
 from __future__ import annotations
 
+import os
+import warnings
+
 import torch
 
 from .errors import InputError
@@ -112,3 +115,104 @@ def quantize_error_bound(lo: float, hi: float, bits: int) -> float:
     """Worst-case round-to-nearest error for values inside [lo, hi]: half a step (range widened to include 0)."""
     qmin, qmax = qrange(bits)
     return 0.5 * (max(hi, 0.0) - min(lo, 0.0)) / (qmax - qmin)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Fused quantizers for CUDA tensors.
+#
+# On a GPU each of the in-place passes above is a kernel launch and a full read + write of the tensor; a quantized
+# layer runs ~20 of them per step. torch.compile (inductor, which generates Triton kernels) fuses each quantizer into
+# one or two kernels. The functions below are the same formulas written out of place for the compiler; stochastic
+# rounding draws u ~ U[0, 1) from inductor's own Philox generator, seeded from torch's CUDA generator, so it stays
+# unbiased (E[floor(y + u)] = y exactly, not only within 2**-9). CPU tensors, CPTSIM_FUSED=0, and any failure to
+# compile (no Triton, no compiler) take the eager functions above: same formulas, same results up to rounding.
+
+
+def _fq_fused(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, qmax: int) -> torch.Tensor:
+    lo = torch.clamp(lo.float(), max=0.0)
+    hi = torch.clamp(hi.float(), min=0.0)
+    scale = torch.clamp((hi - lo) / qmax, min=1e-12)
+    zp = torch.clamp(torch.round(-lo / scale), 0, qmax)
+    return (torch.clamp(torch.round(x * scale.reciprocal() + zp), 0, qmax) - zp) * scale
+
+
+def _fq_channel_fused(w: torch.Tensor, qmax: int) -> torch.Tensor:
+    flat = w.detach().reshape(w.shape[0], -1)
+    shape = [-1] + [1] * (w.dim() - 1)
+    return _fq_fused(w, flat.amin(dim=1).view(shape), flat.amax(dim=1).view(shape), qmax)
+
+
+def _sr_fused(x: torch.Tensor, qmax: int) -> torch.Tensor:
+    lo = torch.clamp(x.detach().amin().float(), max=0.0)
+    hi = torch.clamp(x.detach().amax().float(), min=0.0)
+    scale = torch.clamp((hi - lo) / qmax, min=1e-12)
+    zp = torch.clamp(torch.round(-lo / scale), 0, qmax)
+    u = torch.rand_like(x)
+    return (torch.clamp(torch.floor(x / scale + zp + u), 0, qmax) - zp) * scale
+
+
+class _Fused:
+    """One quantizer: the compiled form for CUDA tensors, the eager one otherwise or once compilation has failed."""
+
+    def __init__(self, name: str, fused):
+        self.name = name
+        self._fused = fused
+        self._compiled = None
+        self.failed: str | None = None
+
+    def usable(self, x: torch.Tensor) -> bool:
+        return x.is_cuda and self.failed is None and fusion_enabled()
+
+    def __call__(self, *args):
+        try:
+            if self._compiled is None:
+                # dynamic: one graph serves every layer shape and bit width (no recompilation per layer or per step)
+                self._compiled = torch.compile(self._fused, dynamic=True)
+            return self._compiled(*args)
+        except Exception as e:  # no Triton / no C compiler / an inductor bug: fall back for good, say so once
+            self.failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            warnings.warn(f"cptsim: fused CUDA quantizer {self.name} unavailable ({self.failed}); using the eager "
+                          "quantizer", RuntimeWarning, stacklevel=3)
+            return None
+
+
+def fusion_enabled() -> bool:
+    """Fused CUDA quantizers are on unless CPTSIM_FUSED=0 (benchmarks compare both)."""
+    return os.environ.get("CPTSIM_FUSED", "1") != "0"
+
+
+_FQ = _Fused("fake_quant", _fq_fused)
+_FQ_CHANNEL = _Fused("fake_quant_per_channel", _fq_channel_fused)
+_SR = _Fused("fake_quant_stochastic", _sr_fused)
+
+
+def fused_status() -> dict:
+    """Which quantizers run fused on CUDA right now (None: not tried yet or fine; a string: why it fell back)."""
+    return {"enabled": fusion_enabled(), **{q.name: q.failed for q in (_FQ, _FQ_CHANNEL, _SR)}}
+
+
+def quantize_activation(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bits: int) -> torch.Tensor:
+    """Per-tensor round-to-nearest fake quantization: fused on CUDA, ``fake_quant_per_tensor`` elsewhere."""
+    if _FQ.usable(x):
+        out = _FQ(x, lo, hi, qrange(bits)[1])
+        if out is not None:
+            return out
+    return fake_quant_per_tensor(x, lo, hi, bits)
+
+
+def quantize_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
+    """Per-output-channel round-to-nearest fake quantization: fused on CUDA, ``fake_quant_per_channel`` elsewhere."""
+    if _FQ_CHANNEL.usable(w):
+        out = _FQ_CHANNEL(w, qrange(bits)[1])
+        if out is not None:
+            return out
+    return fake_quant_per_channel(w, bits, axis=0)
+
+
+def quantize_error(g: torch.Tensor, bits: int) -> torch.Tensor:
+    """Per-tensor stochastic-rounding fake quantization: fused on CUDA, ``fake_quant_stochastic`` elsewhere."""
+    if _SR.usable(g):
+        out = _SR(g, qrange(bits)[1])
+        if out is not None:
+            return out
+    return fake_quant_stochastic(g, bits)

@@ -61,6 +61,7 @@ class TrainConfig:
     augment: bool = True
     checkpoint_every: int | None = None  # steps between checkpoints; None: at the end of every epoch
     threads: int | None = None  # CPU threads for torch; None: auto (see cpu_threads)
+    channels_last: bool = False  # NHWC activations and weights (faster convolutions on tensor-core GPUs)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -203,6 +204,10 @@ def build(cfg: TrainConfig) -> Workload:
     fp_layers = resolve_fp_layers(model, cfg.fp_layers)
     precision = quantize_model(model, fp_layers=fp_layers)
     model.to(cfg.device)
+    if not isinstance(cfg.channels_last, bool):
+        raise InputError(f"channels_last must be true or false, got {cfg.channels_last!r}")
+    if cfg.channels_last:
+        model.to(memory_format=torch.channels_last)
 
     steps_per_epoch = math.ceil(len(train_set) / cfg.batch_size)  # the ragged last batch is a step too
     total = cfg.steps if cfg.steps is not None else cfg.epochs * steps_per_epoch
@@ -228,6 +233,11 @@ def epoch_batches(cfg: TrainConfig, w: Workload, epoch: int, first: int, last: i
     for i in range(first, last):
         g = order[i * B:(i + 1) * B]
         plan.append((i, g.numel(), local_share(g, rank, world).tolist()))
+    gather = getattr(w.train_set, "gather", None)
+    if gather is not None:  # synthetic data: the batch is gathered where it lives (on the GPU), no DataLoader
+        for i, n_global, idx in plan:
+            yield i, n_global, (gather(idx, cfg.device) if idx else None)
+        return
     lists = [idx for _, _, idx in plan if idx]
     loader = iter(DataLoader(w.train_set, batch_sampler=lists, num_workers=cfg.workers,
                              pin_memory=cfg.device.startswith("cuda"),
@@ -381,6 +391,12 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
         return run  # already complete: nothing to run, nothing to append
     kill_at, nan_at, int_at = _fault("KILL"), _fault("NAN"), _fault("SIGINT")
     counter = MacCounter(model, cfg.model)  # forward hooks reading shapes: ~0.1% of a resnet20 step
+    channels_last = cfg.channels_last
+    meter = None
+    if device.startswith("cuda") and d.is_main:
+        from .energy import EnergyMeter
+
+        meter = EnergyMeter.for_device(device)  # None without NVML or without the GPU's energy counter
     need_profile = d.is_main and run.read_json(PROFILE) is None
 
     def checkpoint(step: int) -> None:
@@ -416,24 +432,26 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                     group["lr"] = lr
                 counter.reset()
                 opt.zero_grad(set_to_none=False)
-                local = torch.zeros(2, dtype=torch.float64)  # loss sum, correct
-                counts = torch.zeros(2 * len(PHASES), dtype=torch.int64)  # MACs, BitOPs (exact beyond 2**53)
+                stats = None  # loss sum and correct count: on the device until the step's one read below
+                counts = [0] * (2 * len(PHASES))  # MACs, BitOPs: host integers (shapes only, no device read)
                 if batch is not None:
                     x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
+                    if channels_last:
+                        x = x.contiguous(memory_format=torch.channels_last)
                     logits = model(x)
                     # summed here and divided by the *global* batch: the gradient of the global batch's mean loss
                     loss = F.cross_entropy(logits, y, reduction="sum")
                     if nan_at is not None and step == nan_at:
                         loss = loss * float("nan")
                     (loss / n_global).backward()
-                    local[0] = loss.item()
-                    local[1] = (logits.detach().argmax(1) == y).sum().item()
+                    stats = torch.stack([loss.detach().double(), (logits.detach().argmax(1) == y).sum().double()])
                     executed = step_cost(counter.step_arrays(), bits, gbits, batch=1)  # the cost model's formula
-                    counts[:] = torch.tensor([executed[k][p] for k in ("macs", "bitops") for p in PHASES])
+                    counts = [executed[k][p] for k in ("macs", "bitops") for p in PHASES]
                 d.all_reduce_grads(params)
-                d.all_reduce_sum(local)
-                d.all_reduce_sum(counts)
-                loss_v = local[0].item() / n_global
+                # The step's one host-device synchronisation: loss, accuracy and counts, summed over ranks, read
+                # together. It comes before opt.step() so that a non-finite loss leaves the weights untouched.
+                loss_sum, correct, c = d.step_totals(stats, counts)
+                loss_v = loss_sum / n_global
                 if not math.isfinite(loss_v):
                     raise RunFailed(
                         f"loss became {loss_v} at step {step} (bits {bits}, grad bits {gbits}); nothing of that step "
@@ -441,21 +459,25 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                         "(it will diverge again unless the cause was transient), or train anew with a higher q_min "
                         "or a lower --lr")
                 opt.step()
-                if device.startswith("cuda"):
-                    torch.cuda.synchronize()
+                # No synchronisation after opt.step(): on a GPU its kernels run while the next batch is prepared,
+                # and the next step's read waits for them, so each step's time_s holds the previous step's
+                # optimizer update instead of its own (the sum over a run is the same).
                 dt = time.perf_counter() - t0
-                epoch_stats[0] += local[0].item()
-                epoch_stats[1] += int(local[1].item())
+                energy = meter.read() if meter is not None else None
+                epoch_stats[0] += loss_sum
+                epoch_stats[1] += int(correct)
                 epoch_stats[2] += n_global
                 if d.is_main:
                     if need_profile and batch is not None:
                         run.write_json(PROFILE, counter.layer_profile(batch[0].shape[0], w.info.input_shape).to_json())
                         need_profile = False
-                    c = counts.tolist()
-                    run.append_trace({"step": step, "epoch": epoch, "batch_size": n_global, "bits": bits,
-                                      "grad_bits": gbits, "macs": dict(zip(PHASES, c[:3])),
-                                      "bitops": dict(zip(PHASES, c[3:])),
-                                      "lr": lr, "time_s": round(dt, 6), "loss": loss_v})
+                    line = {"step": step, "epoch": epoch, "batch_size": n_global, "bits": bits,
+                            "grad_bits": gbits, "macs": dict(zip(PHASES, c[:3])),
+                            "bitops": dict(zip(PHASES, c[3:])),
+                            "lr": lr, "time_s": round(dt, 6), "loss": loss_v}
+                    if energy is not None:  # NVML: this GPU's energy counter over the step (see cptsim.energy)
+                        line["energy_j"], line["power_w"] = energy
+                    run.append_trace(line)
                 step += 1
                 bar.update(task, advance=1, description=f"epoch {epoch + 1}/{n_epochs}",
                            info=f"loss {loss_v:.3f}  bits {bits}/{gbits}")
