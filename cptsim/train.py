@@ -338,6 +338,43 @@ def resume(run_path: str, progress: bool = True) -> RunDir:
     return _loop(cfg, w, run, d, start_step=start, progress=progress, ckpt=ckpt)
 
 
+SYNC_CHECK_WARMUP = 2  # steps not checked: the first ones compile the fused quantizers, which may synchronise
+
+
+class _SyncCheck:
+    """CPTSIM_SYNC_DEBUG=warn|error on CUDA: count the host-device synchronisations of each training step (trace
+    key ``host_syncs``; the target is 1, the step's read of loss and counts). ``error`` makes any other one raise
+    where it happens (torch.cuda.set_sync_debug_mode). Off (the default), every method is a no-op."""
+
+    def __init__(self, mode: str, first_step: int):
+        if mode not in ("", "warn", "error"):
+            raise InputError(f"CPTSIM_SYNC_DEBUG must be warn or error, got {mode!r}")
+        self.mode, self.first_step = mode, first_step
+
+    def begin(self, step: int):
+        if not self.mode or step < self.first_step:
+            return None
+        import warnings
+
+        ctx = warnings.catch_warnings(record=True)
+        caught = ctx.__enter__()
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode(self.mode)
+        return ctx, caught
+
+    def allow(self) -> None:
+        if self.mode and torch.cuda.get_sync_debug_mode():
+            torch.cuda.set_sync_debug_mode("warn")
+
+    def end(self, state) -> int | None:
+        if state is None:
+            return None
+        ctx, caught = state
+        torch.cuda.set_sync_debug_mode(0)
+        ctx.__exit__(None, None, None)
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+
 def _stopped(step: int, run: RunDir) -> str:
     return f"stopped after step {step}; checkpoint saved - continue with: cptsim train --resume {run.path}"
 
@@ -397,6 +434,8 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
         from .energy import EnergyMeter
 
         meter = EnergyMeter.for_device(device)  # None without NVML or without the GPU's energy counter
+    sync_check = _SyncCheck(os.environ.get("CPTSIM_SYNC_DEBUG", "") if device.startswith("cuda") else "",
+                            first_step=start_step + SYNC_CHECK_WARMUP)
     need_profile = d.is_main and run.read_json(PROFILE) is None
 
     def checkpoint(step: int) -> None:
@@ -425,6 +464,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 if int_at is not None and step == int_at:
                     os.kill(os.getpid(), signal.SIGINT)  # as if ^C arrived during this step
                 t0 = time.perf_counter()
+                caught = sync_check.begin(step)
                 bits, gbits = w.bits[step], w.grad_bits[step]
                 w.precision.set(bits, gbits)
                 lr = cfg.lr * lr_factor(cfg.lr_schedule, step, T)
@@ -450,6 +490,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 d.all_reduce_grads(params)
                 # The step's one host-device synchronisation: loss, accuracy and counts, summed over ranks, read
                 # together. It comes before opt.step() so that a non-finite loss leaves the weights untouched.
+                sync_check.allow()  # the read below is the one expected synchronisation: counted, not an error
                 loss_sum, correct, c = d.step_totals(stats, counts)
                 loss_v = loss_sum / n_global
                 if not math.isfinite(loss_v):
@@ -464,6 +505,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 # optimizer update instead of its own (the sum over a run is the same).
                 dt = time.perf_counter() - t0
                 energy = meter.read() if meter is not None else None
+                host_syncs = sync_check.end(caught)
                 epoch_stats[0] += loss_sum
                 epoch_stats[1] += int(correct)
                 epoch_stats[2] += n_global
@@ -477,6 +519,8 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                             "lr": lr, "time_s": round(dt, 6), "loss": loss_v}
                     if energy is not None:  # NVML: this GPU's energy counter over the step (see cptsim.energy)
                         line["energy_j"], line["power_w"] = energy
+                    if host_syncs is not None:
+                        line["host_syncs"] = host_syncs
                     run.append_trace(line)
                 step += 1
                 bar.update(task, advance=1, description=f"epoch {epoch + 1}/{n_epochs}",
