@@ -23,7 +23,8 @@ wgrad b_g·b_a; full-precision layers at 32 bits). Energy and latency do: a GPU 
 on its int8 tier (H100 has no int4), Bit Fusion's fused bricks speed up 4x per halving of both operands,
 a bit-serial array scales with one operand's width, an 8-bit systolic array not at all -- and every profile
 also pays DRAM traffic. "saving" = 1 - cost / cost of the static q_max run with the same gradient bits.
-With a known epoch size the ragged last batch of every epoch is costed exactly.
+With a known epoch size the ragged last batch of every epoch is costed exactly; with --data-dir holding the
+dataset, the epoch size is that of the data there (a subset costs what training on it costs).
 """
 
 
@@ -32,9 +33,11 @@ With a known epoch size the ragged last batch of every epoch is costed exactly.
 @click.option("--schedule", default="cpt", show_default=True, help="Precision schedule, name or text form.")
 @click.option("--steps", type=int, default=None, help="Training steps.")
 @click.option("--epochs", type=int, default=None, help="Training epochs (needs the dataset's size).")
-@click.option("--batch-size", type=int, default=128, show_default=True)
+@click.option("--batch-size", type=int, default=64, show_default=True,
+              help="Samples per step (the same default as 'cptsim plan' and 'cptsim train').")
 @click.option("--dataset-size", type=int, default=None,
-              help="Training samples per epoch (default: the dataset's train split).")
+              help="Training samples per epoch [default: counted in --data-dir when the data is there (no image "
+                   "loaded), else the dataset's full train split]; contradicting the data found is an error.")
 @click.option("--hw", "--hardware", "hw", default=DEFAULT_HW, show_default=True,
               help="Comma-separated hardware profiles (names or .toml paths).")
 @json_option
@@ -43,6 +46,7 @@ def cost(model, dataset, data_dir, input_shape, num_classes, fp_layers, schedule
     """Cost one precision schedule over a training run on several hardware profiles: BitOPs, energy, latency,
     and the saving over the static q_max schedule on each."""
     from cptsim.cost import estimate
+    from cptsim.data import epoch_size
     from cptsim.hardware import load_profile
     from cptsim.schedules import parse_schedule
 
@@ -60,8 +64,9 @@ def cost(model, dataset, data_dir, input_shape, num_classes, fp_layers, schedule
         raise InputError("--hw needs at least one hardware profile")
     profiles = [load_profile(n) for n in names]
     shape, classes, info = resolve_workload(model, dataset, data_dir, input_shape, num_classes)
-    if dataset_size is None and info is not None:
-        dataset_size = info.train_size
+    size_from = "--dataset-size" if dataset_size is not None else None
+    if info is not None:
+        dataset_size, size_from = epoch_size(info.name, data_dir, dataset_size)
     if epochs is not None and dataset_size is None:
         raise InputError("--epochs needs the epoch size: give --dataset or --dataset-size")
     with err.status(f"profiling {model}: one training step on input {tuple(shape)} ..."):
@@ -71,7 +76,8 @@ def cost(model, dataset, data_dir, input_shape, num_classes, fp_layers, schedule
     first = costs[0]
     workload = {"model": model, "dataset": info.name if info is not None else None, "input_shape": list(shape),
                 "num_classes": classes, "schedule": sched.to_text(), "steps": first.steps, "samples": first.samples,
-                "batch_size": batch_size, "dataset_size": dataset_size, "static_bits": sched.q_max}
+                "batch_size": batch_size, "dataset_size": dataset_size,
+                "dataset_size_from": size_from, "static_bits": sched.q_max}
 
     if as_json:
         rows = []

@@ -89,6 +89,85 @@ def _launch(nproc: int, out: str | None, resume_dir: str | None, model: str, sch
         raise SystemExit(code)
 
 
+# Flags next to --plan, by TrainConfig field: these change how the plan runs, not what it costs, so they override
+# the plan (config.json records the values used; the run's plan.json keeps the plan's).
+_PLAN_OVERRIDABLE = {"seed": "--seed", "lr": "--lr", "momentum": "--momentum", "weight_decay": "--weight-decay",
+                     "lr_schedule": "--lr-schedule", "augment": "--no-augment", "data_dir": "--data-dir"}
+# These would change the planned workload and its cost: refused unless they equal the plan's value.
+_PLAN_FIXED_FLAGS = {"model": "--model", "dataset": "--dataset", "batch_size": "--batch-size", "steps": "--steps",
+                     "epochs": "--epochs", "fp_layers": "--fp-layers"}
+_SCHEDULE_FLAGS = {"schedule": "--schedule", "q_min": "--q-min", "q_max": "--q-max", "g_bits": "--g-bits",
+                   "cycles": "--cycles"}
+
+
+def _plan_config(plan: dict, params: dict, **runtime):
+    """TrainConfig.from_plan with the flags typed next to --plan: an override, or an InputError naming every flag
+    that would change what the plan costs (one that only repeats the plan's value is fine)."""
+    from click.core import ParameterSource
+
+    from cptsim import train as T
+    from cptsim.errors import InputError
+    from cptsim.schedules import Schedule
+
+    ctx = click.get_current_context()
+    typed = {name for name in params
+             if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)}
+    w = plan["workload"]
+    planned = {k: w.get(k) for k in _PLAN_FIXED_FLAGS}
+    plan_sched = Schedule.from_json(plan["schedule"]).to_text()
+    wrong = []
+    for key, flag in _PLAN_FIXED_FLAGS.items():
+        if key in typed:
+            value = parse_fp_layers(params[key]) if key == "fp_layers" else params[key]
+            if value != planned[key]:
+                wrong.append(f"{flag} {params[key]} (the plan's: {planned[key]})")
+    sched_typed = [flag for key, flag in _SCHEDULE_FLAGS.items() if key in typed]
+    if sched_typed:
+        base = params["schedule"] if "schedule" in typed else plan_sched
+        try:
+            text = _schedule_text(base, *(params[k] if k in typed else None
+                                          for k in ("q_min", "q_max", "g_bits", "cycles")))
+        except InputError:
+            text = None
+        if text != plan_sched:
+            wrong.append(f"{'/'.join(sched_typed)} (the plan's schedule: {plan_sched})")
+    if wrong:
+        raise InputError("with --plan, flags that change the planned workload and its cost are refused: "
+                         + "; ".join(wrong) + "; re-plan with them, or leave them out")
+    overrides = {}
+    for key in _PLAN_OVERRIDABLE:
+        if key == "augment" and "no_augment" in typed:
+            overrides["augment"] = not params["no_augment"]
+        elif key in typed:
+            overrides[key] = params[key]
+    changed = {k: v for k, v in overrides.items() if v != w.get(k)}
+    cfg = T.TrainConfig.from_plan(plan, **overrides, **runtime)
+    return cfg, changed
+
+
+def _check_plan_data(plan: dict, cfg) -> None:
+    """A plan is costed for a number of samples per epoch; refuse to train it on data of another size (it would
+    run a different number of steps, or epochs, than the plan costed)."""
+    from cptsim.data import dataset_size
+    from cptsim.errors import InputError
+
+    w = plan["workload"]
+    planned, found = w.get("dataset_size"), dataset_size(cfg.dataset, cfg.data_dir)
+    if planned is None or found is None or planned == found:
+        return
+    b = cfg.batch_size
+    where = cfg.data_dir if cfg.data_dir else f"the {cfg.dataset} dataset"
+    if w.get("epochs"):
+        e = w["epochs"]
+        runs = (f" ({e} epochs = {w['steps']} steps of {b}), but {where} holds {found} "
+                f"({e} epochs would be {e * -(-found // b)} steps)")
+    else:
+        runs = (f" ({w['steps']} steps of {b} = {w['steps'] * b / planned:.3g} epochs), but {where} holds {found} "
+                f"({w['steps'] * b / found:.3g} epochs in {w['steps']} steps)")
+    again = f"--data-dir {cfg.data_dir}" if cfg.data_dir else f"--dataset {cfg.dataset}"
+    raise InputError(f"the plan was made for {planned} training samples per epoch{runs}; re-plan with {again}")
+
+
 def _warn_if_hardware_changed(plan: dict) -> None:
     """A plan's estimate holds for the hardware profile it was made with; say so if that file changed since."""
     from cptsim.errors import InputError
@@ -139,8 +218,12 @@ def _warn_if_hardware_changed(plan: dict) -> None:
 @click.option("--out", default=None, help="Run directory to create (must not exist). Default runs/MODEL-SCHEDULE-TIME.")
 @click.option("--resume", "resume_dir", default=None, help="Continue this run directory from its last checkpoint.")
 @click.option("--plan", "plan_path", default=None,
-              help="Train exactly the workload and schedule of a plan.json from 'cptsim plan' (other workload "
-                   "flags are then ignored, except --out, --device, --workers).")
+              help="Train exactly the workload and schedule of a plan.json from 'cptsim plan'. Next to it, --seed, "
+                   "--lr, --momentum, --weight-decay, --lr-schedule, --no-augment and --data-dir override the plan "
+                   "(recorded in config.json); --model, --dataset, --schedule and its bits, --epochs, --steps, "
+                   "--batch-size and --fp-layers would change what the plan costs and are refused (exit 2) unless "
+                   "they repeat the plan's value. A plan whose samples per epoch differ from the data found is "
+                   "refused too.")
 @click.option("--checkpoint-every", type=int, default=None,
               help="Also checkpoint every N steps inside an epoch (default: at the end of each epoch).")
 @click.option("--nproc", type=int, default=None,
@@ -170,18 +253,26 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
     if resume_dir:
         run = T.resume(resume_dir, progress=progress)
     elif plan_path:
-        from dataclasses import replace
-
         from cptsim.planner.planfile import read_plan
 
         plan = read_plan(plan_path)
+        params = {"model": model, "dataset": dataset, "data_dir": data_dir, "schedule": schedule, "q_min": q_min,
+                  "q_max": q_max, "g_bits": g_bits, "cycles": cycles, "epochs": epochs, "steps": steps,
+                  "batch_size": batch_size, "lr": lr, "momentum": momentum, "weight_decay": weight_decay,
+                  "lr_schedule": lr_schedule, "fp_layers": fp_layers, "no_augment": no_augment, "seed": seed}
+        cfg, changed = _plan_config(plan, params, device=device, workers=workers, checkpoint_every=checkpoint_every,
+                                    threads=threads)
+        _check_plan_data(plan, cfg)
         _warn_if_hardware_changed(plan)
-        cfg = replace(T.TrainConfig.from_plan(plan), device=device, workers=workers, checkpoint_every=checkpoint_every,
-                      threads=threads)
         if out is None:
             out = _default_out(cfg.model, cfg.schedule)
         if progress:
             err.print(f"training plan {plan_path}: {cfg.model} on {cfg.dataset} with {cfg.schedule} -> {out}")
+        if changed:
+            err.print("overriding the plan: " + ", ".join(
+                "--no-augment (the plan augments)" if k == "augment" else
+                f"{_PLAN_OVERRIDABLE[k]} {v} (the plan's: {plan['workload'].get(k)})" for k, v in changed.items()),
+                highlight=False)
         run = T.train(cfg, out, progress=progress, plan=plan)
     else:
         text = _schedule_text(schedule, q_min, q_max, g_bits, cycles)

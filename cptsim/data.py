@@ -17,7 +17,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from cptsim.errors import InputError
 
-__all__ = ["DataInfo", "list_datasets", "dataset_info", "load_datasets", "DIGITS_SPLIT_SEED"]
+__all__ = ["DataInfo", "list_datasets", "dataset_info", "dataset_size", "epoch_size", "load_datasets", "DIGITS_SPLIT_SEED"]
 
 DIGITS_SPLIT_SEED = 0
 
@@ -83,6 +83,44 @@ def dataset_info(name: str, data_dir=None) -> DataInfo:
         classes, _ = _imagefolder_classes(root)
         return replace(spec.info, num_classes=len(classes))
     return spec.info
+
+
+def dataset_size(name: str, data_dir=None) -> int | None:
+    """Training samples per epoch as the data at hand holds them, read cheaply (an idx header, a file count; no
+    image is decoded): what a plan or a cost estimate should assume, since it is what training will run over.
+
+    A dataset that needs no folder (digits, synthetic) has its fixed size. Otherwise None when there is nothing
+    to count: no --data-dir, a missing folder, or files not laid out as the loader expects (the registry's nominal
+    size, ``dataset_info(...).train_size``, is then the only guess)."""
+    spec = _spec(name)
+    if not spec.needs_dir:
+        return spec.info.train_size
+    if data_dir is None or str(data_dir) == "":
+        return None
+    root = Path(data_dir).expanduser()
+    count = _SIZES.get(spec.info.name)
+    return count(root) if count is not None and root.is_dir() else None
+
+
+_SIZES: dict[str, Callable[[Path], int | None]] = {}  # dataset -> its train split's length, from the files
+
+
+def epoch_size(name: str, data_dir=None, given: int | None = None) -> tuple[int | None, str | None]:
+    """(samples per epoch, where the number comes from) for costing a run: the data at hand counted ("data"),
+    else ``given`` ("--dataset-size"), else the nominal size ("nominal"; None when unknown). A ``given`` size
+    that contradicts the data at hand is an InputError: the estimate would be for a run other than the one
+    training would execute."""
+    found = dataset_size(name, data_dir)
+    if found is not None:
+        if given is not None and given != found:
+            where = f"in {data_dir}" if _spec(name).needs_dir else f"in the {_spec(name).info.name} dataset"
+            raise InputError(f"--dataset-size {given} contradicts the {found} training samples {where}, which "
+                             "'cptsim train' would run over; leave --dataset-size out")
+        return found, "data"
+    if given is not None:
+        return given, "--dataset-size"
+    n = dataset_info(name, data_dir).train_size
+    return n, ("nominal" if n is not None else None)
 
 
 def load_datasets(name: str, data_dir=None, augment: bool = True) -> tuple[Dataset, Dataset, DataInfo]:
@@ -177,6 +215,19 @@ def _expect_files(name: str, root: Path, sub: str, files: list[str], what: str) 
 _CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
 _CIFAR100_FILES = ["train", "test", "meta"]
 
+def _cifar_size(folder: str, files: list[str], n: int) -> Callable[[Path], int | None]:
+    # torchvision md5-checks every batch file against the official archive's, so a CIFAR set that loads at all
+    # is the official one: its size is known once its files are there.
+    def size(root: Path) -> int | None:
+        if root.name == folder:
+            root = root.parent
+        return n if all((root / folder / f).is_file() for f in files) else None
+
+    return size
+
+
+_SIZES["cifar10"] = _cifar_size("cifar-10-batches-py", _CIFAR10_FILES, 50000)
+_SIZES["cifar100"] = _cifar_size("cifar-100-python", _CIFAR100_FILES, 50000)
 _register(
     DataInfo("cifar10", (3, 32, 32), 10, 50000, 10000),
     needs_dir="the folder that holds cifar-10-batches-py/",
@@ -192,14 +243,33 @@ _MNIST_FILES = [
 ]
 
 
+def _mnist_root(root: Path, cls_name: str) -> Path:
+    """The folder torchvision wants (the one holding MNIST/), also when pointed at MNIST/ or MNIST/raw itself."""
+    if root.name == "raw" and root.parent.name == cls_name:
+        return root.parent.parent
+    return root.parent if root.name == cls_name else root
+
+
+def _mnist_size(cls_name: str) -> Callable[[Path], int | None]:
+    # torchvision reads raw idx files unchecked, so subsets are common: the count is the images file's header
+    # (two zero bytes, a type byte, the number of dimensions, then one big-endian uint32 per dimension).
+    def size(root: Path) -> int | None:
+        path = _mnist_root(root, cls_name) / cls_name / "raw" / "train-images-idx3-ubyte"
+        try:
+            with open(path, "rb") as f:
+                head = f.read(8)
+        except OSError:
+            return None
+        return int.from_bytes(head[4:8], "big") if len(head) == 8 and head[:2] == b"\0\0" else None
+
+    return size
+
+
 def _mnist_loader(name: str, cls_name: str, mean, std):
     def load(root: Path, augment: bool):
         import torchvision
 
-        if root.name == "raw" and root.parent.name == cls_name:  # pointed at <root>/MNIST/raw itself
-            root = root.parent.parent
-        elif root.name == cls_name:
-            root = root.parent
+        root = _mnist_root(root, cls_name)
         processed = root / cls_name / "processed"
         legacy = (processed / "training.pt").is_file() and (processed / "test.pt").is_file()  # old torchvision cache
         if not legacy:
@@ -220,6 +290,8 @@ def _mnist_loader(name: str, cls_name: str, mean, std):
     return load
 
 
+_SIZES["mnist"] = _mnist_size("MNIST")
+_SIZES["fashion-mnist"] = _mnist_size("FashionMNIST")
 _register(
     DataInfo("mnist", (1, 28, 28), 10, 60000, 10000), needs_dir="the folder that holds MNIST/raw/"
 )(_mnist_loader("mnist", "MNIST", MNIST_MEAN, MNIST_STD))
@@ -250,6 +322,23 @@ def _imagefolder_classes(root: Path) -> tuple[list[str], list[str]]:
     if extra:
         raise InputError(f"imagefolder: val/ has classes that train/ lacks: {', '.join(extra[:5])}")
     return train, val
+
+
+def _imagefolder_size(root: Path) -> int | None:
+    """Image files under train/<class>/, counted by name as torchvision's ImageFolder finds them (none opened)."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    train = root / "train"
+    if not train.is_dir():
+        return None
+    n = 0
+    for cls in _class_dirs(train):
+        for _, _, files in os.walk(train / cls, followlinks=True):
+            n += sum(1 for f in files if f.lower().endswith(IMG_EXTENSIONS))
+    return n
+
+
+_SIZES["imagefolder"] = _imagefolder_size
 
 
 def _renumber(ds, classes: list[str]) -> None:

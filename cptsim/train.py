@@ -72,15 +72,33 @@ class TrainConfig:
         return cls(**d)
 
     @classmethod
-    def from_plan(cls, plan: dict) -> "TrainConfig":
-        """The exact workload and schedule a plan (planner/planfile.py) was made for."""
+    def from_plan(cls, plan: dict, **overrides) -> "TrainConfig":
+        """The exact workload and schedule a plan (planner/planfile.py) was made for.
+
+        ``overrides`` replace settings that do not change what the plan costs (seed, lr, momentum, weight_decay,
+        lr_schedule, augment, data_dir: a sweep over seeds of one plan) and the run-time ones (device, workers,
+        threads, ...). One that would change the cost (``PLAN_FIXED``: model, dataset, schedule, batch size, run
+        length, full-precision layers) is an InputError unless it equals the plan's value: re-plan instead."""
         from .schedules import Schedule
 
         w = plan["workload"]
         keys = ("model", "dataset", "data_dir", "batch_size", "steps", "lr", "lr_schedule", "momentum",
                 "weight_decay", "seed", "fp_layers", "augment")
         settings = {k: w[k] for k in keys if k in w}
-        return cls(schedule=Schedule.from_json(plan["schedule"]).to_text(), **settings)
+        settings["schedule"] = Schedule.from_json(plan["schedule"]).to_text()
+        if w.get("epochs") is not None:  # recorded for the reader; the plan's steps decide the run length
+            settings["epochs"] = w["epochs"]
+        planned = settings | {"epochs": w.get("epochs")}
+        changed = [k for k in PLAN_FIXED if k in overrides and overrides[k] != planned.get(k)]
+        if changed:
+            raise InputError("a plan fixes what it costs: " + ", ".join(
+                f"--{k.replace('_', '-')} {overrides[k]} differs from the plan's {planned.get(k)}" for k in changed)
+                + "; re-plan with those settings instead")
+        return cls.from_dict(settings | {k: v for k, v in overrides.items() if k not in PLAN_FIXED})
+
+
+# The settings a plan's cost depends on: TrainConfig.from_plan refuses to change them.
+PLAN_FIXED = ("model", "dataset", "schedule", "batch_size", "steps", "epochs", "fp_layers")
 
 
 @dataclass

@@ -18,7 +18,9 @@ class Workload:
     """What is being trained: model, data, run length, and the measured per-layer profile of its quantized model.
 
     ``steps`` is the exact number of optimizer steps; ``dataset_size`` (samples per epoch) makes the ragged last
-    batch of every epoch part of the cost, exactly as ``cptsim train`` executes it. Build with ``Workload.build``.
+    batch of every epoch part of the cost, exactly as ``cptsim train`` executes it; ``dataset_size_from`` says
+    where that number came from ("data": counted in the data at hand; "--dataset-size": given; "nominal": the
+    registry's size of the full dataset, the data not being there to count). Build with ``Workload.build``.
     """
 
     model: str
@@ -39,6 +41,7 @@ class Workload:
     seed: int = 0
     augment: bool = True
     profile_s: float = 0.0
+    dataset_size_from: str | None = None
 
     @classmethod
     def build(cls, model: str = "digits-cnn", dataset: str = "digits", data_dir: str | None = None,
@@ -49,8 +52,11 @@ class Workload:
         """Resolve the workload without loading data (``dataset_info``), and profile one real training step of the
         model quantized as ``cptsim train`` will quantize it (``fp_layers``: None = the model's convention).
 
-        Give ``epochs`` (steps = epochs x ceil(N / B)) or ``steps``; neither means 15 epochs."""
-        from cptsim.data import dataset_info
+        Give ``epochs`` (steps = epochs x ceil(N / B)) or ``steps``; neither means 15 epochs. N is the size of the
+        data training will run over: counted in ``data_dir`` (or the embedded set) when it is there
+        (``cptsim.data.epoch_size``), else ``dataset_size``, else the dataset's nominal size. A ``dataset_size``
+        that contradicts the data found is an InputError: the plan would cost a run other than the one trained."""
+        from cptsim.data import dataset_info, epoch_size
         from cptsim.layers import quantize_model, resolve_fp_layers
         from cptsim.models import create_model
         from cptsim.profiler import profile_model
@@ -65,7 +71,7 @@ class Workload:
         validate(TrainConfig(model=model, dataset=dataset, batch_size=batch_size, lr=lr, lr_schedule=lr_schedule,
                              steps=steps))
         info = dataset_info(dataset, data_dir)
-        n = dataset_size if dataset_size is not None else info.train_size
+        n, n_from = epoch_size(dataset, data_dir, dataset_size)
         if steps is None:
             epochs = 15 if epochs is None else epochs
             if n is None:
@@ -81,7 +87,8 @@ class Workload:
         return cls(model=model, dataset=info.name, batch_size=batch_size, steps=steps, profile=prof,
                    input_shape=shape, num_classes=info.num_classes, dataset_size=n, data_dir=data_dir,
                    epochs=epochs, fp_layers=list(resolved), lr=lr, lr_schedule=lr_schedule, momentum=momentum,
-                   weight_decay=weight_decay, seed=seed, augment=augment, profile_s=time.perf_counter() - t0)
+                   weight_decay=weight_decay, seed=seed, augment=augment, profile_s=time.perf_counter() - t0,
+                   dataset_size_from=n_from)
 
     @property
     def ragged(self) -> tuple[int, int] | None:
@@ -103,7 +110,8 @@ class Workload:
         """The plan's workload section: what TrainConfig.from_plan reads to run exactly this."""
         return {"model": self.model, "dataset": self.dataset, "data_dir": self.data_dir,
                 "batch_size": self.batch_size, "steps": self.steps, "epochs": self.epochs,
-                "dataset_size": self.dataset_size, "input_shape": list(self.input_shape),
+                "dataset_size": self.dataset_size, "dataset_size_from": self.dataset_size_from,
+                "input_shape": list(self.input_shape),
                 "num_classes": self.num_classes, "fp_layers": list(self.fp_layers), "lr": self.lr,
                 "lr_schedule": self.lr_schedule, "momentum": self.momentum, "weight_decay": self.weight_decay,
                 "seed": self.seed, "augment": self.augment}

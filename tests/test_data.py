@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from cptsim.data import DataInfo, dataset_info, list_datasets, load_datasets
+from cptsim.data import DataInfo, dataset_info, dataset_size, epoch_size, list_datasets, load_datasets
 from cptsim.errors import InputError
 
 CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
@@ -301,3 +301,45 @@ def test_input_error_messages_are_one_line(tmp_path):
         with pytest.raises(InputError) as e:
             call()
         assert "\n" not in str(e.value)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# dataset_size / epoch_size: the data at hand, counted without loading it
+
+
+def test_dataset_size_reads_an_mnist_subset_from_its_idx_header(tmp_path):
+    raw = _write_mnist(tmp_path, n=37)
+    train, _, _ = load_datasets("mnist", data_dir=tmp_path)
+    for where in (tmp_path, tmp_path / "MNIST", raw):  # the same folders the loader accepts
+        assert dataset_size("mnist", where) == len(train) == 37
+
+
+def test_dataset_size_is_none_where_there_is_nothing_to_count(tmp_path):
+    assert dataset_size("mnist") is None
+    assert dataset_size("mnist", tmp_path / "absent") is None
+    assert dataset_size("mnist", tmp_path) is None  # no MNIST/raw/ inside
+    assert dataset_size("cifar10", tmp_path) is None
+    assert dataset_size("digits") == dataset_size("digits", tmp_path) == 1437  # embedded: always at hand
+
+
+def test_dataset_size_of_cifar_is_the_official_size_once_its_files_are_there(tmp_path):
+    # torchvision md5-checks the batch files, so only the official 50,000-image set can load at all.
+    _write_cifar(tmp_path)
+    assert dataset_size("cifar10", tmp_path) == dataset_size("cifar10", tmp_path / "cifar-10-batches-py") == 50000
+
+
+def test_dataset_size_of_an_imagefolder_counts_its_train_images(tmp_path):
+    _write_imagefolder(tmp_path, per_class=3)
+    (tmp_path / "train" / "cat" / "notes.txt").write_text("not an image")
+    train, _, _ = load_datasets("imagefolder", data_dir=tmp_path)
+    assert dataset_size("imagefolder", tmp_path) == len(train) == 9
+
+
+def test_epoch_size_prefers_the_data_and_refuses_a_size_that_contradicts_it(tmp_path):
+    _write_mnist(tmp_path, n=37)
+    assert epoch_size("mnist", tmp_path) == (37, "data")
+    assert epoch_size("mnist", tmp_path, 37) == (37, "data")
+    assert epoch_size("mnist", None, 500) == (500, "--dataset-size")
+    assert epoch_size("mnist") == (60000, "nominal")
+    with pytest.raises(InputError, match=r"--dataset-size 500 contradicts the 37 training samples in"):
+        epoch_size("mnist", tmp_path, 500)
