@@ -102,8 +102,11 @@ class Workload:
     def describe(self) -> str:
         ep = ""
         if self.dataset_size:
-            ep = f" ({self.steps * self.batch_size / self.dataset_size:.3g} epochs)" if self.epochs is None \
-                else f" ({self.epochs} epochs of {self.dataset_size})"
+            # A nominal size is the full dataset's, the data not being at hand to count: say so, since
+            # 'cptsim train --plan' will refuse the plan if the data it finds holds another number of samples.
+            nominal = ", nominal: not counted" if self.dataset_size_from == "nominal" else ""
+            ep = f" ({self.steps * self.batch_size / self.dataset_size:.3g} epochs{nominal})" if self.epochs is None \
+                else f" ({self.epochs} epochs of {self.dataset_size}{nominal})"
         return f"{self.model} on {self.dataset}, {self.steps} steps x batch {self.batch_size}{ep}"
 
     def to_json(self) -> dict:
