@@ -152,8 +152,19 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
         err.print(f"measuring {device} for about {seconds:g} s ...")
     measured = calibrate_host(device=device, seconds=seconds)
     path, prof = write_host_profile(measured, out_path)
+    gpu_path = gpu_prof = None
+    if device == "cuda":  # also this card as a `gpu` profile: its tiers at the measured GEMM rates
+        from cptsim.calibrate import write_gpu_profile
+
+        try:
+            gpu_path, gpu_prof = write_gpu_profile(measured, path)
+        except InputError as e:
+            err.print(f"[yellow]warning:[/] no gpu profile written: {e}")
     if as_json:
-        emit_json({"written": str(path), "measured": measured, "profile": prof.to_json()})
+        doc = {"written": str(path), "measured": measured, "profile": prof.to_json()}
+        if gpu_prof is not None:
+            doc["gpu_profile"] = {"written": str(gpu_path), "profile": gpu_prof.to_json()}
+        emit_json(doc)
         return
     t = Table(title=f"measured on this machine ({device}, {measured['threads']} threads)", show_header=False)
     t.add_column("what")
@@ -166,5 +177,11 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
     t.add_row("overhead per layer-phase", f"{measured['layer_overhead_s'] * 1e6:.0f} µs")
     power = measured["power_w"]
     t.add_row("power", f"{power:.1f} W ({measured['power_source']})" if power else "unknown (energy will be 0 J)")
+    for tier in measured.get("tiers") or []:
+        rate = si(tier["macs_per_s"], "MAC/s") if tier.get("macs_per_s") else f"not run ({tier.get('error')})"
+        t.add_row(f"GEMM tier {tier['name']} ({tier['bits']} bit)", rate)
     out.print(t)
     out.print(f"wrote {path} (profile '{prof.name}', hash {prof.content_hash})", highlight=False)
+    if gpu_prof is not None:
+        out.print(f"wrote {gpu_path} (gpu profile '{gpu_prof.name}': measured tiers, for cost estimates on this "
+                  "card)", highlight=False)

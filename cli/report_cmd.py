@@ -67,6 +67,8 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
     from cptsim import report as R
     from cptsim.runs import REPORT_JSON, REPORT_PNG, RunDir, atomic_write_bytes
 
+    REPORT_ENERGY_PNG = "report-energy.png"  # measured vs modelled GPU energy per epoch (CUDA runs with NVML)
+
     if top < 0:
         raise InputError(f"--top must be >= 0, got {top}")
     if (fit_out or holdout) and not fit:
@@ -110,6 +112,10 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
                 if png is not None:
                     run.write_bytes(REPORT_PNG, png)
                     written.append(str(run.path / REPORT_PNG))
+                energy_png = P.energy_figure(r) if can_plot else None  # CUDA runs with NVML energy only
+                if energy_png is not None:
+                    run.write_bytes(REPORT_ENERGY_PNG, energy_png)
+                    written.append(str(run.path / REPORT_ENERGY_PNG))
             except OSError as e:
                 err.print(f"[yellow]warning:[/] cannot write the report into {run.path}: {e.strerror or e}")
         if plot_path and len(reports) == 1:
@@ -225,6 +231,14 @@ def _print_run(r) -> None:
         out.print("  measured: sum of the trace's step times on this machine; modelled: the host profile's estimate "
                   "of the same steps; wall: the whole epoch incl. data loading and evaluation", highlight=False)
         out.print(f"  median per-step error {_f(h['median_abs_step_error_pct'], '{:.1f}%')}", highlight=False)
+        if h.get("measured_energy_j") is not None:
+            out.print(f"  GPU energy: measured {si(h['measured_energy_j'], 'J')} (NVML, "
+                      f"{h.get('measured_avg_power_w', 0):.0f} W average), modelled "
+                      f"{si(h['modelled_energy_j'], 'J') if h.get('modelled_energy_j') is not None else 'n/a'} "
+                      f"({_pct(h.get('energy_error_pct'))}); per epoch: "
+                      + ", ".join(f"{e['epoch']}: {si(e['measured_energy_j'], 'J')} vs "
+                                  f"{si(e['modelled_energy_j'], 'J') if e.get('modelled_energy_j') is not None else '-'}"
+                                  for e in h["per_epoch"][:8]), highlight=False)
         for n in h["notes"]:
             out.print(f"  note: {n}", highlight=False)
 

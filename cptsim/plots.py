@@ -320,3 +320,35 @@ def sweep_figure(report: dict) -> bytes:
         return _png(fig)
     finally:
         plt.close(fig)
+
+
+def energy_figure(report) -> bytes | None:
+    """A CUDA run's energy per epoch: measured (NVML, the trace's energy_j) vs modelled (the host profile's power x
+    modelled time), with the average measured power. None when the run has no measured energy."""
+    h = report.data.get("host_time") or {}
+    if h.get("measured_energy_j") is None:
+        return None
+    require_matplotlib()
+    import matplotlib.pyplot as plt
+
+    eps = h["per_epoch"]
+    x = np.arange(len(eps))
+    meas = [e["measured_energy_j"] for e in eps]
+    model = [e.get("modelled_energy_j") or 0.0 for e in eps]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.bar(x - 0.2, meas, 0.4, label="measured (NVML)", color="tab:blue")
+    if h.get("modelled_energy_j") is not None:
+        ax.bar(x + 0.2, model, 0.4, label=f"modelled ({h['profile']} profile)", color="tab:orange")
+    ax.set_xticks(x, [str(e["epoch"]) for e in eps])
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("GPU energy of the training steps (J)")
+    err = h.get("energy_error_pct")
+    ax.set_title(f"energy per epoch: modelled {err:+.1f}% vs measured, {h.get('measured_avg_power_w', 0):.0f} W "
+                 "average" if err is not None else "energy per epoch (measured)", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    try:
+        return _png(fig)
+    finally:
+        plt.close(fig)

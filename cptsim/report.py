@@ -16,8 +16,8 @@ Sections of ``.data`` (the keys scripts may rely on; extend freely, rename never
     accuracy     final and best test accuracy at q_max
 
 Everything measured comes from this machine's trace (``time_s``, accuracy); everything on other hardware is
-modelled. The trace has no energy column: measured energy (NVML on a GPU) is not recorded by ``cptsim train``
-yet, so no measured energy is reported.
+modelled. A CUDA run's trace carries the GPU's measured energy (NVML) per step; host_time then compares it, per
+epoch and in total, with the host profile's modelled energy (its power x its modelled time).
 """
 
 from __future__ import annotations
@@ -379,6 +379,7 @@ def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> di
         ms, mo = float(meas[sel].sum()), float(model_steps[sel].sum())
         per_epoch.append({"epoch": int(e), "steps": int(sel.sum()), "measured_s": ms, "modelled_s": mo,
                           "error_pct": _pct(mo, ms), "epoch_wall_s": wall.get(int(e))})
+    energy = _measured_energy(steps, epochs, per_epoch, host, float(total_model))
     notes = list(host.notes)
     run_threads = (cfg.get("host") or {}).get("threads")
     if run_threads and host.params.get("threads") and run_threads != host.params["threads"]:
@@ -400,10 +401,34 @@ def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> di
         "median_abs_step_error_pct": float(np.median(np.abs(model_steps[meas > 0] / meas[meas > 0] - 1)) * 100)
         if (meas > 0).any() else None,
         "per_epoch": per_epoch, "notes": notes,
-        "measured_energy_j": None,
-        "energy_note": "not measured: the trace has no energy column (cptsim train records no NVML/RAPL reading yet)",
+        **energy,
         "step_measured_s": meas.tolist(), "step_modelled_s": model_steps.tolist(),
     }
+
+
+def _measured_energy(steps, epochs, per_epoch, host, total_model_s: float) -> dict:
+    """Measured energy (the trace's NVML ``energy_j``, a CUDA run's) against the host profile's modelled energy
+    (its power x its modelled time: the run's own GPU when the profile was calibrated on it), in total and per
+    epoch (added to ``per_epoch``). The modelled power is one number; what it misses shows up per epoch."""
+    power = float(host.params.get("power_w") or 0.0)
+    energy = [r.get("energy_j") for r in steps]
+    if not steps or any(e is None for e in energy):
+        return {"measured_energy_j": None, "modelled_energy_j": power * total_model_s if power else None,
+                "energy_error_pct": None,
+                "energy_note": "not measured: the trace has no energy_j column (cptsim train records it on a CUDA "
+                               "device when NVML is available: pip install 'cptsim[nvml]')"}
+    e = np.array(energy, dtype=np.float64)
+    for row in per_epoch:
+        me = float(e[epochs == row["epoch"]].sum())
+        mo = power * row["modelled_s"] if power else None
+        row.update({"measured_energy_j": me, "modelled_energy_j": mo, "energy_error_pct": _pct(mo, me)})
+    measured, modelled = float(e.sum()), (power * total_model_s if power else None)
+    note = (f"measured: NVML total-energy counter of the GPU, per step; modelled: the host profile's "
+            f"{power:g} W x its modelled time" if power else
+            "measured: NVML; not modelled: the host profile's power is unknown (power_w = 0)")
+    return {"measured_energy_j": measured, "modelled_energy_j": modelled, "energy_error_pct": _pct(modelled, measured),
+            "measured_avg_power_w": measured / max(float(sum(r["time_s"] for r in steps)), 1e-12),
+            "energy_note": note}
 
 
 def _default_targets(plan) -> list[str]:
