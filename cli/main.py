@@ -57,6 +57,7 @@ def cli() -> None:
       cptsim schedules list            the eleven precision schedules
       cptsim schedules show cpt ...    bits over steps and their cost
       cptsim train                     real quantized training (default: digits, small CNN, CPT 3-8/8)
+      cptsim sweep                     schedules x seeds in parallel, a results database, accuracy vs cost
       cptsim hw list | show | calibrate  hardware profiles (GPUs, Bit Fusion, bit-serial, int8 array, this host)
     """
 
@@ -79,6 +80,9 @@ def _register() -> None:
     from . import plan_cmd
 
     cli.add_command(plan_cmd.plan)
+    from . import sweep_cmd
+
+    cli.add_command(sweep_cmd.sweep)
 
 
 _register()

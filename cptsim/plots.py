@@ -299,7 +299,7 @@ def sweep_figure(report: dict) -> bytes:
             seen.add(t["family"])
             if key == "cost_rel" and len(table) <= 24:
                 ax.annotate(t["schedule"], (x, 100.0 * t["acc_mean"]), textcoords="offset points", xytext=(5, 3),
-                            fontsize=6, color=color)
+                            fontsize=7, color=color)
         ax.set_ylabel("test accuracy (%), mean +- std over seeds")
         ax.grid(alpha=0.3)
         ax.margins(x=0.1, y=0.15)

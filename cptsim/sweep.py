@@ -1,0 +1,614 @@
+"""Sweeps: many runs of one workload (schedules x seeds), N processes at a time, each a normal run directory.
+
+A sweep lives in one directory OUT::
+
+    OUT/sweep.json              the workload (as `cptsim train` settings) and every schedule and seed asked for
+    OUT/<schedule-slug>-s<seed>/  a run directory, written by its own `cptsim train` process
+    OUT/<schedule-slug>-s<seed>.log   that process's stdout and stderr
+    OUT/.<name>.lock            held (flock) by the process training that run, so a rerun never trains it twice
+
+Resumable as a whole: rerunning the same sweep skips finished runs (an evaluation recorded after the last step),
+continues interrupted ones with `cptsim train --resume` (from their last checkpoint), and starts missing ones. A
+run still held by a live process of an earlier, killed sweep is left alone ("busy"). The workload of OUT is fixed
+by its first sweep; a rerun may add schedules or seeds but not change the workload.
+
+Each finished run's row goes into the results database (``cptsim.results``) as it finishes.
+
+``sweep_report(rows)`` summarises rows of one workload: per schedule the mean and spread of accuracy over seeds,
+its cost relative to static q_max, the planner's proxy score, and the Spearman rank correlation between score and
+measured mean accuracy over schedules, with its seed spread (the correlation computed per seed).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from .errors import InputError
+
+SWEEP_FORMAT = "cptsim.sweep/1"
+SWEEP_FILE = "sweep.json"
+REPORT_FORMAT = "cptsim.sweep-report/1"
+
+
+# ------------------------------------------------------------------------------------------------ settings
+
+
+@dataclass
+class SweepSettings:
+    """The workload every run of the sweep trains, as `cptsim train` flags (same names and defaults), plus how to
+    run it (device, workers, threads, checkpoint_every: not part of the workload)."""
+
+    model: str = "digits-cnn"
+    dataset: str = "digits"
+    data_dir: str | None = None
+    epochs: int = 15
+    steps: int | None = None
+    batch_size: int = 64
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    lr_schedule: str = "cosine"
+    fp_layers: list[str] | None = None  # None = the model's convention, [] = quantize every layer
+    augment: bool = True
+    device: str = "cpu"
+    workers: int = 0
+    threads: int | None = None
+    checkpoint_every: int | None = None
+
+    RUNTIME = ("device", "workers", "threads", "checkpoint_every")
+
+    def workload(self) -> dict:
+        """The settings that define what is trained (a rerun into the same OUT must not change them)."""
+        return {k: v for k, v in asdict(self).items() if k not in self.RUNTIME}
+
+    def validate(self) -> None:
+        """The checks `cptsim train` makes (settings, model name, dataset and its folder), before any process is
+        started, so a bad flag fails once here rather than once per run."""
+        from .data import dataset_info
+        from .models import create_model
+        from .train import TrainConfig, validate
+
+        validate(TrainConfig(model=self.model, dataset=self.dataset, data_dir=self.data_dir, epochs=self.epochs,
+                             steps=self.steps, batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
+                             weight_decay=self.weight_decay, lr_schedule=self.lr_schedule,
+                             fp_layers=self.fp_layers, augment=self.augment, device=self.device,
+                             workers=self.workers, threads=self.threads, checkpoint_every=self.checkpoint_every))
+        info = dataset_info(self.dataset, self.data_dir)
+        shape = tuple(int(d) for d in info.input_shape)
+        create_model(self.model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape)
+
+    def train_flags(self) -> list[str]:
+        """`cptsim train` flags for this workload; every value spelled out, so train's defaults cannot drift."""
+        f = ["--model", self.model, "--dataset", self.dataset, "--batch-size", str(self.batch_size),
+             "--lr", repr(float(self.lr)), "--momentum", repr(float(self.momentum)),
+             "--weight-decay", repr(float(self.weight_decay)), "--lr-schedule", self.lr_schedule,
+             "--device", self.device, "--workers", str(self.workers)]
+        f += ["--steps", str(self.steps)] if self.steps is not None else ["--epochs", str(self.epochs)]
+        if self.data_dir is not None:
+            f += ["--data-dir", self.data_dir]
+        if self.fp_layers is not None:
+            f += ["--fp-layers", ",".join(self.fp_layers) if self.fp_layers else "none"]
+        if not self.augment:
+            f.append("--no-augment")
+        if self.threads is not None:
+            f += ["--threads", str(self.threads)]
+        if self.checkpoint_every is not None:
+            f += ["--checkpoint-every", str(self.checkpoint_every)]
+        return f
+
+
+def parse_schedule_list(text: str | None) -> list[str]:
+    """--schedules "cpt:3-8:g8:n32,static:5": canonical texts, in order, each once."""
+    from .schedules import parse_schedule
+
+    if text is None:
+        return []
+    out: list[str] = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        t = parse_schedule(part.strip()).to_text()
+        if t not in out:
+            out.append(t)
+    if not out:
+        raise InputError(f"--schedules {text!r} names no schedule; e.g. --schedules cpt:3-8:g8:n32,static:5")
+    return out
+
+
+def parse_seeds(text: str) -> list[int]:
+    """--seeds "0,1,2" or "0-4" (or a mix): distinct seeds >= 0, in order."""
+    out: list[int] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if m is None:
+            raise InputError(f"--seeds: {part!r} is not a seed (N) or a range (LOW-HIGH); e.g. --seeds 0,1,2")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise InputError(f"--seeds: range {part!r} runs backwards")
+        if hi - lo > 10_000:
+            raise InputError(f"--seeds: range {part!r} is too long")
+        for s in range(lo, hi + 1):
+            if s not in out:
+                out.append(s)
+    if not out:
+        raise InputError(f"--seeds {text!r} names no seed; e.g. --seeds 0,1,2")
+    return out
+
+
+def run_name(schedule_text: str, seed: int) -> str:
+    """OUT/<slug>-s<seed>: the schedule text with ':' as '_' (cos-rep:3-8:g8:n32 -> cos-rep_3-8_g8_n32-s0)."""
+    return f"{schedule_text.replace(':', '_')}-s{seed}"
+
+
+def planner_schedules(settings: SweepSettings, budgets: list[str], hw: str, top: int, metric: str | None = None,
+                      space_flags: dict | None = None) -> list[dict]:
+    """The planner's top-``top`` schedules at each budget: {"schedule", "budget", "rank", "score", "vs_baseline"}.
+
+    The workload is planned exactly as `cptsim plan` would plan these flags (``cptsim.planner.plan``)."""
+    from .hardware import load_profile
+    from .planner import Workload, plan
+    from .planner.budget import parse_budget
+    from .planner.space import parse_space
+
+    if top < 1:
+        raise InputError(f"--top must be at least 1, got {top}")
+    if not budgets:
+        raise InputError("--top K needs --budget (one or more cost levels, e.g. --budget 60%,80%)")
+    parsed = [parse_budget(b.strip(), metric) for b in budgets]
+    space = parse_space(**(space_flags or {}))
+    hardware = load_profile(hw)
+    workload = Workload.build(model=settings.model, dataset=settings.dataset, data_dir=settings.data_dir,
+                              batch_size=settings.batch_size, epochs=None if settings.steps else settings.epochs,
+                              steps=settings.steps, fp_layers=settings.fp_layers, lr=settings.lr,
+                              lr_schedule=settings.lr_schedule, momentum=settings.momentum,
+                              weight_decay=settings.weight_decay, augment=settings.augment)
+    out = []
+    for b in parsed:
+        p = plan(workload, hardware, b, space, top=top)
+        picked = [a for a in p.alternatives if a.get("within_budget", True)][:top]
+        for a in picked:
+            out.append({"schedule": a["schedule"], "budget": b.spec, "rank": a["rank"], "score": a["score"],
+                        "vs_baseline": a["vs_baseline"]})
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the runs
+
+
+@dataclass
+class SweepRun:
+    schedule: str
+    seed: int
+    path: Path
+    log: Path
+    action: str = ""          # skip (finished) | resume | new | busy (held by another live process)
+    status: str = "pending"   # pending | running | done | failed | stopped | busy
+    returncode: int | None = None
+    steps_done: int = 0
+    total_steps: int | None = None
+    time_s: float = 0.0
+    row: dict | None = None
+    error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path.parent / f".{self.path.name}.lock"
+
+    def to_json(self) -> dict:
+        r = self.row or {}
+        return {"name": self.name, "schedule": self.schedule, "seed": self.seed, "path": str(self.path),
+                "log": str(self.log), "action": self.action, "status": self.status, "returncode": self.returncode,
+                "steps_done": self.steps_done, "total_steps": self.total_steps, "time_s": round(self.time_s, 2),
+                "test_acc": r.get("test_acc"), "eval_bits": r.get("eval_bits"), "bitops": r.get("bitops"),
+                "bitops_rel": r.get("bitops_rel"), "score": r.get("score"), "error": self.error}
+
+
+def _sweep_doc(out: Path, settings: SweepSettings, schedules: list[str], seeds: list[int]) -> dict:
+    """sweep.json: the workload is fixed by the first sweep into OUT; schedules and seeds accumulate."""
+    path = out / SWEEP_FILE
+    wanted = settings.workload()
+    doc = {"format": SWEEP_FORMAT, "workload": wanted, "schedules": [], "seeds": []}
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise InputError(f"{path}: cannot read ({e})") from None
+        if not isinstance(old, dict) or old.get("format") != SWEEP_FORMAT:
+            raise InputError(f"{path}: not a cptsim sweep file (format {old.get('format') if isinstance(old, dict) else None!r}, "
+                             f"expected {SWEEP_FORMAT!r})")
+        have = old.get("workload", {})
+        diff = [f"{k} {have.get(k)!r} there, {v!r} now" for k, v in wanted.items() if have.get(k) != v]
+        if diff:
+            raise InputError(f"{out} holds a sweep of another workload ({'; '.join(diff)}); "
+                             "give the same workload flags or pick another --out")
+        doc = old
+    doc["schedules"] = list(dict.fromkeys(list(doc.get("schedules", [])) + schedules))
+    doc["seeds"] = list(dict.fromkeys(list(doc.get("seeds", [])) + seeds))
+    return doc
+
+
+def run_state(run: SweepRun) -> str:
+    """new | done | partial, for a run directory of this sweep; InputError if it holds another run."""
+    from .results import run_finished
+    from .runs import CONFIG, RunDir
+
+    p = run.path
+    if not p.exists() or (p.is_dir() and not any(p.iterdir())):
+        return "new"
+    if not (p / CONFIG).is_file():
+        raise InputError(f"{p} exists but is not a run directory (no {CONFIG}); move it away and rerun the sweep")
+    rd = RunDir.open(p)
+    cfg = rd.read_config()
+    from .schedules import Schedule
+
+    have = Schedule.from_json(cfg["schedule"]).to_text()
+    seed = cfg["settings"].get("seed")
+    if have != run.schedule or seed != run.seed:
+        raise InputError(f"{p} holds {have} seed {seed}, not {run.schedule} seed {run.seed}; move it away")
+    run.total_steps = cfg["total_steps"]
+    run.steps_done = len(rd.read_trace().records)
+    return "done" if run_finished(rd) else "partial"
+
+
+def prepare(out: str | os.PathLike, settings: SweepSettings, schedules: list[str], seeds: list[int]) -> list[SweepRun]:
+    """The runs of this sweep, in order (schedule-major), each with its action; writes OUT/sweep.json."""
+    from .runs import atomic_write_json
+
+    if not schedules:
+        raise InputError("nothing to sweep: give --schedules and/or --top K --budget B")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file, not a directory")
+    doc = _sweep_doc(out, settings, schedules, seeds)
+    runs = []
+    for s in schedules:
+        for seed in seeds:
+            name = run_name(s, seed)
+            runs.append(SweepRun(schedule=s, seed=seed, path=out / name, log=out / f"{name}.log"))
+    for r in runs:
+        state = run_state(r)
+        r.action = {"new": "new", "done": "skip", "partial": "resume"}[state]
+        if state == "done":
+            r.status = "done"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / SWEEP_FILE, doc)
+    except OSError as e:
+        raise InputError(f"--out {out}: cannot write the sweep there ({e.strerror or e})") from None
+    return runs
+
+
+def train_command(settings: SweepSettings, run: SweepRun) -> list[str]:
+    """The `cptsim train` process of one run: resume it, or start it with the sweep's workload."""
+    base = [sys.executable, "-m", "cptsim.cli.main", "train"]
+    if run.action == "resume":
+        return base + ["--resume", str(run.path), "--quiet", "--json"]
+    return base + settings.train_flags() + ["--schedule", run.schedule, "--seed", str(run.seed),
+                                            "--out", str(run.path), "--quiet", "--json"]
+
+
+class _Lock:
+    """An exclusive flock on a file, taken without waiting; the fd can be handed to a child to hold it on."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd: int | None = None
+
+    def acquire(self) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # the lock goes when the last process holding this open file closes it
+            self.fd = None
+
+
+class _StepCounter:
+    """Lines of a growing trace.jsonl, read incrementally (a resume that truncates the file starts it over)."""
+
+    def __init__(self, path: Path):
+        self.path, self.pos, self.lines = path, 0, 0
+
+    def count(self) -> int:
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return self.lines
+        if size < self.pos:
+            self.pos, self.lines = 0, 0
+        if size > self.pos:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                chunk = f.read(size - self.pos)
+            self.lines += chunk.count(b"\n")
+            self.pos += len(chunk)
+        return self.lines
+
+
+def _child_env(jobs: int) -> dict:
+    env = dict(os.environ)
+    if jobs > 1 and "OMP_NUM_THREADS" not in env:  # N processes on the CPU must not each take every core
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    return env
+
+
+def execute(runs: list[SweepRun], settings: SweepSettings, jobs: int = 1, db=None,
+            on_event: Callable[[str, SweepRun], None] | None = None, poll_s: float = 0.25) -> list[SweepRun]:
+    """Train the runs that are not finished, ``jobs`` processes at a time; record every finished run in ``db``.
+
+    Events: ("start" | "progress" | "end", run). SIGINT / SIGTERM stop the sweep: running trainings get SIGINT
+    (they checkpoint and stop), no new one starts, and RunStopped is raised once they have exited.
+    """
+    from .errors import RunStopped
+    from .results import run_finished, run_row
+    from .runs import RunDir
+
+    if jobs < 1:
+        raise InputError(f"--jobs must be at least 1, got {jobs}")
+    emit = on_event or (lambda ev, run: None)
+    out = runs[0].path.parent if runs else None
+    sweep_lock = None
+    if out is not None:
+        sweep_lock = _Lock(out / ".sweep.lock")
+        if not sweep_lock.acquire():
+            raise InputError(f"another sweep is running in {out}; wait for it or pick another --out")
+
+    def record(run: SweepRun, write: bool = True) -> None:
+        rd = RunDir.open(run.path)
+        if not run_finished(rd):
+            run.status, run.error = "failed", "the process exited 0 but the run has no final evaluation"
+            return
+        run.row = run_row(rd, "sweep")
+        run.status = "done"
+        run.steps_done = run.row["steps"]
+        if db is not None and write:
+            run.row["id"] = db.add_run({k: v for k, v in run.row.items() if k != "id"})
+
+    stop = {"requested": False}
+    old_handlers = {}
+
+    def _on_signal(signum, frame):
+        stop["requested"] = True
+
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old_handlers[sig] = signal.signal(sig, _on_signal)
+    env = _child_env(jobs)
+    running: dict[int, tuple[SweepRun, subprocess.Popen, _Lock, _StepCounter, float, object]] = {}
+    try:
+        for run in runs:  # finished by an earlier sweep: make sure the database holds their rows
+            if run.action == "skip":
+                record(run, write=db is not None and not db.has_run(run.path))
+                emit("end", run)
+        queue = [r for r in runs if r.action != "skip"]
+        while queue or running:
+            while queue and len(running) < jobs and not stop["requested"]:
+                run = queue.pop(0)
+                lock = _Lock(run.lock_path)
+                if not lock.acquire():
+                    run.action, run.status = "busy", "busy"
+                    run.error = "another process is training this run (from an earlier sweep that was killed?)"
+                    emit("end", run)
+                    continue
+                if run.action == "resume":  # the state may have moved on since prepare() looked
+                    try:
+                        if run_state(run) == "done":
+                            lock.release()
+                            run.action = "skip"
+                            record(run)
+                            emit("end", run)
+                            continue
+                    except InputError as e:
+                        lock.release()
+                        run.status, run.error = "failed", str(e)
+                        emit("end", run)
+                        continue
+                log = open(run.log, "ab")
+                log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {run.action}: "
+                          f"{' '.join(train_command(settings, run))}\n".encode())
+                log.flush()
+                proc = subprocess.Popen(train_command(settings, run), stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=env, pass_fds=(lock.fd,))
+                run.status = "running"
+                running[proc.pid] = (run, proc, lock, _StepCounter(run.path / "trace.jsonl"), time.perf_counter(),
+                                     log)
+                emit("start", run)
+            if stop["requested"]:
+                for run, proc, *_ in running.values():
+                    if proc.poll() is None:
+                        try:
+                            proc.send_signal(signal.SIGINT)
+                        except ProcessLookupError:
+                            pass
+                queue.clear()
+            time.sleep(poll_s)
+            for pid in list(running):
+                run, proc, lock, counter, t0, log = running[pid]
+                if run.total_steps is None and (run.path / "config.json").exists():
+                    try:
+                        run.total_steps = int(json.loads((run.path / "config.json").read_text())["total_steps"])
+                    except (OSError, ValueError, KeyError):
+                        pass
+                run.steps_done = counter.count()
+                rc = proc.poll()
+                if rc is None:
+                    emit("progress", run)
+                    continue
+                del running[pid]
+                log.close()
+                run.returncode, run.time_s = rc, time.perf_counter() - t0
+                try:
+                    if rc == 0:
+                        record(run)
+                    elif rc == 130 or (stop["requested"] and rc in (-signal.SIGINT, 1)):
+                        run.status = "stopped"
+                    else:
+                        run.status = "failed"
+                        run.error = _last_error(run.log) or f"exit code {rc}"
+                finally:
+                    lock.release()
+                emit("end", run)
+    finally:
+        for run, proc, lock, *_ in running.values():  # only on an exception of our own: do not orphan children
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            lock.release()
+        for sig, h in old_handlers.items():
+            signal.signal(sig, h)
+        if sweep_lock is not None:
+            sweep_lock.release()
+    if stop["requested"]:
+        raise RunStopped("sweep stopped; finished runs are recorded - rerun the same command to continue")
+    return runs
+
+
+def _last_error(log: Path) -> str | None:
+    """The last 'error: ...' line a failed `cptsim train` wrote (its one-line reason)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if line.startswith("error: "):
+            return line[len("error: "):]
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ the report
+
+
+def rows_from_dir(out: str | os.PathLike) -> list[dict]:
+    """The results rows of the finished runs in a sweep directory, read from the run directories themselves."""
+    from .results import run_finished, run_row
+    from .runs import CONFIG, RunDir
+
+    out = Path(out)
+    if not (out / SWEEP_FILE).is_file():
+        raise InputError(f"{out} is not a sweep directory (no {SWEEP_FILE})")
+    rows = []
+    for p in sorted(out.iterdir()):
+        if p.is_dir() and (p / CONFIG).is_file():
+            rd = RunDir.open(p)
+            if run_finished(rd):
+                rows.append(run_row(rd, "sweep"))
+    return rows
+
+
+def _std(xs: list[float]) -> float:
+    """Sample standard deviation (ddof 1); 0 for one value."""
+    n = len(xs)
+    if n < 2:
+        return 0.0
+    m = sum(xs) / n
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+
+
+def _spearman(x: list[float], y: list[float]) -> tuple[float | None, float | None]:
+    from scipy.stats import spearmanr
+
+    if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
+        return None, None
+    r = spearmanr(x, y)
+    rho, p = float(r.statistic if hasattr(r, "statistic") else r[0]), float(r.pvalue if hasattr(r, "pvalue") else r[1])
+    return (None, None) if math.isnan(rho) else (rho, p)
+
+
+def sweep_report(rows: list[dict], score_fn: Callable[[str, int], float] | None = None) -> dict:
+    """Summarise results rows of ONE workload (see the module docstring for what is computed).
+
+    ``score_fn(schedule_text, total_steps)``: the score to correlate; default the planner's current proxy score
+    (``cptsim.results.proxy_score``), so a revised score is judged on old runs without re-training. Accuracy
+    spread is the sample standard deviation over seeds (ddof 1; 0 for one seed). Cost is BitOPs relative to the
+    costliest static baseline among the rows (static q_max of the schedule with the highest q_max), so every
+    schedule sits on one axis."""
+    from .results import proxy_score, score_name
+    from .schedules import parse_schedule
+
+    if not rows:
+        raise InputError("no finished runs to report on")
+    keys = {r["workload_key"] for r in rows}
+    if len(keys) > 1:
+        raise InputError(f"the rows hold {len(keys)} workloads ({', '.join(sorted(keys))}); pick one with --workload")
+    if score_fn is None:
+        def score_fn(text, steps):
+            return proxy_score(parse_schedule(text), steps)
+    statics = [(r["bitops_static"], r["q_max"], r["g_max"]) for r in rows if r.get("bitops_static")]
+    ref = max(statics) if statics else None
+    by_sched: dict[str, list[dict]] = {}
+    for r in rows:
+        by_sched.setdefault(r["schedule"], []).append(r)
+    table = []
+    for text, rs in by_sched.items():
+        rs = sorted(rs, key=lambda r: r["seed"])
+        accs = [float(r["test_acc"]) for r in rs]
+        costs = [r["bitops"] / ref[0] for r in rs if ref and r.get("bitops") is not None]
+        steps = rs[0]["steps"]
+        table.append({
+            "schedule": text, "family": rs[0]["family"], "n": len(rs), "seeds": [r["seed"] for r in rs],
+            "acc_mean": sum(accs) / len(accs), "acc_std": _std(accs), "accs": accs,
+            "eval_bits": sorted({r.get("eval_bits") for r in rs if r.get("eval_bits") is not None}),
+            "cost_rel": (sum(costs) / len(costs)) if costs else None,
+            "bitops": sum(r["bitops"] for r in rs if r.get("bitops") is not None) / len(rs) if ref else None,
+            "score": float(score_fn(text, steps)),
+            "runs": [r.get("run_path") for r in rs],
+        })
+    table.sort(key=lambda t: (t["cost_rel"] if t["cost_rel"] is not None else math.inf, t["schedule"]))
+
+    rho, p = _spearman([t["score"] for t in table], [t["acc_mean"] for t in table])
+    per_seed = {}
+    for seed in sorted({s for t in table for s in t["seeds"]}):
+        pts = [(t["score"], t["accs"][t["seeds"].index(seed)]) for t in table if seed in t["seeds"]]
+        r_s, _ = _spearman([a for a, _ in pts], [b for _, b in pts])
+        if r_s is not None:
+            per_seed[str(seed)] = r_s
+    vals = list(per_seed.values())
+    notes = []
+    if rho is None:
+        notes.append("no rank correlation: it needs at least 3 schedules whose scores and accuracies are not all "
+                     "equal")
+    costs = [t["cost_rel"] for t in table if t["cost_rel"] is not None]
+    return {
+        "format": REPORT_FORMAT,
+        "workload_key": next(iter(keys)), "workload": rows[0].get("workload"),
+        "runs": len(rows), "schedules": table,
+        "cost_reference": ({"schedule": f"static:{ref[1]}:g{ref[2]}", "bitops": ref[0]} if ref else None),
+        "cost_range": [min(costs), max(costs)] if costs else None,
+        "score_name": score_name(),
+        "spearman": {"rho": rho, "p_value": p, "n_schedules": len(table),
+                     "per_seed": per_seed, "per_seed_mean": (sum(vals) / len(vals)) if vals else None,
+                     "per_seed_std": _std(vals) if vals else None,
+                     "what": "Spearman rank correlation between the proxy score and the mean test accuracy over "
+                             "schedules; per seed: the same over the schedules run with that seed"},
+        "notes": notes,
+    }
