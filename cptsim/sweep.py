@@ -434,13 +434,17 @@ def execute(runs: list[SweepRun], settings: SweepSettings, jobs: int = 1, db=Non
                 log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {run.action}: "
                           f"{' '.join(train_command(settings, run))}\n".encode())
                 log.flush()
+                # Its own session: a ^C at the terminal reaches the sweep alone, which passes it on exactly once
+                # (a second SIGINT makes `cptsim train` stop without its end-of-step checkpoint).
                 proc = subprocess.Popen(train_command(settings, run), stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=env, pass_fds=(lock.fd,))
+                                        stdin=subprocess.DEVNULL, env=env, pass_fds=(lock.fd,),
+                                        start_new_session=True)
                 run.status = "running"
                 running[proc.pid] = (run, proc, lock, _StepCounter(run.path / "trace.jsonl"), time.perf_counter(),
                                      log)
                 emit("start", run)
-            if stop["requested"]:
+            if stop["requested"] and not stop.get("forwarded"):
+                stop["forwarded"] = True
                 for run, proc, *_ in running.values():
                     if proc.poll() is None:
                         try:
@@ -466,7 +470,10 @@ def execute(runs: list[SweepRun], settings: SweepSettings, jobs: int = 1, db=Non
                 run.returncode, run.time_s = rc, time.perf_counter() - t0
                 try:
                     if rc == 0:
-                        record(run)
+                        try:
+                            record(run)
+                        except InputError as e:  # the run's files cannot be read back: that run failed
+                            run.status, run.error = "failed", str(e)
                     elif rc == 130 or (stop["requested"] and rc in (-signal.SIGINT, 1)):
                         run.status = "stopped"
                     else:
@@ -478,7 +485,8 @@ def execute(runs: list[SweepRun], settings: SweepSettings, jobs: int = 1, db=Non
     finally:
         for run, proc, lock, *_ in running.values():  # only on an exception of our own: do not orphan children
             if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
+                if not stop.get("forwarded"):
+                    proc.send_signal(signal.SIGINT)
                 try:
                     proc.wait(30)
                 except subprocess.TimeoutExpired:
