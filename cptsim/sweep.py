@@ -70,7 +70,10 @@ class SweepSettings:
 
     def workload(self) -> dict:
         """The settings that define what is trained (a rerun into the same OUT must not change them)."""
-        return {k: v for k, v in asdict(self).items() if k not in self.RUNTIME}
+        w = {k: v for k, v in asdict(self).items() if k not in self.RUNTIME}
+        if self.steps is not None:
+            w["epochs"] = None  # --steps overrides --epochs: an unused --epochs does not make another workload
+        return w
 
     def validate(self) -> None:
         """The checks `cptsim train` makes (settings, model name, dataset and its folder), before any process is
