@@ -20,7 +20,7 @@ def _cptsim(*args, env_extra=None):
 
 
 def _no_time(records):
-    return [{k: v for k, v in r.items() if k not in ("time_s", "epoch_time_s")} for r in records]
+    return [{k: v for k, v in r.items() if k not in ("time_s", "epoch_time_s", "recal_time_s")} for r in records]
 
 
 def _weights(run):

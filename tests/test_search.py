@@ -52,7 +52,7 @@ def test_default_workload_is_the_default_training_run(workload):
 @pytest.mark.parametrize("hw", ["bitfusion", "h100", "host"])
 def test_fast_path_costs_equal_cost_estimate(workload, hw):
     c = evaluate(workload, hw)
-    assert len(c) == 1405
+    assert len(c) == 1407
     rng = np.random.default_rng(1)
     for i in rng.choice(len(c), 25, replace=False):
         est = workload.estimate(c.schedules[i], c.hardware)

@@ -9,25 +9,27 @@ from cptsim.schedules import SCHEDULE_NAMES, Schedule
 
 def test_default_space_counts_every_valid_candidate_once():
     cands = SearchSpace().candidates()
-    # 20 (q_min < q_max) pairs x 10 cyclic schedules x 7 cycle counts, plus static at q_max 4..8
-    assert len(cands) == 20 * 10 * 7 + 5 == 1405
+    # 20 (q_min < q_max) pairs x 10 cyclic schedules x 7 cycle counts, plus static at every width 2..8
+    assert len(cands) == 20 * 10 * 7 + 7 == 1407
     assert len(set(cands)) == len(cands)
     assert {c.name for c in cands} == set(SCHEDULE_NAMES)
     assert all(isinstance(c, Schedule) for c in cands)
     assert all(c.q_min < c.q_max for c in cands if c.name != "static")
-    assert sorted(c.q_max for c in cands if c.name == "static") == [4, 5, 6, 7, 8]
+    assert sorted(c.q_max for c in cands if c.name == "static") == [2, 3, 4, 5, 6, 7, 8]
     assert all((c.g_min, c.g_max) == (8, 8) for c in cands)
 
 
-def test_static_ignores_q_min_and_cycles():
+def test_static_offers_every_width_in_range_and_ignores_cycles():
     s = SearchSpace(schedules=("static",), cycles=(1, 8, 32), q_min_range=(2, 6), q_max_range=(8, 8))
-    assert [c.to_text() for c in s.candidates()] == ["static:8:g8"]
+    assert [c.to_text() for c in s.candidates()] == [f"static:{q}:g8" for q in range(2, 9)]
+    assert [c.to_text() for c in s.with_min_bits(5).candidates()] == [f"static:{q}:g8" for q in range(5, 9)]
 
 
 def test_static_with_a_gradient_range_runs_at_its_top():
     s = SearchSpace(schedules=("static", "cpt"), q_min_range=(3, 3), q_max_range=(8, 8), cycles=(32,),
                     g_bits=((8, 8), (6, 8)))
-    assert [c.to_text() for c in s.candidates()] == ["static:8:g8", "cos-rep:3-8:g8:n32", "cos-rep:3-8:g6-8:n32"]
+    assert [c.to_text() for c in s.candidates()] == [f"static:{q}:g8" for q in range(3, 9)] + [
+        "cos-rep:3-8:g8:n32", "cos-rep:3-8:g6-8:n32"]
 
 
 def test_constraints_bound_q_min_and_q_max():
@@ -81,7 +83,7 @@ def test_json_round_trip():
         (dict(min_bits="seven"), "auto"),
         (dict(max_bits="0"), "outside 1..16"),
         # constraints that leave nothing say which one did it
-        (dict(max_bits="3"), "--max-bits 3 leaves no candidate"),
+        (dict(schedules="cpt,rex-rep", max_bits="3"), "--max-bits 3 leaves no candidate"),
         (dict(schedules="cpt", min_bits="8"), "--min-bits 8 leaves no candidate"),
         (dict(min_bits="9"), "--min-bits 9 leaves no candidate"),
         (dict(schedules="cpt", min_bits="6", max_bits="6"), "--min-bits 6 together with --max-bits 6"),

@@ -23,7 +23,7 @@ def _cptsim(*args, env_extra=None):
                           timeout=300)
 
 
-def _strip_times(records, keys=("time_s", "epoch_time_s")):
+def _strip_times(records, keys=("time_s", "epoch_time_s", "recal_time_s")):
     return [{k: v for k, v in r.items() if k not in keys} for r in records]
 
 
