@@ -22,7 +22,9 @@ Examples:
   cptsim plan --budget 65% --metric energy --hw bitfusion --plot plan.png
   cptsim plan --budget 2h --hw a100 --model resnet20 --dataset cifar10 --batch-size 128 --steps 64000
   cptsim plan --budget 60% --schedules cos-rep,rex-rep --cycles 8,32 --q-min 3-4 --q-max 8
-  cptsim plan --budget 65% --min-bits auto --pilot 4     range test for q_min; pilot-train the top 4
+  cptsim plan --budget 65% --min-bits auto --pilot 4     range test for q_min; pilot-train 4 different candidates
+  cptsim plan --budget 65% --quality db                  rank by accuracy predicted from measured runs
+                                                         (cptsim sweep fills the database)
   cptsim train --plan plan.json                          train exactly what was planned
 
 {BUDGET_HELP}
@@ -31,7 +33,21 @@ Which plan: among the candidates whose estimated cost on the budget's metric fit
 score; ties go to the cheaper. The estimate is cptsim's one cost model (as 'cptsim cost'), so a plan's
 estimate is always within its budget. A budget below the cheapest candidate exits 2 naming that candidate
 and its cost. A budget that covers the static-q_max cost plans static q_max (the most precise schedule in
-the space); --prefer-cyclic plans the best cyclic schedule instead.
+the space); --prefer-cyclic plans the best cyclic schedule instead. The space offers every static width
+from the lowest q_min to the highest q_max: a static schedule below q_max is often the best buy.
+
+Evaluation: every run is evaluated at its schedule's q_max after BatchNorm statistics and activation ranges
+are re-estimated at q_max (16 training batches, no gradient; 'cptsim train --recal-batches'). The statistics a
+model carries belong to the precision it last trained at: without this, a schedule ending at q_min scored 24%
+instead of 92% on MNIST. So schedules may end low, as one-cycle triangular ones do, and are judged fairly.
+
+Checked against measured runs (benchmarks/quality_check.py, results in benchmarks/results/issue9.db): on
+digits-cnn at forward bits 2-4, 3 epochs, 14 schedules at equal BitOPs x 3 seeds, the score's Spearman rank
+correlation with measured accuracy is reported there (it must be >= 0.5; tests/test_quality.py checks it).
+
+--quality db ranks by a model fitted to measured runs of the same workload in the results database
+(monotone-linear/1: accuracy rises with score, mean bits and cost; coefficients by non-negative least
+squares; +- from bootstrap refits and seed spread), and falls back to the score below 5 measured schedules.
 
 Hardware: BitOPs do not depend on it; energy and latency do, and often not smoothly -- an H100 runs every
 width up to 8 bits on its int8 tier, so its latency and energy do not fall below 8 bits and a latency budget
@@ -88,9 +104,15 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
               help="Steps per precision for --min-bits auto [default: one epoch].")
 @click.option("--prefer-cyclic", is_flag=True,
               help="When the budget covers static q_max, plan the best cyclic schedule instead.")
+@click.option("--quality", type=click.Choice(["proxy", "db"]), default="proxy", show_default=True,
+              help="Rank by the proxy score, or by accuracy predicted from measured runs in the results database.")
+@click.option("--db", default=None, help="Results database for --quality db and pilot runs "
+                                         "[default: $CPTSIM_DB or ~/.local/share/cptsim/results.db].")
 @click.option("--pilot", type=int, default=0, show_default=True,
-              help="Rank the top K candidates by real short training runs (successive halving) instead of the score.")
-@click.option("--pilot-steps", type=int, default=None, help="Steps of the first pilot round [default: steps / 8].")
+              help="Rank K genuinely different candidates (best of each family, incl. static and CPT's own) by real "
+                   "short training runs on a validation split of the training data (successive halving).")
+@click.option("--pilot-steps", type=int, default=None,
+              help="Steps of the first pilot round [default: steps / 4, at least two epochs].")
 @click.option("--pilot-dir", default=None, help="Keep the pilot runs here [default: a temporary directory, removed].")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda, for --pilot and --min-bits auto.")
 @click.option("--top", type=int, default=10, show_default=True, help="Alternatives to list and record.")
@@ -101,8 +123,8 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
 @json_option
 def plan(budget, metric, hw, model, dataset, data_dir, batch_size, epochs, steps, dataset_size, lr, momentum,
          weight_decay, lr_schedule, seed, fp_layers, no_augment, schedules, cycles, q_min, q_max, g_bits, min_bits,
-         max_bits, range_steps, prefer_cyclic, pilot, pilot_steps, pilot_dir, device, top, out_path, force, plot,
-         quiet, as_json) -> None:
+         max_bits, range_steps, prefer_cyclic, quality, db, pilot, pilot_steps, pilot_dir, device, top, out_path,
+         force, plot, quiet, as_json) -> None:
     """Search cyclic-precision schedules for the best one whose estimated cost on the target hardware fits the
     budget, show the top candidates, and write plan.json for 'cptsim train --plan'."""
     from cptsim.hardware import load_profile
@@ -148,12 +170,12 @@ def plan(budget, metric, hw, model, dataset, data_dir, batch_size, epochs, steps
 
     def on_pilot(ev: dict) -> None:
         if show and ev["event"] == "done":
-            err.print(f"pilot round {ev['round'] + 1}: {ev['schedule']} {ev['steps']} steps -> test acc "
-                      f"{100 * ev['test_acc']:.1f}% @ {ev['eval_bits']} bits ({ev['time_s']:.1f} s)", highlight=False)
+            err.print(f"pilot round {ev['round'] + 1}: {ev['schedule']} {ev['steps']} steps -> validation acc "
+                      f"{100 * ev['val_acc']:.1f}% @ {ev['eval_bits']} bits ({ev['time_s']:.1f} s)", highlight=False)
 
     result = make_plan(workload, hardware, bud, space, prefer_cyclic=prefer_cyclic, top=top, pilot=pilot,
                        pilot_steps=pilot_steps, pilot_dir=pilot_dir, device=device, range_test=rt,
-                       on_pilot=on_pilot)
+                       on_pilot=on_pilot, quality=quality, db=db)
     doc = result.to_json()
     if target.exists() and not force:  # appeared while we searched
         raise InputError(f"{target} already exists; pass --force to overwrite it or pick another --out")
@@ -176,6 +198,9 @@ class _nothing:
         return False
 
 
+_RANKED_BY = {"pilot": "pilot runs (validation accuracy)", "db": "accuracy predicted from measured runs"}
+
+
 def _pct(x: float | None) -> str:
     if x is None:
         return "-"
@@ -195,12 +220,14 @@ def print_plan(p, doc: dict) -> None:
               title_justify="left",
               caption=f"{len(p.candidates)} candidates; n = cycles, bits = mean forward bits, budget = % of the budget "
                       f"used, static = {what} as % of {base}; "
-                      f"ranked by {'pilot runs (measured test accuracy)' if p.ranking == 'pilot' else 'score'}",
+                      f"ranked by {_RANKED_BY.get(p.ranking, 'score')}",
               caption_justify="left", box=None, pad_edge=False, collapse_padding=True, padding=(0, 1),
               header_style="bold underline")
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column("schedule", no_wrap=True)
-    for col in ("n", "bits", "BitOPs", "energy", "latency", "budget", "static", "score"):
+    predicted = p.ranking == "db"
+    for col in ("n", "bits", "BitOPs", "energy", "latency", "budget", "static", "score") + (
+            ("predicted acc",) if predicted else ()):
         t.add_column(col, justify="right", no_wrap=True)
     for a in p.alternatives:
         if a["role"] == "cheapest":
@@ -210,7 +237,9 @@ def print_plan(p, doc: dict) -> None:
         t.add_row((">" if chosen else "") + label, a["schedule"],
                   "-" if a["name"] == "static" else str(a["cycles"]), f"{a['mean_bits']:.2f}",
                   si(a["bitops"]), si(a["energy_j"], "J"), si(a["latency_s"], "s"), _pct(a["budget_fraction"]),
-                  _pct(a["vs_baseline"]), f"{a['score']:.4f}", style="bold green" if chosen else None)
+                  _pct(a["vs_baseline"]), f"{a['score']:.4f}",
+                  *((f"{100 * a['predicted_acc']:.1f} ± {100 * a['predicted_std']:.1f}%",) if predicted else ()),
+                  style="bold green" if chosen else None)
     out.print(t)
     est, b = doc["estimate"], doc["baseline"]
     out.print(f"[bold]chosen[/]: {p.schedule.to_text()}: {si(est['bitops']['total'])} BitOPs, "
@@ -220,7 +249,7 @@ def print_plan(p, doc: dict) -> None:
               f"{si(b['latency_s'], 's')}", highlight=False)
     if p.pilot:
         for r in p.pilot["rounds"]:
-            accs = ", ".join(f"{x['schedule']} {100 * x['test_acc']:.1f}%" for x in r["runs"])
+            accs = ", ".join(f"{x['schedule']} {100 * x['val_acc']:.1f}%" for x in r["runs"])
             out.print(f"pilot round {r['round'] + 1} ({r['steps']} steps): {accs}", highlight=False)
     for n in p.notes:
         out.print(f"[yellow]note:[/] {n}", highlight=False)

@@ -1,9 +1,20 @@
-"""Pilot runs: rank the best few candidates by real short training runs instead of the proxy score.
+"""Pilot runs: rank a few genuinely different candidates by real short training runs instead of the proxy score.
 
-``pilot=K`` replaces the proxy score with evidence (``run_pilot``): the top K candidates by score within budget
-train for real for ``pilot_steps`` steps each (their schedule compressed to that run length), the better half by
-test accuracy at q_max goes on with twice the steps, and so on until one is left (successive halving). Runs go to
-a temporary directory (or ``pilot_dir``), never to the user's runs.
+``pilot=K`` (``run_pilot``) is successive halving over real runs. The pool (``pilot_pool``) is not the top K by
+score -- those are near-duplicates (one profile at several cycle counts) -- but the best candidate of each schedule
+family in score order, always including the best static schedule and CPT's own schedule (cos-rep, 32 cycles or the
+space's nearest) when they fit the budget, up to K. Round r trains every survivor from scratch for s_r steps with
+the workload's settings and the candidate's schedule laid over those s_r steps, holding out a fixed
+``PILOT_VAL_SPLIT`` of the *training* data as a validation split (the test split is never looked at), and ranks by
+validation accuracy at q_max after BatchNorm re-estimation. The better half survives; s doubles; the last one
+standing wins. Runs go to a temporary directory (or ``pilot_dir``), never to the user's runs, and each finished
+pilot run is recorded in the results database (source "pilot").
+
+How long is long enough: s_0 defaults to T/4 and at least two epochs of the training part -- measured on digits,
+the old default (T/8 = 8 steps) left every pilot at 11-21%, chance level, so its ranking was noise. Each round
+records whether it *separated* its candidates: the accuracy gap between the last kept and the first dropped
+candidate against twice the binomial standard error of one validation accuracy, sqrt(p (1 - p) / n_val). A round
+that did not separate says so in the plan's notes.
 """
 
 from __future__ import annotations
@@ -15,25 +26,59 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from cptsim.errors import InputError
 
 from .evaluate import Candidates
 
-__all__ = ["run_pilot"]
+__all__ = ["run_pilot", "pilot_pool", "PILOT_VAL_SPLIT"]
+
+PILOT_VAL_SPLIT = 0.2  # of the training data, held out by cptsim.train.validation_split (a fixed subset)
+
+
+def pilot_pool(cands: Candidates, ranked: np.ndarray, k: int) -> list[int]:
+    """Up to k genuinely different candidates from ``ranked`` (best first, all within budget): the best static
+    schedule and CPT's schedule (cos-rep, the cycle count nearest 32) if within budget, then the best of each
+    other schedule family, in ranking order."""
+    ranked = [int(i) for i in ranked]
+    if not ranked:
+        return []
+    pool: list[int] = [ranked[0]]
+    statics = [i for i in ranked if cands.schedules[i].name == "static"]
+    cpt = sorted((i for i in ranked if cands.schedules[i].name == "cos-rep"),
+                 key=lambda i: (abs(math.log2(cands.schedules[i].cycles / 32)), ranked.index(i)))
+    for extra in (statics[:1], cpt[:1]):
+        for i in extra:
+            if i not in pool and len(pool) < k:
+                pool.append(i)
+    families = {cands.schedules[i].name for i in pool}
+    for i in ranked:
+        if len(pool) >= k:
+            break
+        if cands.schedules[i].name not in families:
+            pool.append(i)
+            families.add(cands.schedules[i].name)
+    for i in ranked:  # fewer families than k: fill with the next best
+        if len(pool) >= k:
+            break
+        if i not in pool:
+            pool.append(i)
+    return sorted(pool, key=ranked.index)
 
 
 def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot_dir: str | None,
-              device: str = "cpu", on_event: Callable[[dict], None] | None = None) -> tuple[int, dict]:
+              device: str = "cpu", on_event: Callable[[dict], None] | None = None,
+              db: str | None = None) -> tuple[int, dict]:
     """Successive halving over real short training runs of the candidates ``pool`` (indices, best proxy first).
 
-    Round r trains every survivor from scratch for s_r steps (s_0 = ``pilot_steps``, default T/8; doubled each
-    round, at most T) with the workload's settings and the candidate's schedule laid over those s_r steps, and
-    measures test accuracy at q_max (the dataset's test split stands in for a validation split). The better half
-    (ties: the better proxy rank) survives; the last one standing wins. Returns (position in pool, record)."""
+    Round r trains every survivor from scratch for s_r steps (s_0 = ``pilot_steps``, default ``default_steps``;
+    doubled each round, at most T) and ranks them by validation accuracy (module docstring). The better half
+    (ties: the better rank in ``pool``) survives; the last one standing wins. Returns (position in pool, record)."""
     from cptsim.train import TrainConfig, train
 
     w = cands.workload
-    steps = max(1, w.steps // 8) if pilot_steps is None else pilot_steps
+    steps = default_steps(w) if pilot_steps is None else pilot_steps
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise InputError(f"--pilot-steps must be a positive integer, got {pilot_steps!r}")
     steps = min(steps, w.steps)
@@ -55,27 +100,35 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
                 cfg = TrainConfig(model=w.model, dataset=w.dataset, data_dir=w.data_dir, schedule=s.to_text(),
                                   steps=steps, batch_size=w.batch_size, lr=w.lr, momentum=w.momentum,
                                   weight_decay=w.weight_decay, lr_schedule=w.lr_schedule,
-                                  fp_layers=list(w.fp_layers), seed=w.seed, device=device, augment=w.augment)
+                                  fp_layers=list(w.fp_layers), seed=w.seed, device=device, augment=w.augment,
+                                  val_split=PILOT_VAL_SPLIT)
                 out = root / f"round{r}-{pos:02d}-{s.name}"
                 if on_event:
                     on_event({"event": "start", "round": r, "steps": steps, "schedule": s.to_text()})
                 t0 = time.perf_counter()
                 run = train(cfg, str(out), progress=False)
                 metrics = run.read_metrics().records
-                acc = float(metrics[-1]["test_acc"]) if metrics else float("nan")
+                acc = float(metrics[-1]["val_acc"]) if metrics else float("nan")
+                n_val = run.read_config().get("val_size", 0)
                 rec = {"schedule": s.to_text(), "proxy_rank": pos + 1, "proxy_score": float(cands.score[pool[pos]]),
-                       "steps": steps, "test_acc": acc, "eval_bits": s.q_max,
+                       "steps": steps, "val_acc": acc, "val_size": n_val, "eval_bits": s.q_max,
                        "train_loss": float(metrics[-1]["train_loss"]) if metrics else None,
                        "time_s": round(time.perf_counter() - t0, 3),
                        "run_dir": str(out) if keep else None}
+                _record(run, db, rec)
                 runs.append((pos, rec))
                 if on_event:
                     on_event({"event": "done", "round": r, **rec})
-            order = sorted(runs, key=lambda pr: (-(pr[1]["test_acc"] if math.isfinite(pr[1]["test_acc"]) else -1),
+            order = sorted(runs, key=lambda pr: (-(pr[1]["val_acc"] if math.isfinite(pr[1]["val_acc"]) else -1),
                                                  pr[0]))
-            alive = sorted(pos for pos, _ in order[:math.ceil(len(order) / 2)])
+            n_keep = math.ceil(len(order) / 2)
+            alive = sorted(pos for pos, _ in order[:n_keep])
+            gap = order[n_keep - 1][1]["val_acc"] - order[n_keep][1]["val_acc"]
+            p, n = order[n_keep - 1][1]["val_acc"], max(order[0][1]["val_size"], 1)
+            se = math.sqrt(max(p * (1 - p), 1.0 / n) / n) if math.isfinite(p) else float("nan")
             rounds.append({"round": r, "steps": steps, "runs": [rec for _, rec in runs],
-                           "kept": [cands.schedules[pool[p]].to_text() for p in alive]})
+                           "kept": [cands.schedules[pool[p]].to_text() for p in alive],
+                           "gap": gap, "two_se": 2 * se, "separated": bool(gap > 2 * se)})
             steps = min(steps * 2, w.steps)
             r += 1
     finally:
@@ -83,7 +136,31 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
             shutil.rmtree(root, ignore_errors=True)
     winner = alive[0]
     doc = {"k": len(pool), "method": "successive halving",
-           "measure": "test accuracy at q_max after a short run (the dataset's test split used as validation)",
+           "measure": f"validation accuracy at q_max after a short run ({PILOT_VAL_SPLIT:.0%} of the training data "
+                      "held out; the test split is not used)",
+           "pool": [cands.schedules[i].to_text() for i in pool],
+           "separated": all(rd["separated"] for rd in rounds),
            "first_steps": rounds[0]["steps"] if rounds else 0, "rounds": rounds,
            "winner": cands.schedules[pool[winner]].to_text(), "dir": str(root) if keep else None}
     return winner, doc
+
+
+def default_steps(w) -> int:
+    """The first round's length: T/4 and at least two epochs of the training part (capped at T)."""
+    n = w.dataset_size
+    epoch = -(-int(n * (1 - PILOT_VAL_SPLIT)) // w.batch_size) if n else 0
+    return max(1, min(w.steps, max(w.steps // 4, 2 * epoch)))
+
+
+def _record(run, db, rec: dict) -> None:
+    """Put a finished pilot run into the results database; a database that cannot be written costs a note,
+    not the plan."""
+    if db is False:
+        return
+    try:
+        from cptsim.results import ResultsDB, record_run
+
+        with ResultsDB(db) as rdb:
+            record_run(run.path, rdb, source="pilot")
+    except Exception as e:  # noqa: BLE001 - the pilot's ranking does not depend on the database
+        rec["db_error"] = f"{type(e).__name__}: {e}"

@@ -44,7 +44,7 @@ from cptsim.schedules import Schedule
 
 from .budget import Budget, format_quantity, parse_budget
 from .evaluate import COST_KEYS, METRIC_NAMES, Candidates, evaluate
-from .pilot import run_pilot
+from .pilot import pilot_pool, run_pilot
 from .score import score_json
 from .space import SearchSpace
 from .workload import Workload
@@ -169,6 +169,7 @@ class Plan:
     ranking: str = "proxy"
     pilot: dict | None = None
     range_test: dict | None = None
+    quality: dict | None = None
     timings: dict = field(default_factory=dict)
 
     @property
@@ -213,6 +214,8 @@ class Plan:
             "candidates": len(self.candidates),
             "score": score_json(),
             "ranking": self.ranking,
+            "quality": self.quality,
+            "evaluation": evaluation_json(self.schedule),
             "schedule": self.schedule.to_json() | {"text": self.schedule.to_text()},
             "estimate": est,
             "baseline": base,
@@ -224,6 +227,54 @@ class Plan:
             "profile": self.workload.profile.to_json(),
             "timings": dict(self.timings),
         }
+
+
+def evaluation_json(schedule: Schedule) -> dict:
+    """How a run of this plan is evaluated (``cptsim.train.evaluate``): at q_max, after BatchNorm statistics and
+    activation ranges are re-estimated at q_max. The statistics a model carries belong to the precision it last
+    trained at, so a schedule that ends below q_max (one-cycle or odd-cycle triangular) would otherwise be scored
+    with statistics of the wrong precision (issue 9: 24% instead of 92% on MNIST)."""
+    from cptsim.train import TrainConfig
+
+    cfg = TrainConfig()
+    return {"bits": schedule.q_max, "final_bits": int(schedule.bits(max(schedule.cycles, 1) * 8)[-1]),
+            "recal_batches": cfg.recal_batches,
+            "why": "BatchNorm statistics and activation ranges are re-estimated at the evaluation bits before "
+                   "every evaluation, so the final precision of the schedule does not leak into its score"}
+
+
+def _quality_rank(cands: Candidates, mask: np.ndarray, cost: np.ndarray, base_bitops: float, db,
+                  notes: list[str]) -> tuple[np.ndarray | None, dict]:
+    """Candidates under ``mask`` ranked by accuracy predicted from measured runs (``quality.py``), or None (with
+    the reason in the returned document) when the database has too few runs of this workload."""
+    from .quality import MIN_SCHEDULES, fit_quality, features, load_measurements
+    from .score import score_bits
+    from cptsim.schedules import parse_schedule
+
+    w = cands.workload
+    names, accs, key, path = load_measurements(w, db)
+    doc = {"source": "db", "db": path, "workload_key": key, "runs": len(names), "schedules": len(set(names))}
+    model = None
+    if names:
+        per: dict[str, tuple] = {}  # the features of each measured schedule, computed as for the candidates
+        for n in dict.fromkeys(names):
+            sch = parse_schedule(n)
+            q, g = sch.bits(w.steps), sch.grad_bits(w.steps)
+            per[n] = (float(score_bits(q, g)), float(q.mean()),
+                      float(w.estimate(sch, cands.hardware).bitops["total"]) / base_bitops)
+        model = fit_quality(names, features(*zip(*[per[n] for n in names])), np.asarray(accs))
+    if model is None:
+        doc["fallback"] = "proxy"
+        notes.append(f"--quality db: {len(set(names))} measured schedule(s) of this workload in {path} "
+                     f"(need {MIN_SCHEDULES}); ranked by the proxy score instead - 'cptsim sweep' measures more")
+        return None, doc
+    Xc = features(cands.score, cands.mean_bits, cands.cost["bitops"] / base_bitops)
+    mean, std = model.predict(Xc)
+    idx = np.flatnonzero(mask)
+    order = np.lexsort((idx, cost[idx], -cands.score[idx], -np.round(mean[idx], 12)))
+    doc.update(model.to_json())
+    doc["predicted"] = {"mean": mean, "std": std}  # arrays: turned into per-alternative numbers by select
+    return idx[order], doc
 
 
 def _pareto(cost: np.ndarray, score: np.ndarray) -> np.ndarray:
@@ -246,7 +297,7 @@ def _ranked(cands: Candidates, mask: np.ndarray, cost: np.ndarray) -> np.ndarray
 
 def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = False, top: int = 10,
            pilot: int = 0, pilot_steps: int | None = None, pilot_dir: str | None = None, device: str = "cpu",
-           on_pilot: Callable[[dict], None] | None = None) -> Plan:
+           on_pilot: Callable[[dict], None] | None = None, quality: str = "proxy", db: str | None = None) -> Plan:
     """Pick the plan from evaluated candidates (budget semantics in the module docstring)."""
     t0 = time.perf_counter()
     if isinstance(budget, str):
@@ -312,20 +363,35 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
         else:
             notes.append("static is not among --schedules, so the listed schedules are ranked as usual")
     ranked = _ranked(cands, mask, cost)
+    if quality not in ("proxy", "db"):
+        raise InputError(f"--quality must be proxy or db, got {quality!r}")
+    quality_doc, predicted, ranking = {"source": "proxy"}, None, "proxy"
+    if quality == "db":
+        by_model, quality_doc = _quality_rank(cands, mask, cost, float(base.bitops["total"]), db, notes)
+        if by_model is not None:
+            ranked, ranking = by_model, "db"
+            predicted = quality_doc.pop("predicted")
     if static_first:
         bi = cands.index(base_sched)
         if bi is not None:
             ranked = np.concatenate(([bi], ranked[ranked != bi]))
 
-    ranking, pilot_doc = "proxy", None
+    pilot_doc = None
+    if static_first and predicted is not None:
+        notes.append("--quality db: the budget covers static q_max, which is planned (the most precise schedule)")
     if pilot and not static_first:
         if pilot < 2:
             raise InputError(f"--pilot K needs K >= 2 candidates to compare, got {pilot}")
-        pool = [int(i) for i in ranked[:pilot]]
+        pool = pilot_pool(cands, ranked, pilot)
         if len(pool) >= 2:
-            winner_pos, pilot_doc = run_pilot(cands, pool, pilot_steps, pilot_dir, device, on_pilot)
+            winner_pos, pilot_doc = run_pilot(cands, pool, pilot_steps, pilot_dir, device, on_pilot, db=db)
             ranked = np.concatenate(([pool[winner_pos]], ranked[ranked != pool[winner_pos]]))
             ranking = "pilot"
+            if not pilot_doc.get("separated", True):
+                weak = [rd for rd in pilot_doc["rounds"] if not rd["separated"]]
+                notes.append(f"--pilot: {len(weak)} of {len(pilot_doc['rounds'])} round(s) did not separate their "
+                             f"candidates (accuracy gap {weak[0]['gap']:.3f} < 2 standard errors "
+                             f"{weak[0]['two_se']:.3f}); give longer --pilot-steps for a firmer ranking")
         else:
             notes.append("--pilot skipped: only one candidate fits the budget")
     elif pilot:
@@ -362,6 +428,8 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
             "bitops": float(e.bitops["total"]), "energy_j": float(e.energy_j["total"]),
             "latency_s": float(e.latency_s["total"]), "budget_fraction": v / limit,
             "vs_baseline": v / base_val, "within_budget": bool(v <= limit),
+            **({"predicted_acc": float(predicted["mean"][i]), "predicted_std": float(predicted["std"][i])}
+               if predicted is not None else {}),
             "cheapest": i == cheapest,
         })
 
@@ -403,7 +471,7 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
     return Plan(workload=w, hardware=hw, budget=budget, budget_absolute=limit, space=space, schedule=sched,
                 estimate=est, baseline_schedule=base_sched, baseline=base, score=float(cands.score[chosen]),
                 alternatives=alternatives, frontier=frontier, notes=notes, candidates=cands, chosen_index=chosen,
-                ranking=ranking, pilot=pilot_doc,
+                ranking=ranking, pilot=pilot_doc, quality=quality_doc,
                 timings={"profile_s": w.profile_s, "evaluate_s": cands.eval_s,
                          "select_s": time.perf_counter() - t0})
 
@@ -411,7 +479,7 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
 def plan(workload: Workload, hardware, budget: Budget | str, space: SearchSpace | None = None, *,
          prefer_cyclic: bool = False, top: int = 10, pilot: int = 0, pilot_steps: int | None = None,
          pilot_dir: str | None = None, device: str = "cpu", range_test=None,
-         on_pilot: Callable[[dict], None] | None = None) -> Plan:
+         on_pilot: Callable[[dict], None] | None = None, quality: str = "proxy", db: str | None = None) -> Plan:
     """The best-scoring schedule of ``space`` whose estimated cost on ``hardware`` fits ``budget``.
 
     ``hardware``: a HardwareProfile, name or path; ``budget``: a Budget or its text ("65%", "500kJ").
@@ -430,7 +498,7 @@ def plan(workload: Workload, hardware, budget: Budget | str, space: SearchSpace 
         rt_doc = range_test.to_json()
     cands = evaluate(workload, hardware, space)
     p = select(cands, budget, prefer_cyclic=prefer_cyclic, top=top, pilot=pilot, pilot_steps=pilot_steps,
-               pilot_dir=pilot_dir, device=device, on_pilot=on_pilot)
+               pilot_dir=pilot_dir, device=device, on_pilot=on_pilot, quality=quality, db=db)
     if rt_doc is not None:
         p.range_test = rt_doc
         p.notes.append(f"--min-bits auto: the precision range test suggests q_min = {range_test.suggested_q_min} "

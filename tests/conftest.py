@@ -13,3 +13,17 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_results_db(tmp_path_factory):
+    """Runs that record themselves (pilots, sweeps) must never write the user's own results database."""
+    import os
+
+    before = os.environ.get("CPTSIM_DB")
+    os.environ["CPTSIM_DB"] = str(tmp_path_factory.mktemp("resultsdb") / "results.db")
+    yield
+    if before is None:
+        os.environ.pop("CPTSIM_DB", None)
+    else:
+        os.environ["CPTSIM_DB"] = before

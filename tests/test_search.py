@@ -1,6 +1,7 @@
 """The planner's search and score: the fast path is the cost model, plans fit their budgets, the score means what
 its docstring says, and every budget outcome (fits, infeasible, above static, flat hardware) is explained."""
 
+import json
 import math
 from dataclasses import replace
 
@@ -12,11 +13,12 @@ from hypothesis import strategies as st
 from cptsim.errors import InputError
 from cptsim.planner import plan as public_plan
 from cptsim.planner.budget import Budget, parse_budget
+from cptsim.planner.pilot import PILOT_VAL_SPLIT
 from cptsim.planner.planfile import validate_plan
 from cptsim.planner.score import SCORE_NAME, score_bits, step_fidelity, step_weights
 from cptsim.planner.search import COST_KEYS, Workload, baseline_schedule, evaluate, select
 from cptsim.planner.space import SearchSpace
-from cptsim.schedules import Schedule
+from cptsim.schedules import Schedule, parse_schedule
 from cptsim.train import TrainConfig
 
 METRICS = ("bitops", "energy", "latency")
@@ -234,12 +236,43 @@ def test_pilot_ranks_by_real_short_runs_in_a_directory_of_its_own(cands, tmp_pat
     assert p.ranking == "pilot" and p.pilot["k"] == 2
     (rnd,) = p.pilot["rounds"]
     assert rnd["steps"] == 3 and len(rnd["runs"]) == 2
-    assert all(0.0 <= r["test_acc"] <= 1.0 for r in rnd["runs"])
-    best = max(rnd["runs"], key=lambda r: (r["test_acc"], -r["proxy_rank"]))
+    assert all(0.0 <= r["val_acc"] <= 1.0 and r["val_size"] > 0 for r in rnd["runs"])
+    best = max(rnd["runs"], key=lambda r: (r["val_acc"], -r["proxy_rank"]))
     assert p.pilot["winner"] == best["schedule"] == p.schedule.to_text()
     assert p.estimate.bitops["total"] <= p.budget_absolute
     assert sorted(x.name for x in tmp_path.iterdir()) == ["pilots"]  # nothing written into the user's runs
     assert len(list(keep.iterdir())) == 2
+    assert isinstance(rnd["separated"], bool) and rnd["two_se"] > 0
+    for d in keep.iterdir():  # ranked on a validation split of the training data, the test split untouched
+        cfg = json.loads((d / "config.json").read_text())
+        assert cfg["settings"]["val_split"] == PILOT_VAL_SPLIT and cfg["val_size"] > 0
+        assert all("val_acc" in json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines())
+    from cptsim.results import ResultsDB
+
+    with ResultsDB() as db:  # conftest points CPTSIM_DB at a private file
+        assert {r["run_path"] for r in db.rows(source="pilot")} >= {str(d.resolve()) for d in keep.iterdir()}
+
+
+def test_pilot_pool_holds_different_families_and_the_static_and_cpt_contenders(cands):
+    from cptsim.planner.pilot import pilot_pool
+
+    cost = cands.cost["bitops"]
+    budget = cost[cands.index(parse_schedule("cos-rep:3-8:g8:n32"))]  # CPT's default
+    ranked = np.flatnonzero(cost <= budget)
+    ranked = ranked[np.argsort(-cands.score[ranked], kind="stable")]
+    pool = pilot_pool(cands, ranked, 4)
+    names = [cands.schedules[i].name for i in pool]
+    assert len(pool) == 4 and len(set(names)) == 4  # no near-duplicates
+    assert "static" in names and "cos-rep" in names
+    assert pool[0] == ranked[0]
+
+
+def test_default_pilot_length_is_long_enough_to_leave_chance(workload):
+    from cptsim.planner.pilot import default_steps
+
+    steps = default_steps(workload)
+    epoch = -(-int(workload.dataset_size * (1 - PILOT_VAL_SPLIT)) // workload.batch_size)
+    assert steps >= min(workload.steps, max(workload.steps // 4, 2 * epoch))
 
 
 def test_a_range_test_result_sets_min_bits_and_is_recorded(workload):
