@@ -462,7 +462,8 @@ def resume(run_path: str, progress: bool = True) -> RunDir:
     return _loop(cfg, w, run, d, start_step=start, progress=progress, ckpt=ckpt)
 
 
-SYNC_CHECK_WARMUP = 2  # steps not checked: the first ones compile the fused quantizers, which may synchronise
+SYNC_CHECK_WARMUP = 3  # steps not checked: the first ones compile the fused quantizers, which may synchronise
+# (on an H200, the third step of a run still made one extra synchronisation; every later one made exactly one)
 
 
 class _SyncCheck:

@@ -117,9 +117,11 @@ def test_fused_cuda_quantizers_agree_with_eager():
         got = quant.quantize_activation(x, lo, hi, bits)
         want = quant.fake_quant(x, lo, hi, bits)
         step = float((hi - lo) / ((1 << bits) - 1))
-        # equal but for values within float rounding of a tie, which may round either way: at most one step apart
-        assert (got - want).abs().max().item() <= step * 1.001
-        assert (got != want).float().mean().item() < 1e-3
+        # the compiled kernel rounds its arithmetic differently (reciprocal, fused multiply-add): equal to float
+        # rounding, except values within that rounding of a tie, which may land one step apart
+        diff = (got - want).abs()
+        assert diff.max().item() <= step * 1.001
+        assert (diff > 1e-5 * step).float().mean().item() < 1e-3
         w = torch.randn(64, 16, 3, 3, device="cuda")
         assert torch.allclose(quant.quantize_weight(w, bits), quant.fake_quant_per_channel(w, bits), atol=1e-5)
     status = quant.fused_status()
