@@ -462,8 +462,7 @@ def resume(run_path: str, progress: bool = True) -> RunDir:
     return _loop(cfg, w, run, d, start_step=start, progress=progress, ckpt=ckpt)
 
 
-SYNC_CHECK_WARMUP = 3  # steps not checked: the first ones compile the fused quantizers, which may synchronise
-# (on an H200, the third step of a run still made one extra synchronisation; every later one made exactly one)
+SYNC_CHECK_WARMUP = 2  # steps not checked: the first ones compile the fused quantizers, which may synchronise
 
 
 class _SyncCheck:
@@ -497,7 +496,8 @@ class _SyncCheck:
         ctx, caught = state
         torch.cuda.set_sync_debug_mode(0)
         ctx.__exit__(None, None, None)
-        return sum("synchroniz" in str(w.message) for w in caught)
+        # torch's sync warning; not its one-time "Synchronization debug mode is a prototype feature" notice
+        return sum("called a synchronizing CUDA operation" in str(w.message) for w in caught)
 
 
 def _stopped(step: int, run: RunDir) -> str:

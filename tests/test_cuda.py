@@ -121,7 +121,8 @@ def test_fused_cuda_quantizers_agree_with_eager():
         # rounding, except values within that rounding of a tie, which may land one step apart
         diff = (got - want).abs()
         assert diff.max().item() <= step * 1.001
-        assert (diff > 1e-5 * step).float().mean().item() < 1e-3
+        # (on an H200, 0.2% of the elements differed by 1-2 float32 ulps, up to 2.4e-7 on values up to ~4.5)
+        assert (diff > 1e-6 * float(hi - lo)).float().mean().item() < 1e-3
         w = torch.randn(64, 16, 3, 3, device="cuda")
         assert torch.allclose(quant.quantize_weight(w, bits), quant.fake_quant_per_channel(w, bits), atol=1e-5)
     status = quant.fused_status()
