@@ -21,7 +21,8 @@ Examples:
 \b
 The run directory (--out) gets config.json, trace.jsonl (one line per step: bits, loss, time),
 metrics.jsonl (one line per epoch: test accuracy at q_max), checkpoint.pt (replaced atomically each epoch).
-Evaluation always runs at the schedule's q_max (CPT's code evaluated at whatever bits were current).
+Evaluation runs at the schedule's q_max (--eval-bits to change; CPT's code evaluated at whatever bits were
+current), after BatchNorm statistics and activation ranges are re-estimated at those bits (--recal-batches).
 Schedules: see 'cptsim schedules list' and 'cptsim schedules show --help' for the text form.
 """
 
@@ -215,6 +216,15 @@ def _warn_if_hardware_changed(plan: dict) -> None:
 @click.option("--threads", type=int, default=None,
               help="CPU threads for torch. Default: 1 for small inputs (digits, MNIST), whose ops are too small to "
                    "split, else torch's default.")
+@click.option("--eval-bits", type=int, default=None,
+              help="Forward bits the model is evaluated at [default: the schedule's q_max].")
+@click.option("--recal-batches", type=int, default=16, show_default=True,
+              help="Before every evaluation, re-estimate BatchNorm statistics and activation ranges at the "
+                   "evaluation bits from this many training batches (forward only; 0 = off). Without it a schedule "
+                   "that ends below q_max is judged with statistics of the wrong precision.")
+@click.option("--val-split", type=float, default=0.0, show_default=True,
+              help="Hold out this fraction of the training data (a fixed subset) and report validation accuracy "
+                   "too (metrics.jsonl val_acc); the pilot uses 0.2.")
 @click.option("--out", default=None, help="Run directory to create (must not exist). Default runs/MODEL-SCHEDULE-TIME.")
 @click.option("--resume", "resume_dir", default=None, help="Continue this run directory from its last checkpoint.")
 @click.option("--plan", "plan_path", default=None,
@@ -234,7 +244,7 @@ def _warn_if_hardware_changed(plan: dict) -> None:
 @json_option
 def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epochs, steps, batch_size, lr, momentum,
           weight_decay, lr_schedule, fp_layers, no_augment, seed, device, workers, out, resume_dir, plan_path,
-          threads, checkpoint_every, nproc, list_models, quiet, as_json) -> None:
+          threads, eval_bits, recal_batches, val_split, checkpoint_every, nproc, list_models, quiet, as_json) -> None:
     """Run real quantized training with a cyclic precision schedule and record what ran."""
     from cptsim import train as T
     from cptsim.runs import run_summary
@@ -260,8 +270,11 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
                   "q_max": q_max, "g_bits": g_bits, "cycles": cycles, "epochs": epochs, "steps": steps,
                   "batch_size": batch_size, "lr": lr, "momentum": momentum, "weight_decay": weight_decay,
                   "lr_schedule": lr_schedule, "fp_layers": fp_layers, "no_augment": no_augment, "seed": seed}
+        evaluation = {k: v for k, v in (("eval_bits", eval_bits), ("recal_batches", recal_batches),
+                                        ("val_split", val_split)) if click.get_current_context().get_parameter_source(
+            k) not in (None, click.core.ParameterSource.DEFAULT)}
         cfg, changed = _plan_config(plan, params, device=device, workers=workers, checkpoint_every=checkpoint_every,
-                                    threads=threads)
+                                    threads=threads, **evaluation)
         _check_plan_data(plan, cfg)
         _warn_if_hardware_changed(plan)
         if out is None:
@@ -280,11 +293,13 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
         cfg = T.TrainConfig(model=model, dataset=dataset, data_dir=data_dir, schedule=text, epochs=epochs, steps=steps,
                             batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay,
                             lr_schedule=lr_schedule, fp_layers=fp, seed=seed, device=device, workers=workers,
-                            augment=not no_augment, checkpoint_every=checkpoint_every, threads=threads)
+                            augment=not no_augment, checkpoint_every=checkpoint_every, threads=threads,
+                            eval_bits=eval_bits, recal_batches=recal_batches, val_split=val_split)
         if out is None:
             out = _default_out(model, text)
         if progress:
-            err.print(f"training {model} on {dataset} with {text} -> {out}  (eval at q_max)")
+            err.print(f"training {model} on {dataset} with {text} -> {out}  (eval at "
+                      f"{f'{eval_bits} bits' if eval_bits else 'q_max'})")
         run = T.train(cfg, out, progress=progress)
     from cptsim import dist
 
