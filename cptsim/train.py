@@ -95,6 +95,9 @@ class TrainConfig:
         settings["schedule"] = Schedule.from_json(plan["schedule"]).to_text()
         if w.get("epochs") is not None:  # recorded for the reader; the plan's steps decide the run length
             settings["epochs"] = w["epochs"]
+        ev = plan.get("evaluation")
+        if isinstance(ev, dict) and isinstance(ev.get("recal_batches"), int):  # how the planner expects it judged
+            settings["recal_batches"] = ev["recal_batches"]
         planned = settings | {"epochs": w.get("epochs")}
         changed = [k for k in PLAN_FIXED if k in overrides and overrides[k] != planned.get(k)]
         if changed:
