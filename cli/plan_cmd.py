@@ -247,6 +247,12 @@ def print_plan(p, doc: dict) -> None:
               f"{_pct(p.budget_fraction)} of the budget, score {p.score:.4f}", highlight=False)
     out.print(f"baseline {base}: {si(b['bitops']['total'])} BitOPs, {si(b['energy_j'], 'J')}, "
               f"{si(b['latency_s'], 's')}", highlight=False)
+    q = p.quality or {}
+    if q.get("name"):
+        loo = q.get("loo_spearman")
+        out.print(f"quality model {q['name']}: fitted on {q['runs']} measured runs of {q['schedules']} schedules in "
+                  f"{q['db']}" + ("" if loo is None else f"; leave-one-schedule-out Spearman {loo:.2f}"),
+                  highlight=False)
     if p.pilot:
         for r in p.pilot["rounds"]:
             accs = ", ".join(f"{x['schedule']} {100 * x['val_acc']:.1f}%" for x in r["runs"])
