@@ -467,6 +467,12 @@ def resume(run_path: str, progress: bool = True) -> RunDir:
 
 SYNC_CHECK_WARMUP = 2  # steps not checked: the first ones compile the fused quantizers, which may synchronise
 
+def _compiles() -> int:
+    """Graphs torch.compile has built in this process so far (a step that built one is a warm-up step)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return int(dynamo.counters["stats"]["unique_graphs"]) if dynamo is not None else 0
+
+
 
 class _SyncCheck:
     """CPTSIM_SYNC_DEBUG=warn|error on CUDA: count the host-device synchronisations of each training step (trace
@@ -564,6 +570,21 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
         meter = EnergyMeter.for_device(device)  # None without NVML or without the GPU's energy counter
     sync_check = _SyncCheck(os.environ.get("CPTSIM_SYNC_DEBUG", "") if device.startswith("cuda") else "",
                             first_step=start_step + SYNC_CHECK_WARMUP)
+    graphs = None  # one process on a GPU: forward + backward replayed as CUDA graphs (cptsim.cudagraph)
+    if device.startswith("cuda") and not d.active:
+        from .cudagraph import GraphedSteps, graphs_enabled
+
+        if graphs_enabled():
+            graphs = GraphedSteps(params, counter)
+
+    def forward_backward(x, y, n_global, poison):
+        logits = model(x)
+        # summed here and divided by the *global* batch: the gradient of the global batch's mean loss
+        loss = F.cross_entropy(logits, y, reduction="sum")
+        if poison:
+            loss = loss * float("nan")
+        (loss / n_global).backward()
+        return torch.stack([loss.detach().double(), (logits.detach().argmax(1) == y).sum().double()])
     need_profile = d.is_main and run.read_json(PROFILE) is None
 
     def checkpoint(step: int) -> None:
@@ -592,6 +613,9 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 if int_at is not None and step == int_at:
                     os.kill(os.getpid(), signal.SIGINT)  # as if ^C arrived during this step
                 t0 = time.perf_counter()
+                # warm-up: the process's first CUDA step (lazy initialisation), one that compiled a kernel or that
+                # prepared or captured a CUDA graph; marked in the trace, left out of fits and time comparisons
+                warmup, compiles = device.startswith("cuda") and step == start_step, _compiles()
                 caught = sync_check.begin(step)
                 bits, gbits = w.bits[step], w.grad_bits[step]
                 w.precision.set(bits, gbits)
@@ -606,14 +630,17 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                     x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
                     if channels_last:
                         x = x.contiguous(memory_format=torch.channels_last)
-                    logits = model(x)
-                    # summed here and divided by the *global* batch: the gradient of the global batch's mean loss
-                    loss = F.cross_entropy(logits, y, reduction="sum")
-                    if nan_at is not None and step == nan_at:
-                        loss = loss * float("nan")
-                    (loss / n_global).backward()
-                    stats = torch.stack([loss.detach().double(), (logits.detach().argmax(1) == y).sum().double()])
-                    executed = step_cost(counter.step_arrays(), bits, gbits, batch=1)  # the cost model's formula
+                    poison = nan_at is not None and step == nan_at
+                    arrays = None
+                    if graphs is not None and not poison:
+                        stats, arrays, warm = graphs.step(
+                            lambda a, b: forward_backward(a, b, n_global, False), x, y, (bits, gbits, n_global),
+                            on_capture=sync_check.allow)  # capturing synchronises (torch.cuda.graph): warm-up
+                        warmup = warmup or warm
+                    else:
+                        stats = forward_backward(x, y, n_global, poison)
+                    arrays = arrays if arrays is not None else counter.step_arrays()
+                    executed = step_cost(arrays, bits, gbits, batch=1)  # the cost model's formula
                     counts = [executed[k][p] for k in ("macs", "bitops") for p in PHASES]
                 d.all_reduce_grads(params)
                 # The step's one host-device synchronisation: loss, accuracy and counts, summed over ranks, read
@@ -633,6 +660,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 # optimizer update instead of its own (the sum over a run is the same).
                 dt = time.perf_counter() - t0
                 energy = meter.read() if meter is not None else None
+                warmup = warmup or _compiles() != compiles
                 host_syncs = sync_check.end(caught)
                 epoch_stats[0] += loss_sum
                 epoch_stats[1] += int(correct)
@@ -647,7 +675,9 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                             "lr": lr, "time_s": round(dt, 6), "loss": loss_v}
                     if energy is not None:  # NVML: this GPU's energy counter over the step (see cptsim.energy)
                         line["energy_j"], line["power_w"] = energy
-                    if host_syncs is not None:
+                    if warmup:
+                        line["warmup"] = True
+                    elif host_syncs is not None:
                         line["host_syncs"] = host_syncs
                     run.append_trace(line)
                 step += 1
