@@ -169,7 +169,8 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
     t = Table(title=f"measured on this machine ({device}, {measured['threads']} threads)", show_header=False)
     t.add_column("what")
     t.add_column("value", justify="right")
-    t.add_row("fp32 matmul", si(measured["matmul_macs_per_s"], "MAC/s"))
+    t.add_row("3x3 conv fwd+bwd (N,C,H,W,K)" if device == "cuda" else "fp32 matmul",
+              si(measured["matmul_macs_per_s"], "MAC/s"))
     for s in measured["matmul_by_shape"]:
         t.add_row(f"  {'x'.join(map(str, s['shape']))}", si(s["macs_per_s"], "MAC/s"))
     t.add_row("memory bandwidth (copy)", si(measured["bandwidth_bytes_per_s"], "B/s"))

@@ -7,6 +7,12 @@ Four figures, each the median of repeated timings within a fixed time budget, wi
 * element-wise rate of cptsim's quantizers (``cptsim.quant``: one round-to-nearest and one stochastic pass, 4M elements);
 * the fixed cost of one layer-phase: a training step of tiny quantized conv + BN + ReLU layers, per layer-phase.
 
+On CUDA the figures are those of the GPU executing a training step as ``cptsim train`` runs it there: one CUDA
+graph per step (``cptsim.cudagraph``), so the host's dispatch is hidden and every term is GPU time, which adds up.
+So the MAC rate is that of convolutions forward + backward (cuDNN, TF32 as torch allows it by default), not of an
+FP32 matmul; the quantizer rate is that of the fused quantizers; quantizer passes and the tiny-layer step are timed
+as CUDA graph replays (eagerly, if capture fails or CPTSIM_CUDA_GRAPHS=0, which is then how training runs too).
+
 On CUDA, power comes from NVML when ``pynvml`` is importable; on a CPU, from the RAPL energy counter when the OS
 exposes it. Otherwise power is unknown (0), and the profile reports energy as 0 J.
 """
@@ -27,6 +33,9 @@ from .hardware import HardwareProfile, check_profile_file_name, host_profile_tex
 
 # (M, K, N) of conv layers lowered to GEMMs: ResNet-ish 3x3 convs (K = 9 x C_in) over a batch of feature maps.
 MATMUL_SHAPES = ((512, 1152, 1024), (1024, 576, 256), (256, 2304, 512))
+# On CUDA: 3x3 convolutions (batch, channels in = out, height = width) of CIFAR and ImageNet ResNets, forward +
+# backward (dgrad, wgrad), which is what a training step's layer-phases run.
+CONV_SHAPES = ((128, 16, 32), (128, 64, 8), (64, 64, 56), (64, 128, 28), (64, 256, 14), (64, 512, 7))
 ELEMENTWISE_NUMEL = 4 * 1024 * 1024
 COPY_NUMEL = {"cpu": 16 * 1024 * 1024, "cuda": 64 * 1024 * 1024}  # 64 / 256 MB: well past the last-level cache
 _RAPL = Path("/sys/class/powercap/intel-rapl:0/energy_uj")
@@ -54,15 +63,18 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
 
     # Half the budget for matmul (where power is sampled), a quarter each for bandwidth and the quantizer.
     by_shape = []
+    power.start()
+    if device == "cuda":
+        by_shape = _conv_rates(0.5 * seconds, sync)
+    else:
+        with torch.no_grad():
+            for m, k, n in MATMUL_SHAPES:
+                a = torch.randn(m, k, device=device)
+                b = torch.randn(k, n, device=device)
+                t = _median_time(lambda: torch.mm(a, b), 0.5 * seconds / len(MATMUL_SHAPES), sync)
+                by_shape.append({"shape": [m, k, n], "macs_per_s": m * k * n / t})
+    power_w, power_source = power.stop()
     with torch.no_grad():
-        power.start()
-        for m, k, n in MATMUL_SHAPES:
-            a = torch.randn(m, k, device=device)
-            b = torch.randn(k, n, device=device)
-            t = _median_time(lambda: torch.mm(a, b), 0.5 * seconds / len(MATMUL_SHAPES), sync)
-            by_shape.append({"shape": [m, k, n], "macs_per_s": m * k * n / t})
-        power_w, power_source = power.stop()
-
         x = torch.empty(COPY_NUMEL[device], device=device).uniform_()
         y = torch.empty_like(x)
         t = _median_time(lambda: y.copy_(x), 0.25 * seconds, sync)
@@ -71,16 +83,18 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
 
         # cptsim's own quantizers, as training runs them: one round-to-nearest pass (activations, weights) and one
         # stochastic-rounding pass (errors); the rate is per element per quantizer call, averaged over the two.
-        from .quant import fake_quant, fake_quant_stochastic
+        # (quantize_activation / quantize_error: the fused quantizers on CUDA, fake_quant / fake_quant_stochastic
+        # on a CPU)
+        from .quant import quantize_activation, quantize_error
 
         q = torch.randn(ELEMENTWISE_NUMEL, device=device)
 
         def both() -> None:
             lo, hi = torch.aminmax(q)
-            fake_quant(q, lo, hi, 8)
-            fake_quant_stochastic(q, 8)
+            quantize_activation(q, lo, hi, 8)
+            quantize_error(q, 8)
 
-        t = _median_time(both, 0.25 * seconds, sync)
+        t = _median_time(_graphed(both, device), 0.25 * seconds, sync)
         elementwise = 2 * ELEMENTWISE_NUMEL / t
 
     layer_overhead = _layer_overhead_s(device, 0.15 * seconds, sync)
@@ -220,7 +234,52 @@ def _layer_overhead_s(device: str, budget_s: float, sync) -> float:
     def step() -> None:
         net(x).sum().backward()
 
-    return _median_time(step, budget_s, sync) / 6
+    return _median_time(_graphed(step, device), budget_s, sync) / 6
+
+
+def _graphed(fn: Callable[[], object], device: str) -> Callable[[], object]:
+    """On CUDA (graphs on): ``fn`` captured as a CUDA graph, returned as its replay, as training runs a step there;
+    else (a CPU, CPTSIM_CUDA_GRAPHS=0, or a capture that fails) ``fn`` itself."""
+    if device != "cuda":
+        return fn
+    import torch
+
+    from .cudagraph import graphs_enabled
+
+    if not graphs_enabled():
+        return fn
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):  # compile, lazy initialisation: on the stream that captures
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            fn()
+        return g.replay
+    except Exception:
+        return fn
+
+
+def _conv_rates(budget_s: float, sync) -> list[dict]:
+    """MAC rate of 3x3 convolutions forward + backward on CUDA (3 x the forward MACs per step), per shape."""
+    import torch
+    import torch.nn.functional as F
+
+    out = []
+    for n, c, hw in CONV_SHAPES:
+        x = torch.randn(n, c, hw, hw, device="cuda", requires_grad=True)
+        w = torch.randn(c, c, 3, 3, device="cuda", requires_grad=True)
+        g = torch.randn(n, c, hw, hw, device="cuda")
+
+        def step() -> None:
+            torch.autograd.grad(F.conv2d(x, w, padding=1), (x, w), g)
+
+        t = _median_time(step, budget_s / len(CONV_SHAPES), sync)
+        out.append({"shape": [n, c, hw, hw, c], "macs_per_s": 3 * n * c * c * 9 * hw * hw / t})
+    return out
 
 
 def output_path(out: str | os.PathLike | None = None) -> Path:
@@ -242,8 +301,10 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
     power = measured["power_w"]
     power_note = (f"average during the matmul runs, from {measured['power_source']}" if power
                   else "unknown on this machine (no NVML / RAPL reading): energy is reported as 0 J")
+    rate_of = ("3x3 conv forward + backward (cuDNN, torch's default TF32) median over N,C,H,W,K"
+               if dev == "cuda" else "fp32 torch.mm median over")
     source = (f"measured on this machine by `cptsim hw calibrate` ({measured['measured_at']}, torch "
-              f"{measured['torch_version']}, {dev}, {measured['threads']} threads): fp32 torch.mm median over "
+              f"{measured['torch_version']}, {dev}, {measured['threads']} threads): {rate_of} "
               f"{', '.join('x'.join(map(str, s['shape'])) for s in measured['matmul_by_shape'])}; tensor copy of "
               f"{COPY_NUMEL[dev] * 4 // 2**20} MB; cptsim.quant round-to-nearest + stochastic on {ELEMENTWISE_NUMEL} elements")
     params = {
@@ -255,7 +316,7 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
         "layer_overhead_us": _sig(measured.get("layer_overhead_s", 0.0) * 1e6),
         "power_w": _sig(power or 0.0),
     }
-    comments = {"matmul_gmac_s": "fp32 matmul, median over shapes",
+    comments = {"matmul_gmac_s": "conv fwd+bwd, median over shapes" if dev == "cuda" else "fp32 matmul, median over shapes",
                 "bandwidth_gb_s": "copy: bytes read + written per s",
                 "elementwise_gelem_s": "quantizer elements per s",
                 "layer_overhead_us": "per layer-phase, tiny-layer training step", "power_w": power_note}
@@ -263,6 +324,9 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
               "`cptsim report --fit` fits [calibration] to measured runs.",
               "time = macs / matmul rate + bytes / bandwidth + quantizer elements / rate "
               "+ layer_overhead per executed layer-phase"]
+    if dev == "cuda":
+        header.append("CUDA: the rates are GPU time of a step replayed as a CUDA graph (as cptsim train runs it), "
+                      "so the terms add up; see cptsim.calibrate")
     return host_profile_text(name, description, [source], params,
                              {"compute_efficiency": 1.0, "memory_efficiency": 1.0}, header, comments)
 
