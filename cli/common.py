@@ -62,21 +62,6 @@ def parse_fp_layers(text: str | None) -> list[str] | None:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
-def save_figure(fig, path, flag: str = "--plot", **savefig_kw) -> None:
-    """Write a matplotlib figure as PNG atomically (a kill never leaves half an image); bad paths exit 2."""
-    import io
-
-    from cptsim.errors import InputError
-    from cptsim.runs import atomic_write_bytes
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", **savefig_kw)
-    try:
-        atomic_write_bytes(path, buf.getvalue())
-    except OSError as e:
-        raise InputError(f"{flag}: cannot write {str(path)!r}: {e.strerror or e}") from None
-
-
 def check_output_file(flag: str, path):
     """A file a command will write: its directory must exist and it must not be a directory (checked before work)."""
     from pathlib import Path

@@ -4,22 +4,11 @@ and bad input (plan flags and plan files) as one line with exit code 2."""
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from cptsim.cli.main import cli
 from cptsim.planner.planfile import read_plan
 from cptsim.runs import RunDir
-
-
-def _cli(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def _one_line_error(r):
-    assert r.exit_code == 2, (r.exit_code, r.output)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
-    return lines[0]
+from cli_util import one_line_error as _one_line_error
+from cli_util import run_cli as _cli
 
 
 @pytest.fixture(scope="module")

@@ -6,25 +6,14 @@ import struct
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from cptsim.cli.main import cli
 from cptsim.errors import InputError
 from cptsim.planner.planfile import read_plan
 from cptsim.train import TrainConfig
+from cli_util import one_line_error as _one_line_error
+from cli_util import run_cli as _cli
 
 N = 200  # training images in the tiny MNIST set; the registry's MNIST has 60,000
-
-
-def _cli(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def _one_line_error(r):
-    assert r.exit_code == 2, (r.exit_code, r.output)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
-    return lines[0]
 
 
 def _idx(path, array):
