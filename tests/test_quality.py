@@ -217,7 +217,7 @@ def test_shipped_runs_rank_like_the_score():
     from scipy.stats import spearmanr
 
     by, steps = _shipped(lambda w: w["steps"] == 69)  # digits-cnn, 3 epochs: the bits 2-4 study
-    names = [n for n in by if n != "static:3:g8" and len(by[n]) >= 3]
+    names = [n for n in by if len(by[n]) >= 3]  # 14 schedules, all within 71.6-72.9% of static 4's BitOPs
     assert len(names) >= 10
     score = [score_bits(parse_schedule(n).bits(steps[n]), parse_schedule(n).grad_bits(steps[n])) for n in names]
     rho = spearmanr(score, [np.mean(by[n]) for n in names])[0]
