@@ -18,6 +18,12 @@ The fit (scipy.optimize.least_squares) works on log factors and relative residua
 weigh the same and the factors stay positive; a robust loss (soft L1 at 10%) keeps warm-up steps and hiccups of a
 shared machine from pulling the fit; a weak prior towards 1 (the microbenchmark rate) pins the directions one run
 cannot tell apart (one run has at most two distinct step shapes: the full and the ragged batch).
+
+Warm-up steps are left out of the fit and of every measured-vs-modelled comparison (``steady_steps``): on a GPU the
+first steps compile the fused quantizers and capture CUDA graphs, seconds each, which no per-step model describes
+and which once dominated a short run's total (-77% on a held-out run, benchmarks/results/gpu_check_H200.txt). The
+training loop marks them (``"warmup": true`` in the trace); a CUDA run traced before it did loses its first epoch
+(its first tenth if it has one epoch). Every result says how many steps it skipped.
 """
 
 from __future__ import annotations
@@ -89,22 +95,55 @@ def measured_times(records) -> np.ndarray:
     return t
 
 
+def steady_steps(records: list[dict], device: str = "cpu") -> tuple[np.ndarray, str | None]:
+    """Which trace lines a per-step time model describes: a boolean mask (warm-up steps False) and a note saying
+    what was left out (None when nothing was). Never leaves out every step."""
+    n = len(records)
+    keep = np.array([not r.get("warmup") for r in records], dtype=bool)
+    why = "marked warm-up in the trace (first CUDA step, compiling, CUDA graph capture)"
+    if keep.all() and n and str(device).startswith("cuda") and not any("warmup" in r for r in records):
+        epochs = np.array([r.get("epoch", 0) for r in records])
+        if len(np.unique(epochs)) > 1:
+            keep, why = epochs != epochs.min(), "the first epoch of a CUDA run whose trace does not mark warm-up"
+        else:
+            k = max(1, n // 10)
+            keep, why = np.arange(n) >= k, "the first tenth of a one-epoch CUDA run whose trace does not mark warm-up"
+    if not keep.any():
+        return np.ones(n, dtype=bool), None
+    skipped = int(n - keep.sum())
+    return keep, (f"{skipped} warm-up step(s) left out: {why}" if skipped else None)
+
+
+def run_device(run) -> str:
+    """The device a run trained on (its config's settings), 'cpu' if it does not say."""
+    try:
+        return str((run.read_config().get("settings") or {}).get("device") or "cpu")
+    except Exception:
+        return "cpu"
+
+
 @dataclass
 class RunSteps:
-    """One run's executed steps as the fit sees them: per-step model components and measured times."""
+    """One run's executed steps as the fit sees them: per-step model components and measured times (steady steps
+    only: see ``steady_steps``)."""
 
     label: str
     components: np.ndarray   # (S, 4) seconds, uncalibrated
     measured: np.ndarray     # (S,) seconds
+    skipped_warmup: int = 0
+    warmup_note: str | None = None
 
     @classmethod
     def from_run(cls, run, host, label: str | None = None) -> "RunSteps":
-        """From a RunDir (its profile.json and trace), costed on ``host``."""
+        """From a RunDir (its profile.json and trace), costed on ``host``; warm-up steps left out."""
         steps = run.read_executed().records
         prof = run.read_profile()
         if prof is None or not steps:
             raise InputError(f"{run.path}: no executed steps to fit (empty trace or no profile.json)")
-        return cls(label or str(run.path), step_components(prof, steps, host), measured_times(steps))
+        keep, note = steady_steps(steps, run_device(run))
+        steps = [r for r, k in zip(steps, keep) if k]
+        return cls(label or str(run.path), step_components(prof, steps, host), measured_times(steps),
+                   int((~keep).sum()), note)
 
 
 def quality(pred: np.ndarray, meas: np.ndarray) -> dict:
@@ -162,7 +201,8 @@ class HostFit:
         """Quality of this fit on a run (a hold-out run when it was not fitted on), next to the base profile's."""
         base = quality(steps.components @ profile_factors(self.base), steps.measured)
         return {"run": steps.label, "held_out": steps.label not in self.fitted_on, **quality(self.predict(steps),
-                steps.measured), "base_profile_total_error_pct": base["total_error_pct"]}
+                steps.measured), "base_profile_total_error_pct": base["total_error_pct"],
+                "skipped_warmup_steps": steps.skipped_warmup, "warmup_note": steps.warmup_note}
 
     def to_json(self) -> dict:
         return {

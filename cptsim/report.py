@@ -356,7 +356,7 @@ def _reasons(plan, cfg, sched, run_sched, executed, steps, step_ids, q, g, n, pq
 
 def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> dict | None:
     from .cost import estimate
-    from .fit import host_profile, measured_times, profile_factors, step_components
+    from .fit import host_profile, measured_times, profile_factors, steady_steps, step_components
 
     try:
         host = host_profile(host_name)
@@ -367,6 +367,13 @@ def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> di
         meas = measured_times(steps)
     except InputError as e:
         warnings.append(f"host time not compared: {e}")
+    # Warm-up steps (compiling, CUDA graph capture: seconds each on a GPU) are compared by no per-step model: left
+    # out of time and energy alike, and said so (cptsim.fit.steady_steps)
+    keep, warmup_note = steady_steps(steps, (cfg.get("settings") or {}).get("device", "cpu"))
+    with_warmup = {"measured_s": float(meas.sum()),
+                   "measured_energy_j": (float(sum(r["energy_j"] for r in steps))
+                                         if steps and all(r.get("energy_j") is not None for r in steps) else None)}
+    steps, meas = [r for r, k in zip(steps, keep) if k], meas[keep]
         return None
     comp = step_components(prof, steps, host)
     model_steps = comp @ profile_factors(host)
@@ -380,7 +387,7 @@ def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> di
         per_epoch.append({"epoch": int(e), "steps": int(sel.sum()), "measured_s": ms, "modelled_s": mo,
                           "error_pct": _pct(mo, ms), "epoch_wall_s": wall.get(int(e))})
     energy = _measured_energy(steps, epochs, per_epoch, host, float(total_model))
-    notes = list(host.notes)
+    notes = list(host.notes) + ([warmup_note] if warmup_note else [])
     run_threads = (cfg.get("host") or {}).get("threads")
     if run_threads and host.params.get("threads") and run_threads != host.params["threads"]:
         notes.append(f"the run used {run_threads} threads, the host profile was measured with "
@@ -400,6 +407,7 @@ def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> di
         "measured_s": measured, "modelled_s": float(total_model), "error_pct": _pct(float(total_model), measured),
         "median_abs_step_error_pct": float(np.median(np.abs(model_steps[meas > 0] / meas[meas > 0] - 1)) * 100)
         if (meas > 0).any() else None,
+        "warmup_steps_skipped": int((~keep).sum()), "with_warmup": with_warmup,
         "per_epoch": per_epoch, "notes": notes,
         **energy,
         "step_measured_s": meas.tolist(), "step_modelled_s": model_steps.tolist(),

@@ -179,3 +179,18 @@ def test_report_fit_writes_the_profile_and_reports_hold_out_error(two_runs, tmp_
                                  "--no-save"])
     assert r.exit_code == 0, r.stderr
     assert "host calibration fit" in r.stdout and "leave-one-out" in r.stdout
+
+
+def test_warmup_steps_are_left_out_of_fits_and_comparisons_and_said_so():
+    from cptsim.fit import steady_steps
+
+    marked = [{"epoch": 0, "warmup": True}, {"epoch": 0, "warmup": True}] + [{"epoch": 0}] * 8
+    keep, note = steady_steps(marked, "cuda")
+    assert keep.tolist() == [False, False] + [True] * 8 and "2 warm-up step(s)" in note
+    # a CUDA trace from before the loop marked warm-up: its first epoch goes
+    old = [{"epoch": e} for e in (0, 0, 0, 1, 1, 1)]
+    keep, note = steady_steps(old, "cuda:0")
+    assert keep.tolist() == [False] * 3 + [True] * 3 and "first epoch" in note
+    # CPU runs keep every step; a trace of nothing but warm-up is kept whole rather than emptied
+    assert steady_steps(old, "cpu")[0].all() and steady_steps(old, "cpu")[1] is None
+    assert steady_steps([{"epoch": 0, "warmup": True}], "cuda")[0].all()
