@@ -76,6 +76,8 @@ def _check_dir(name: str, spec: _Spec, data_dir) -> Path:
 def dataset_info(name: str, data_dir=None) -> DataInfo:
     """Shape, class count and split sizes without loading the data (imagefolder reads its class folders)."""
     spec = _spec(name)
+    if spec.info.name in _INFO:  # text datasets: the files say the vocabulary and the size (cptsim.text_data)
+        return _INFO[spec.info.name](data_dir)
     if spec.info.name.startswith(SYNTHETIC + ":"):
         return spec.info
     if spec.info.name == "imagefolder":
@@ -94,7 +96,7 @@ def dataset_size(name: str, data_dir=None) -> int | None:
     size, ``dataset_info(...).train_size``, is then the only guess)."""
     spec = _spec(name)
     if not spec.needs_dir:
-        return spec.info.train_size
+        return dataset_info(name).train_size  # the embedded text corpus counts itself
     if data_dir is None or str(data_dir) == "":
         return None
     root = Path(data_dir).expanduser()
@@ -103,6 +105,7 @@ def dataset_size(name: str, data_dir=None) -> int | None:
 
 
 _SIZES: dict[str, Callable[[Path], int | None]] = {}  # dataset -> its train split's length, from the files
+_INFO: dict[str, Callable[[object], DataInfo]] = {}  # dataset -> its DataInfo read from its files (text: cptsim.text_data)
 
 
 def epoch_size(name: str, data_dir=None, given: int | None = None) -> tuple[int | None, str | None]:
@@ -128,7 +131,7 @@ def load_datasets(name: str, data_dir=None, augment: bool = True) -> tuple[Datas
     spec = _spec(name)
     root = _check_dir(spec.info.name, spec, data_dir) if spec.needs_dir else None
     train, test = spec.loader(root, augment)
-    info = dataset_info(spec.info.name, data_dir) if spec.needs_dir else spec.info
+    info = dataset_info(spec.info.name, data_dir) if spec.needs_dir or spec.info.name in _INFO else spec.info
     return train, test, replace(info, train_size=len(train), test_size=len(test))
 
 
@@ -452,3 +455,6 @@ class SyntheticDataset(TensorDataset):
         if dev.type == "cuda":
             idx = idx.pin_memory().to(dev, non_blocking=True)
         return x.index_select(0, idx), y.index_select(0, idx)
+
+
+from . import text_data as _text_data  # noqa: E402,F401  (registers ptb, wikitext-2, wikitext-103, pydoc-chars)

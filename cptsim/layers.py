@@ -141,6 +141,15 @@ _SWAP = {nn.Conv2d: QConv2d, nn.Linear: QLinear}
 QUANTIZED_TYPES = (QConv2d, QLinear)
 
 
+def register_quantized(fp_cls: type, q_cls: type) -> None:
+    """Let quantize_model swap ``fp_cls`` for ``q_cls`` (which has ``_init_quant(precision)`` and an ``act_count``
+    buffer); cptsim.lm registers attention's activation-by-activation Matmul this way."""
+    global QUANTIZED_TYPES
+    _SWAP[fp_cls] = q_cls
+    if q_cls not in QUANTIZED_TYPES:
+        QUANTIZED_TYPES = QUANTIZED_TYPES + (q_cls,)
+
+
 def quantizable_layers(model: nn.Module) -> list[str]:
     """Names of the layers cptsim can quantize (Conv2d and Linear), in module order."""
     return [n for n, m in model.named_modules() if type(m) in _SWAP or isinstance(m, QUANTIZED_TYPES)]

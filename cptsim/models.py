@@ -48,7 +48,7 @@ class _Entry:
 
 _REGISTRY: dict[str, _Entry] = {}
 
-_INPUT_KINDS = ("cifar", "digits", "imagenet", "any")
+_INPUT_KINDS = ("cifar", "digits", "imagenet", "any", "text")
 
 
 def register_model(name: str, *, family: str, input: str, description: str) -> Callable[[Builder], Builder]:
@@ -393,6 +393,11 @@ def _resolve(name: str) -> _Entry:
     n = _parse_resnet_depth(key)
     if n is not None:
         return _resnet_entry(key, n)
+    base, colon, opts = key.partition(":")  # language models take options: transformer-lm:layers=4,width=256
+    if colon and base in _REGISTRY and _REGISTRY[base].input == "text":
+        from .lm_models import LM_FAMILIES
+
+        return LM_FAMILIES[base](key, opts)
     raise InputError(f"unknown model {name!r}; choose from: {', '.join(list_models())} (or resnetD for any D = 6n+2)")
 
 
@@ -406,6 +411,9 @@ def create_model(name: str, num_classes: int = 10, in_channels: int = 3, input_s
     for label, value in (("num_classes", num_classes), ("in_channels", in_channels)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(f"{label} must be a positive integer, got {value!r}")
+    if entry.input not in ("text", "any") and input_shape is not None and len(tuple(input_shape)) == 1:
+        raise InputError(f"{name} is an image model; a text dataset (sequence input {tuple(input_shape)}) needs a "
+                         "language model: lstm-lm or transformer-lm")
     return entry.builder(num_classes, in_channels, input_shape)
 
 
@@ -434,3 +442,17 @@ def default_fp_layers(model: nn.Module) -> list[str]:
         return list(own)
     last = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     return last[-1:]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Language models (cptsim.lm_models): lstm-lm, transformer-lm; "name:options" resolves in _resolve
+
+def _register_language_models() -> None:
+    from .lm_models import LM_FAMILIES
+
+    for _name, _make in LM_FAMILIES.items():
+        _e = _make(_name, "")
+        register_model(_name, family=_e.family, input=_e.input, description=_e.description)(_e.builder)
+
+
+_register_language_models()

@@ -76,6 +76,11 @@ COUNTERS: dict[type, Callable[[nn.Module, torch.Tensor, Any], int]] = {
 }
 
 
+def _weight_numel(m: nn.Module) -> int:
+    w = getattr(m, "weight", None)
+    return int(w.numel()) if isinstance(w, torch.Tensor) else 0
+
+
 def counter_for(cls: type) -> tuple[type, Callable] | None:
     """(the COUNTERS key, its counting function) for a module class, via its MRO; None if not counted."""
     for base in cls.__mro__:
@@ -255,7 +260,9 @@ class MacCounter:
             if grad_enabled():
                 if x.requires_grad:
                     acc[_DGRAD] += n
-                w = module.weight
+                # a weightless layer (attention's Matmul, called m(a, b)) has its second operand where a layer
+                # has its weight: its "dgrad" is the gradient w.r.t. a (error x b), its "wgrad" the one w.r.t. b
+                w = args[1] if len(args) > 1 else getattr(module, "weight", None)
                 if w is not None and w.requires_grad:
                     acc[_WGRAD] += n
             acc[_CALLS] += 1
@@ -282,7 +289,7 @@ class MacCounter:
             names=list(self._names),
             macs=np.array([acc[:3] for acc in self._acc], dtype=np.float64).reshape(-1, 3),
             quantized=np.array([_is_quantized(m) for m in self._modules], dtype=bool),
-            numel=np.array([[m.weight.numel(), acc[_IN], acc[_OUT]] for m, acc in zip(self._modules, self._acc)],
+            numel=np.array([[_weight_numel(m), acc[_IN], acc[_OUT]] for m, acc in zip(self._modules, self._acc)],
                            dtype=np.float64).reshape(-1, 3),
             calls=np.array([acc[_CALLS] for acc in self._acc], dtype=np.float64),
         )
@@ -301,7 +308,7 @@ class MacCounter:
             layers.append(LayerRecord(
                 name=name, type=typ, quantized=_is_quantized(m),
                 macs={p: per_sample(acc[i]) for i, p in enumerate(PHASES)},
-                numel={"weight": int(m.weight.numel()) if m.weight is not None else 0,
+                numel={"weight": _weight_numel(m),
                        "input": per_sample(acc[_IN]), "output": per_sample(acc[_OUT])},
                 calls=acc[_CALLS],
             ))
@@ -359,7 +366,9 @@ def profile_model(model: nn.Module, example_batch_or_input_shape: Any, batch_siz
                 raise InputError(f"example batch must have a batch dimension, got shape {tuple(x.shape)}")
             batch_size = int(x.shape[0])
         else:
-            x = _random_batch(example_batch_or_input_shape, batch_size, device)
+            make = getattr(work, "example_input", None)  # a language model wants token ids, not floats
+            x = (make(batch_size, example_batch_or_input_shape, device) if make is not None
+                 else _random_batch(example_batch_or_input_shape, batch_size, device))
         shape = list(x.shape[1:])
         counter = MacCounter(work, model_name)
         try:

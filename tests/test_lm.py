@@ -1,0 +1,290 @@
+"""Language models: the quantized LSTM and attention layers, lstm-lm / transformer-lm, text datasets, perplexity."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from cptsim.data import dataset_info, load_datasets
+from cptsim.errors import InputError
+import cptsim.layers
+from cptsim.layers import quantize_model
+from cptsim.lm import LSTMLayer, Matmul, QMatmul
+from cptsim.models import create_model, list_models
+from cptsim.profiler import MacCounter, profile_model
+from cptsim.text_data import TextStream
+
+TINY_LSTM = "lstm-lm:layers=2,hidden=24"
+TINY_GPT = "transformer-lm:layers=2,width=32,heads=4"
+
+
+def _lm(name, vocab=40, T=12, bits=32, fp_layers=None):
+    torch.manual_seed(0)
+    m = create_model(name, num_classes=vocab, in_channels=T, input_shape=(T,))
+    p = quantize_model(m, fp_layers=fp_layers)
+    p.set(bits, bits if bits != 32 else 32)
+    return m
+
+
+def _cptsim(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "cptsim.cli.main", *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env=dict(os.environ))
+
+
+# ------------------------------------------------------------------------------------------------ layers
+
+
+def test_lstm_at_32_bits_is_torch_lstm_bit_for_bit():
+    torch.manual_seed(0)
+    ref = nn.LSTM(16, 32, 1)
+    mine = LSTMLayer(16, 32)
+    with torch.no_grad():
+        mine.ih.weight.copy_(ref.weight_ih_l0), mine.ih.bias.copy_(ref.bias_ih_l0)
+        mine.hh.weight.copy_(ref.weight_hh_l0), mine.hh.bias.copy_(ref.bias_hh_l0)
+    quantize_model(mine, fp_layers=[])  # QLinear at the default 32 bits: no quantizer op at all
+    x = torch.randn(9, 5, 16)
+    h0, c0 = torch.randn(5, 32), torch.randn(5, 32)
+    with torch.backends.mkldnn.flags(enabled=False):  # PyTorch's native CPU LSTM (RNN.cpp)
+        want, (hw, cw) = ref(x, (h0[None], c0[None]))
+    got, (h, c) = mine(x, (h0, c0))
+    assert torch.equal(got, want) and torch.equal(h, hw[0]) and torch.equal(c, cw[0])
+    default, _ = ref(x, (h0[None], c0[None]))  # oneDNN, torch's default CPU LSTM: the same to float rounding
+    torch.testing.assert_close(got, default, rtol=1e-5, atol=1e-6)
+
+
+def test_lstm_gate_gemm_macs_are_the_hand_count():
+    V, T, H, B = 40, 12, 24, 3
+    m = _lm(TINY_LSTM, vocab=V, T=T, bits=8)
+    prof = {r.name: r for r in profile_model(m, (T,), batch_size=B).layers}
+    per_step = H * 4 * H  # one token through one gate GEMM (input and hidden both H wide)
+    for layer in ("layers.0", "layers.1"):
+        ih, hh = prof[f"{layer}.ih"], prof[f"{layer}.hh"]
+        assert ih.macs == {"fwd": T * per_step, "dgrad": T * per_step, "wgrad": T * per_step}
+        # hh: one call per time step; step 0's h is the (zero) initial state, which needs no gradient
+        assert hh.calls == T and hh.macs == {"fwd": T * per_step, "dgrad": (T - 1) * per_step,
+                                             "wgrad": T * per_step}
+        assert ih.quantized and hh.quantized
+    assert prof["decoder"].macs["fwd"] == T * H * V and not prof["decoder"].quantized  # the LM head: FP32
+    assert "embedding" not in prof  # a lookup, not a GEMM
+
+
+@pytest.mark.parametrize("name", [TINY_LSTM, TINY_GPT])
+def test_profiler_macs_equal_flop_counter_on_a_real_step(name):
+    T, B = 12, 3
+    m = _lm(name, T=T, bits=6)
+    m.train()
+    x = torch.randint(40, (B, T))
+    with MacCounter(m) as counter:
+        with FlopCounterMode(display=False) as fwd:
+            out = m(x)
+        loss = nn.functional.cross_entropy(out, torch.randint(40, (B, T)))
+        with FlopCounterMode(display=False) as bwd:
+            loss.backward()
+        macs = counter.step_macs()
+    assert 2 * macs["fwd"] == fwd.get_total_flops()
+    assert 2 * (macs["dgrad"] + macs["wgrad"]) == bwd.get_total_flops()
+
+
+def test_attention_matmuls_are_counted_and_quantized():
+    T, B, C, heads = 12, 2, 32, 4
+    m = _lm(TINY_GPT, T=T, bits=4)
+    scores = m.blocks[0].attn.scores
+    assert isinstance(scores, QMatmul) and isinstance(scores, cptsim.layers.QUANTIZED_TYPES)
+    prof = {r.name: r for r in profile_model(m, (T,), batch_size=B).layers}
+    for k in ("scores", "mix"):
+        r = prof[f"blocks.0.attn.{k}"]
+        assert r.quantized and r.macs == {"fwd": heads * T * T * (C // heads)} | {"dgrad": T * T * C, "wgrad": T * T * C}
+    # full precision on request, like any layer
+    fp = _lm(TINY_GPT, T=T, bits=4, fp_layers=["*.scores", "*.mix", "head"])
+    assert type(fp.blocks[0].attn.scores) is Matmul
+
+
+def test_qmatmul_quantizes_forward_and_error():
+    from cptsim.layers import PrecisionState
+
+    torch.manual_seed(0)
+    q = Matmul()
+    quantize_model(q, PrecisionState(), fp_layers=[])
+    a, b = torch.randn(3, 5, requires_grad=True), torch.randn(5, 4, requires_grad=True)
+    assert torch.equal(q(a, b), a @ b)  # 32 bits: plain matmul
+    q.precision.set(2, 2)
+    y = q(a, b)
+    assert not torch.allclose(y, a @ b)
+    y.sum().backward()
+    assert a.grad is not None and b.grad is not None
+
+
+@pytest.mark.parametrize("name", [TINY_LSTM, TINY_GPT])
+def test_every_parameter_gets_a_gradient_at_low_bits(name):
+    m = _lm(name, bits=4)
+    m.train()
+    out = m(torch.randint(40, (2, 12)))
+    nn.functional.cross_entropy(out, torch.randint(40, (2, 12))).backward()
+    for n, p in m.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, n
+
+
+def test_lstm_state_carries_in_training_and_resets():
+    m = _lm(TINY_LSTM, bits=32)
+    m.train()
+    x = torch.randint(40, (2, 12))
+    a = m.forward_state(x)[0]
+    m.reset_state()
+    torch.manual_seed(1)
+    first = m(x)
+    torch.manual_seed(1)
+    second = m(x)  # starts from the carried state
+    assert not torch.allclose(first, second)
+    m.reset_state()
+    torch.manual_seed(1)
+    assert torch.equal(m(x), first)
+    assert a.shape == (2, 40, 12)
+
+
+# ------------------------------------------------------------------------------------------------ registry
+
+
+def test_registry_and_options():
+    assert {"lstm-lm", "transformer-lm"} <= set(list_models())
+    m = create_model("lstm-lm", num_classes=10000, in_channels=35, input_shape=(35,))
+    assert len(m.layers) == 2 and m.layers[0].hidden_size == 650 and m.drop.p == 0.5
+    assert m.decoder.weight.data_ptr() != m.embedding.weight.data_ptr()  # untied
+    g = create_model("transformer-lm:layers=3,width=64,heads=2,context=128", num_classes=50, in_channels=64,
+                     input_shape=(64,))
+    assert len(g.blocks) == 3 and g.context == 128
+
+
+@pytest.mark.parametrize("model,shape", [("lstm-lm", (1, 8, 8)), ("transformer-lm", (3, 32, 32)),
+                                         ("resnet20", (35,)), ("digits-cnn", (64,)),
+                                         ("transformer-lm:heads=3", (35,)), ("lstm-lm:wide=3", (35,))])
+def test_model_and_data_kinds_must_match(model, shape):
+    with pytest.raises(InputError):
+        create_model(model, num_classes=10, in_channels=shape[0], input_shape=shape)
+
+
+# ------------------------------------------------------------------------------------------------ data
+
+
+def _ptb_dir(root, lines=400):
+    words = "the a cat dog sat on mat ran fast slow big small red blue <unk> and".split()
+    g = torch.Generator().manual_seed(0)
+    for split, n in (("train", lines), ("valid", lines // 8), ("test", lines // 8)):
+        text = "\n".join(" ".join(words[i] for i in torch.randint(len(words), (8,), generator=g).tolist())
+                         for _ in range(n))
+        (root / f"ptb.{split}.txt").write_text(text + "\n")
+    return root
+
+
+def test_stream_order_gives_contiguous_rows():
+    ids = torch.arange(1 + 10 * 4)
+    s = TextStream(ids, 4, [str(i) for i in range(41)], False, "t")
+    assert len(s) == 10
+    order = s.stream_order(3).tolist()  # rows of 4, 3, 3 sequences
+    assert sorted(order) == list(range(10))
+    steps = [order[i:i + 3] for i in range(0, 10, 3)]
+    assert steps == [[0, 4, 7], [1, 5, 8], [2, 6, 9], [3]]
+    x, y = s[5]
+    assert torch.equal(y[:-1], x[1:])
+
+
+def test_ptb_format_directory_loads_and_counts_without_loading(tmp_path):
+    d = _ptb_dir(tmp_path)
+    info = dataset_info("ptb", d)
+    train, test, loaded = load_datasets("ptb", d)
+    assert info.num_classes == len(train.vocab) == 17 and info.input_shape == (35,)  # 16 words and <eos>
+    assert info.train_size == len(train) == (400 * 9 - 1) // 35
+    assert loaded.num_classes == 17 and len(test) == loaded.test_size and len(train.valid) > 0
+    # without the files: the published figures
+    nominal = dataset_info("ptb")
+    assert nominal.num_classes == 10000 and nominal.input_shape == (35,)
+
+
+def test_embedded_corpus_needs_nothing():
+    info = dataset_info("pydoc-chars")
+    assert info.num_classes > 50 and info.train_size > 5000 and info.input_shape == (64,)
+
+
+@pytest.mark.parametrize("damage,needle", [("missing", "ptb.valid.txt"), ("empty", "is empty")])
+def test_bad_text_files_are_one_line(tmp_path, damage, needle):
+    d = _ptb_dir(tmp_path)
+    if damage == "missing":
+        (d / "ptb.valid.txt").unlink()
+    else:
+        (d / "ptb.test.txt").write_text("  \n")
+    with pytest.raises(InputError, match=needle):
+        load_datasets("ptb", d)
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+
+TRAIN = ["train", "--batch-size", "8", "--lr", "1", "--momentum", "0", "--weight-decay", "0", "--quiet",
+         "--recal-batches", "2"]
+
+
+def test_ptb_directory_trains_one_epoch_and_reports_perplexity(tmp_path):
+    (tmp_path / "ptb").mkdir()
+    d = _ptb_dir(tmp_path / "ptb")
+    out = tmp_path / "run"
+    r = _cptsim(*TRAIN, "--model", "lstm-lm:layers=1,hidden=32", "--dataset", "ptb", "--data-dir", str(d),
+                "--epochs", "1", "--schedule", "cpt:5-8:g8:n2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    rec = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    for k in ("val_loss", "val_ppl", "test_loss", "test_ppl", "train_ppl"):
+        assert k in rec
+    assert rec["test_ppl"] < 17  # below the uniform guess over the 17-token vocabulary
+    assert "test_bpc" not in rec  # word level
+
+
+def test_lm_resume_continues_exactly(tmp_path):
+    args = [*TRAIN, "--model", "lstm-lm:layers=1,hidden=16", "--dataset", "pydoc-chars", "--steps", "6",
+            "--schedule", "cpt:5-8:g8:n2", "--checkpoint-every", "2"]
+    ref = tmp_path / "ref"
+    assert _cptsim(*args, "--out", str(ref)).returncode == 0
+    cut = tmp_path / "cut"
+    env = dict(os.environ, CPTSIM_FAULT_KILL_AT_STEP="3")
+    r = subprocess.run([sys.executable, "-m", "cptsim.cli.main", *args, "--out", str(cut)], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode != 0
+    r = _cptsim("train", "--resume", str(cut), "--quiet")
+    assert r.returncode == 0, r.stderr
+
+    def losses(run):
+        return [json.loads(line)["loss"] for line in (run / "trace.jsonl").read_text().splitlines()]
+
+    assert losses(cut) == losses(ref)  # the hidden state came back with the checkpoint
+
+
+def test_vocabulary_change_on_resume_is_refused(tmp_path):
+    d = _ptb_dir(tmp_path)
+    out = tmp_path / "run"
+    r = _cptsim(*TRAIN, "--model", "lstm-lm:layers=1,hidden=8", "--dataset", "ptb", "--data-dir", str(d),
+                "--steps", "2", "--schedule", "static:8:g8", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    with open(d / "ptb.train.txt", "a") as f:
+        f.write("zebra quagga\n")
+    r = _cptsim("train", "--resume", str(out), "--quiet")
+    assert r.returncode == 2 and "vocabulary" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_image_model_on_text_is_exit_2(tmp_path):
+    r = _cptsim("train", "--model", "resnet20", "--dataset", "pydoc-chars", "--steps", "1", "--out",
+                str(tmp_path / "r"))
+    assert r.returncode == 2 and "language model" in r.stderr
+
+
+def test_cost_reproduces_cpts_lstm_saving_without_the_files():
+    from cptsim.hardware import load_profile
+    from cptsim.planner.workload import Workload
+    from cptsim.schedules import parse_schedule
+
+    w = Workload.build(model="lstm-lm", dataset="ptb", batch_size=20, epochs=39, fp_layers=[])
+    hw = load_profile("bitfusion")
+    est = w.estimate(parse_schedule("cpt:5-8:g8:n8"), hw)
+    base = w.estimate(parse_schedule("static:8:g8"), hw)
+    saving = 1 - est.bitops["total"] / base.bitops["total"]
+    assert abs(saving - 0.232) < 0.005  # CPT (ICLR 2021), Table: LSTM on PTB, CPT 5-8/8 vs static 8/8
