@@ -251,7 +251,10 @@ def build(cfg: TrainConfig) -> Workload:
         model.to(memory_format=torch.channels_last)
 
     val_loader = None
-    if cfg.val_split:
+    valid = getattr(train_set, "valid", None)  # a text dataset's own validation split (cptsim.text_data)
+    if valid is not None:
+        val_loader = DataLoader(valid, batch_size=max(cfg.batch_size, 256), shuffle=False)
+    elif cfg.val_split:
         train_set, val_set = validation_split(cfg, train_set)
         val_loader = DataLoader(val_set, batch_size=max(cfg.batch_size, 256), shuffle=False,
                                 num_workers=cfg.workers, pin_memory=cfg.device.startswith("cuda"))
@@ -298,7 +301,10 @@ def epoch_batches(cfg: TrainConfig, w: Workload, epoch: int, first: int, last: i
     Local batches load through a DataLoader (worker processes, pinned memory) driven by an explicit list of index
     lists; its generator is seeded per epoch so creating it draws nothing from the global RNG.
     """
-    order = epoch_order(len(w.train_set), cfg.seed, epoch)
+    stream = getattr(w.train_set, "stream_order", None)  # text: contiguous BPTT streams, the same every epoch
+    order = stream(cfg.batch_size) if stream is not None else epoch_order(len(w.train_set), cfg.seed, epoch)
+    if stream is not None and first == 0 and hasattr(w.model, "reset_state"):
+        w.model.reset_state()  # the streams start again; a run resumed mid-epoch keeps its checkpoint's state
     B = cfg.batch_size
     plan = []
     for i in range(first, last):
@@ -401,6 +407,11 @@ def evaluate(w: Workload, device: str, loader: DataLoader | None = None) -> tupl
     model is meant to be used at: the schedule's q_max unless --eval-bits says otherwise)."""
     w.model.eval()
     w.precision.set(w.eval_bits, w.schedule.g_max)
+    split = (loader or w.test_loader).dataset
+    if getattr(split, "is_text", False):  # per token, the state carried along the text (cptsim.text_data)
+        from .text_data import evaluate_lm
+
+        return evaluate_lm(w.model, split, device)
     loss_sum, correct, n = 0.0, 0, 0
     for x, y in (loader or w.test_loader):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -548,6 +559,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
 
     device, model = cfg.device, w.model
     params = [p for p in model.parameters() if p.requires_grad]
+    clip = getattr(model, "cptsim_grad_clip", None)  # language models clip the gradient norm (Zaremba: 5)
     opt = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     torch.manual_seed(cfg.seed * 1_000_003 + 17 + d.rank)  # each rank draws its own rounding noise
     epoch_stats = [0.0, 0, 0]  # loss sum, correct, samples of the current epoch so far
@@ -643,6 +655,8 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                     executed = step_cost(arrays, bits, gbits, batch=1)  # the cost model's formula
                     counts = [executed[k][p] for k in ("macs", "bitops") for p in PHASES]
                 d.all_reduce_grads(params)
+                if clip is not None:
+                    torch.nn.utils.clip_grad_norm_(params, clip)
                 # The step's one host-device synchronisation: loss, accuracy and counts, summed over ranks, read
                 # together. It comes before opt.step() so that a non-finite loss leaves the weights untouched.
                 sync_check.allow()  # the read below is the one expected synchronisation: counted, not an error
@@ -705,6 +719,10 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                        "recal_time_s": recal["time_s"]}
                 if w.val_loader is not None:
                     rec["val_loss"], rec["val_acc"] = evaluate(w, device, w.val_loader)
+                if getattr(w.train_set, "is_text", False):  # per token; perplexity, bits per character
+                    from .text_data import lm_metrics
+
+                    lm_metrics(rec, w.train_set.seq_len, w.train_set.char_level)
                 run.append_metrics(rec)
                 bar.update(task, info=f"test acc {test_acc:.3f} @ {w.eval_bits} bits")
             counter.enabled = True
