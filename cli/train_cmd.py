@@ -186,6 +186,26 @@ def _warn_if_hardware_changed(plan: dict) -> None:
                   f"(hash {hw['hash']} -> {current.content_hash}); re-plan to refresh the estimate")
 
 
+_TENSORBOARD = "cptsim.tensorboard"
+
+
+def _tensorboard_option(ctx, param, value):
+    """--tensorboard DIR: checked when parsed (a missing package fails before anything is built), kept in ctx.meta
+    for ``_tensorboard``: it changes what is logged, never what runs."""
+    if value is not None:
+        from cptsim.tensorboard import require_tensorboard
+
+        require_tensorboard()
+    ctx.meta[_TENSORBOARD] = value
+    return value
+
+
+def _tensorboard(cfg):
+    """The config with the --tensorboard directory (if any) set."""
+    cfg.tensorboard = click.get_current_context().meta.get(_TENSORBOARD)
+    return cfg
+
+
 @click.command("train", epilog=_EPILOG)
 @click.option("--model", default="digits-cnn", show_default=True, help="Model name ('cptsim train --list-models').")
 @click.option("--dataset", default="digits", show_default=True,
@@ -241,6 +261,9 @@ def _warn_if_hardware_changed(plan: dict) -> None:
                    "--batch-size stays the global batch. Under your own torchrun, leave this out.")
 @click.option("--list-models", is_flag=True, help="List model names and exit.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--tensorboard", default=None, metavar="DIR", expose_value=False, callback=_tensorboard_option,
+              help="Also log bits, loss, lr, cumulative BitOPs, modelled energy and test metrics to TensorBoard "
+                   "in DIR (pip install 'cptsim[tensorboard]').")
 @json_option
 def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epochs, steps, batch_size, lr, momentum,
           weight_decay, lr_schedule, fp_layers, no_augment, seed, device, workers, out, resume_dir, plan_path,
@@ -286,7 +309,7 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
                 "--no-augment (the plan augments)" if k == "augment" else
                 f"{_PLAN_OVERRIDABLE[k]} {v} (the plan's: {plan['workload'].get(k)})" for k, v in changed.items()),
                 highlight=False)
-        run = T.train(cfg, out, progress=progress, plan=plan)
+        run = T.train(_tensorboard(cfg), out, progress=progress, plan=plan)
     else:
         text = _schedule_text(schedule, q_min, q_max, g_bits, cycles)
         fp = parse_fp_layers(fp_layers)
@@ -300,7 +323,7 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
         if progress:
             err.print(f"training {model} on {dataset} with {text} -> {out}  (eval at "
                       f"{f'{eval_bits} bits' if eval_bits else 'q_max'})")
-        run = T.train(cfg, out, progress=progress)
+        run = T.train(_tensorboard(cfg), out, progress=progress)
     from cptsim import dist
 
     dist.shutdown()

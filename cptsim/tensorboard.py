@@ -26,13 +26,19 @@ _EPOCH_TAGS = {"test_acc": "test/acc", "test_loss": "test/loss", "train_loss": "
                "train_acc": "train/epoch_acc", "val_acc": "val/acc", "val_loss": "val/loss"}
 
 
-def summary_writer(log_dir):
-    """A ``SummaryWriter`` on ``log_dir``; InputError (exit 2) naming the extra when tensorboard is missing."""
+def require_tensorboard():
+    """``torch.utils.tensorboard.SummaryWriter``; InputError (exit 2) naming the extra when tensorboard is missing."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as e:
         raise InputError(f"TensorBoard logging needs the tensorboard package ({e}); install it with "
                          "pip install 'cptsim[tensorboard]'") from None
+    return SummaryWriter
+
+
+def summary_writer(log_dir):
+    """A ``SummaryWriter`` on ``log_dir`` (see ``require_tensorboard``)."""
+    SummaryWriter = require_tensorboard()
     try:
         return SummaryWriter(log_dir=str(log_dir), flush_secs=10)
     except OSError as e:

@@ -69,6 +69,7 @@ class TrainConfig:
     recal_batches: int = 16
     val_split: float = 0.0
     channels_last: bool = False  # NHWC activations and weights (faster convolutions on tensor-core GPUs)
+    tensorboard: str | None = None  # also log the trace and metrics here as TensorBoard scalars (cptsim.tensorboard)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -598,6 +599,10 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
         (loss / n_global).backward()
         return torch.stack([loss.detach().double(), (logits.detach().argmax(1) == y).sum().double()])
     need_profile = d.is_main and run.read_json(PROFILE) is None
+    if cfg.tensorboard and d.is_main:  # every trace and metrics line the run appends also goes to TensorBoard
+        from .tensorboard import logged_run
+
+        run = logged_run(run, cfg.tensorboard)
 
     def checkpoint(step: int) -> None:
         rng = d.gather_rng()
