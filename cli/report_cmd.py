@@ -273,7 +273,13 @@ def _print_run(r) -> None:
         out.print(t)
 
     a = d["accuracy"]
-    if a["final"] is not None:
+    p = a.get("perplexity")
+    if p is not None:  # a language model: perplexity is the measure (token accuracy says little)
+        bpc = "" if p["final_bpc"] is None else f", {p['final_bpc']:.3f} bits per character"
+        val = "" if p["final_val"] is None else f", validation {p['final_val']:.2f}"
+        out.print(f"  perplexity at q_max = {a['eval_bits']} bits (measured, lower is better): final {p['final']:.2f}"
+                  f"{bpc}{val}, best {p['best']:.2f} (epoch {p['best_epoch']})", highlight=False)
+    elif a["final"] is not None:
         out.print(f"  accuracy at q_max = {a['eval_bits']} bits (measured): final {100 * a['final']:.2f}%, "
                   f"best {100 * a['best']:.2f}% (epoch {a['best_epoch']})", highlight=False)
     else:

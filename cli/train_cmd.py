@@ -354,6 +354,12 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
         ("training time (sum of steps)", f"{summary['train_time_s']:.1f} s"),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
     ]
+    if summary.get("final_test_ppl") is not None:  # a language model: perplexity, not accuracy
+        rows[4:6] = [(f"final test perplexity @ {summary['eval_bits']} bits", f"{summary['final_test_ppl']:.2f}"),
+                     ("final validation perplexity", "-" if summary["final_val_ppl"] is None
+                      else f"{summary['final_val_ppl']:.2f}")]
+        if summary.get("final_test_bpc") is not None:
+            rows.insert(6, ("final test bits per character", f"{summary['final_test_bpc']:.3f}"))
     for k, v in rows:
         table.add_row(k, v)
     console.print(table)

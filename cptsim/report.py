@@ -256,9 +256,22 @@ def _accuracy(cfg: dict, metrics: list[dict]) -> dict:
     return {
         "eval_bits": cfg.get("eval_bits"), "final": accs[-1][1] if accs else None, "best": best[1],
         "best_epoch": best[0], "label": f"test accuracy at q_max = {cfg.get('eval_bits')} bits (measured)",
-        "epochs": [{k: m.get(k) for k in ("epoch", "step", "test_acc", "test_loss", "train_loss", "train_acc")}
+        "epochs": [{k: m.get(k) for k in ("epoch", "step", "test_acc", "test_loss", "train_loss", "train_acc",
+                                          "test_ppl", "val_ppl", "test_bpc") if k in m or not k.endswith(("ppl", "bpc"))}
                    for m in metrics],
-    }
+    } | _perplexity(metrics)
+
+
+def _perplexity(metrics: list[dict]) -> dict:
+    """Language models (cptsim.text_data): test/validation perplexity at q_max, lower is better; {} otherwise."""
+    ppl = [(m.get("epoch"), m["test_ppl"]) for m in metrics if isinstance(m.get("test_ppl"), (int, float))]
+    if not ppl:
+        return {}
+    best = min(ppl, key=lambda t: t[1])
+    last = metrics[-1]
+    return {"perplexity": {"final": ppl[-1][1], "best": best[1], "best_epoch": best[0],
+                           "final_val": last.get("val_ppl"), "final_bpc": last.get("test_bpc"),
+                           "label": "test perplexity at q_max (measured; lower is better)"}}
 
 
 def _trace_bitops(steps: list[dict]) -> dict | None:

@@ -273,6 +273,10 @@ def run_summary(run: RunDir) -> dict:
         "eval_bits": cfg["eval_bits"],
         "final_test_acc": accs[-1] if accs else None,
         "best_test_acc": max(accs) if accs else None,
+        # language models (cptsim.text_data): perplexity at q_max, lower is better; None for classifiers
+        "final_test_ppl": metrics[-1].get("test_ppl") if metrics else None,
+        "final_val_ppl": metrics[-1].get("val_ppl") if metrics else None,
+        "final_test_bpc": metrics[-1].get("test_bpc") if metrics else None,
         "final_train_loss": metrics[-1].get("train_loss") if metrics else None,
         "train_time_s": round(sum(r.get("time_s", 0.0) for r in steps), 3),
         "mean_bits": (sum(r.get("bits", 0) for r in steps) / len(steps)) if steps else None,
