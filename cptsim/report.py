@@ -380,6 +380,7 @@ def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> di
         meas = measured_times(steps)
     except InputError as e:
         warnings.append(f"host time not compared: {e}")
+        return None
     # Warm-up steps (compiling, CUDA graph capture: seconds each on a GPU) are compared by no per-step model: left
     # out of time and energy alike, and said so (cptsim.fit.steady_steps)
     keep, warmup_note = steady_steps(steps, (cfg.get("settings") or {}).get("device", "cpu"))
@@ -387,7 +388,6 @@ def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> di
                    "measured_energy_j": (float(sum(r["energy_j"] for r in steps))
                                          if steps and all(r.get("energy_j") is not None for r in steps) else None)}
     steps, meas = [r for r, k in zip(steps, keep) if k], meas[keep]
-        return None
     comp = step_components(prof, steps, host)
     model_steps = comp @ profile_factors(host)
     total_model = estimate(prof, steps, host, per_layer=False).latency_s["total"]  # the cost model's own sum
@@ -420,8 +420,8 @@ def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> di
         "measured_s": measured, "modelled_s": float(total_model), "error_pct": _pct(float(total_model), measured),
         "median_abs_step_error_pct": float(np.median(np.abs(model_steps[meas > 0] / meas[meas > 0] - 1)) * 100)
         if (meas > 0).any() else None,
-        "warmup_steps_skipped": int((~keep).sum()), "with_warmup": with_warmup,
         "per_epoch": per_epoch, "notes": notes,
+        "warmup_steps_skipped": int((~keep).sum()), "with_warmup": with_warmup,
         **energy,
         "step_measured_s": meas.tolist(), "step_modelled_s": model_steps.tolist(),
     }
