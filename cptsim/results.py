@@ -369,7 +369,9 @@ def run_row(run_dir, source: str = "train") -> dict:
         "extra": {"best_test_acc": max(accs), "epochs_evaluated": len(metrics),
                   "train_loss": last.get("train_loss"), "train_acc": last.get("train_acc"),
                   "train_time_s": round(sum(r.get("time_s", 0.0) for r in executed.records), 3),
-                  "data_dir": cfg["settings"].get("data_dir")},
+                  "data_dir": cfg["settings"].get("data_dir")}
+                 # language models: perplexity (lower is better) is their measure; test_acc is next-token accuracy
+                 | {k: last[k] for k in ("test_ppl", "val_ppl", "test_bpc", "val_loss") if k in last},
     }
 
 
