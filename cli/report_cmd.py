@@ -60,8 +60,11 @@ def _pct(x, none="-") -> str:
 @click.option("--fit-out", default=None, help="Where --fit writes the fitted host profile (.toml).")
 @click.option("--holdout", multiple=True, help="A run to predict with the fitted profile, not fitted on (repeat).")
 @click.option("--force", is_flag=True, help="Let --fit-out replace an existing file.")
+@click.option("--no-calibrate", is_flag=True,
+              help="Model host time with the shipped placeholder host profile instead of measuring this machine "
+                   "once (automatic when you have no host profile of your own; see cptsim.autocal).")
 @json_option
-def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, force, as_json) -> None:
+def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, force, no_calibrate, as_json) -> None:
     """Compare a run's executed cost with its plan, the host estimate with the measured time; plots and fit."""
     from cptsim import plots as P
     from cptsim import report as R
@@ -88,7 +91,7 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
         from cptsim.fit import host_profile
 
         host_profile(host)
-    reports = [R.build_report(d, targets, host=host, top=top) for d in run_dirs]
+    reports = [R.build_report(d, targets, host=_host(d, host, no_calibrate), top=top) for d in run_dirs]
     for r in reports:
         for w in r.warnings:
             err.print(f"[yellow]warning:[/] {w}", highlight=False)
@@ -143,6 +146,15 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
         _print_fit(fit_doc)
     for f in written:
         err.print(f"wrote {f}", highlight=False)
+
+
+def _host(run_dir, host: str, no_calibrate: bool) -> str:
+    """The host profile for one run: this machine measured once (at the run's threads and device) unless the user
+    named one, has their own host.toml, or said --no-calibrate (cptsim.autocal)."""
+    from cptsim.autocal import report_host
+
+    return report_host(run_dir, host, calibrate=not no_calibrate,
+                       say=lambda s: err.print(s, highlight=False, markup=False))
 
 
 def _write(path, data: bytes, writer) -> None:
@@ -231,6 +243,9 @@ def _print_run(r) -> None:
         out.print("  measured: sum of the trace's step times on this machine; modelled: the host profile's estimate "
                   "of the same steps; wall: the whole epoch incl. data loading and evaluation", highlight=False)
         out.print(f"  median per-step error {_f(h['median_abs_step_error_pct'], '{:.1f}%')}", highlight=False)
+        out.print(f"  host time: modelled {h['modelled_s']:.2f} s vs measured {h['measured_s']:.2f} s, error "
+                  f"{_pct(h['error_pct'])} (host profile {h['profile']}"
+                  f"{'' if h['calibrated'] else ', placeholder numbers'})", highlight=False)
         if h.get("measured_energy_j") is not None:
             out.print(f"  GPU energy: measured {si(h['measured_energy_j'], 'J')} (NVML, "
                       f"{h.get('measured_avg_power_w', 0):.0f} W average), modelled "
