@@ -105,10 +105,11 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
         can_plot = False
         if not no_save:
             err.print(f"[yellow]warning:[/] no report.png: {e}", highlight=False)
+    locks, locked = _lock_runs([r.data["run"]["path"] for r in reports] if not no_save else [])
     for r in reports:
         run = RunDir(r.data["run"]["path"])
         png = P.run_figure(r) if can_plot and (not no_save or (plot_path and len(reports) == 1)) else None
-        if not no_save:
+        if not no_save and str(run.path) in locked:
             try:
                 run.write_json(REPORT_JSON, R.to_json(r))
                 written.append(str(run.path / REPORT_JSON))
@@ -124,6 +125,7 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
         if plot_path and len(reports) == 1:
             _write(plot_path, png, atomic_write_bytes)
             written.append(str(plot_path))
+    locks.close()
     rows = R.compare(reports) if len(reports) > 1 else None
     if rows and plot_path:
         _write(plot_path, P.comparison_figure(rows), atomic_write_bytes)
@@ -184,6 +186,28 @@ def _fit(run_dirs, holdout, host, fit_out, force) -> dict:
 # ------------------------------------------------------------------------------------------------ tables
 
 
+def _lock_runs(paths: list[str]):
+    """Take the lock of every run the report writes into (cptsim.runs.RunLock): (an ExitStack holding them, the
+    paths locked). A run another process is writing is refused (exit 2, nothing written); one whose lock file
+    cannot be made (a read-only place) is reported on without saving, as a failed write always was."""
+    from contextlib import ExitStack
+
+    from cptsim.runs import RunLock, RunLocked
+
+    stack, locked = ExitStack(), set()
+    for p in paths:
+        try:
+            stack.enter_context(RunLock.acquire(p))
+        except RunLocked as e:
+            stack.close()
+            raise InputError(f"{e} (cptsim report --no-save reads a run without writing to it)") from None
+        except InputError as e:
+            err.print(f"[yellow]warning:[/] not writing the report into {p}: {e}", highlight=False)
+            continue
+        locked.add(p)
+    return stack, locked
+
+
 def _print_run(r) -> None:
     d = r.data
     run, b, h = d["run"], d["bitops"], d["host_time"]
@@ -194,6 +218,9 @@ def _print_run(r) -> None:
             + f"; {run['steps_done']} of {run['total_steps']} steps"
             + (" [yellow](trace truncated)[/yellow]" if run["trace_truncated"] else ""))
     out.print(head, highlight=False)
+    if run.get("resume"):
+        out.print(f"  checkpoint: {run['resume']['text']}", style="yellow" if run["resume"]["skipped"] else None,
+                  highlight=False, markup=False)
 
     if b:
         t = Table(title="BitOPs: planned vs executed (hardware-independent)", title_justify="left")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
+
 import click
 from rich.table import Table
 
@@ -20,7 +22,9 @@ Examples:
 
 \b
 The run directory (--out) gets config.json, trace.jsonl (one line per step: bits, loss, time),
-metrics.jsonl (one line per epoch: test accuracy at q_max), checkpoint.pt (replaced atomically each epoch).
+metrics.jsonl (one line per epoch: test accuracy at q_max), checkpoint-STEP.pt (each epoch and --checkpoint-every;
+the last --keep-checkpoints kept, their SHA-256 in checkpoints.json; checkpoint.pt is the newest). One process
+writes a run at a time: a second one is refused (exit 2) while the first holds the lock file .NAME.lock next to it.
 Evaluation runs at the schedule's q_max (--eval-bits to change; CPT's code evaluated at whatever bits were
 current), after BatchNorm statistics and activation ranges are re-estimated at those bits (--recal-batches).
 Schedules: see 'cptsim schedules list' and 'cptsim schedules show --help' for the text form.
@@ -54,13 +58,17 @@ def _default_out(model: str, schedule_text: str) -> str:
     return f"runs/{model}-{schedule_text.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _launch(nproc: int, out: str | None, resume_dir: str | None, model: str, schedule: str) -> None:
-    """Re-run this very command in `nproc` workers under torchrun (each joins the process group from its env)."""
+def _launch(nproc: int, out: str | None, resume_dir: str | None, model: str, schedule: str,
+            max_restarts: int = 0) -> None:
+    """Re-run this very command in `nproc` workers under torchrun (each joins the process group from its env).
+
+    This process holds the run's lock for the whole job, restarts included (rank 0 adopts it). With
+    ``max_restarts``, torchrun restarts every worker when one dies, and they resume the run (see `train`)."""
     import sys
 
     from cptsim import dist
     from cptsim.errors import InputError
-    from cptsim.runs import RunDir
+    from cptsim.runs import RunDir, RunLock
 
     if nproc < 1:
         raise InputError(f"--nproc must be at least 1, got {nproc}")
@@ -70,22 +78,25 @@ def _launch(nproc: int, out: str | None, resume_dir: str | None, model: str, sch
     if argv is None:
         raise InputError("--nproc works from the cptsim command line only")
     clean, skip = [], False
-    for a in argv:  # drop --nproc N / --nproc=N; the workers must not launch again
+    for a in argv:  # drop --nproc N and --max-restarts R (either spelling); the workers must not launch again
         if skip:
             skip = False
             continue
-        if a == "--nproc":
+        if a in ("--nproc", "--max-restarts"):
             skip = True
             continue
-        if a.startswith("--nproc="):
+        if a.startswith(("--nproc=", "--max-restarts=")):
             continue
         clean.append(a)
-    if not resume_dir:
+    if resume_dir:
+        RunDir.open(resume_dir)  # not a run: refused before its lock file is made
+    else:
         if out is None:  # resolve the default name once, so every worker writes to the same place
             out = _default_out(model, schedule)
             clean += ["--out", out]
         RunDir.check_new(out)
-    code = dist.launch(nproc, clean)
+    with RunLock.acquire(resume_dir or out) as lock:
+        code = dist.launch(nproc, clean, max_restarts=max_restarts, lock=lock)
     if code:
         raise SystemExit(code)
 
@@ -259,6 +270,12 @@ def _tensorboard(cfg):
 @click.option("--nproc", type=int, default=None,
               help="Data-parallel worker processes on this machine (torchrun; gloo on CPU, NCCL on CUDA). "
                    "--batch-size stays the global batch. Under your own torchrun, leave this out.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=None,
+              help="With --nproc: when a worker dies, torchrun restarts them all up to this many times and they "
+                   "resume from the last checkpoint (torchrun --max-restarts). [default: 0]")
+@click.option("--keep-checkpoints", type=click.IntRange(min=1), default=None,
+              help="Checkpoints kept, newest first (each with its SHA-256 in checkpoints.json); resume falls back "
+                   "to an older one when the newest is damaged. [default: 2; with --resume: the run's own]")
 @click.option("--channels-last", is_flag=True,
               help="Channels-last (NHWC) activations and weights: faster convolutions on tensor-core GPUs. Changes "
                    "no cost the plan counts, so it may go next to --plan.")
@@ -270,8 +287,8 @@ def _tensorboard(cfg):
 @json_option
 def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epochs, steps, batch_size, lr, momentum,
           weight_decay, lr_schedule, fp_layers, no_augment, seed, device, workers, out, resume_dir, plan_path,
-          threads, eval_bits, recal_batches, val_split, checkpoint_every, nproc, channels_last,
-          list_models, quiet, as_json) -> None:
+          threads, eval_bits, recal_batches, val_split, checkpoint_every, nproc, max_restarts, keep_checkpoints,
+          channels_last, list_models, quiet, as_json) -> None:
     """Run real quantized training with a cyclic precision schedule and record what ran."""
     from cptsim import train as T
     from cptsim.runs import run_summary
@@ -286,9 +303,23 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
     if resume_dir and plan_path:
         raise click.UsageError("--resume continues a run with its own settings; it takes no --plan")
     if nproc is not None:
-        return _launch(nproc, out, resume_dir, model, schedule)
+        return _launch(nproc, out, resume_dir, model, schedule, max_restarts or 0)
+    if max_restarts is not None:
+        from cptsim.errors import InputError
+
+        raise InputError("--max-restarts goes with --nproc (under your own torchrun, give torchrun --max-restarts)")
+    keep = {} if keep_checkpoints is None else {"keep_checkpoints": keep_checkpoints}
+    from cptsim import dist as D
+
+    if not resume_dir and D.restart_count() and out is not None and (Path(out) / "config.json").is_file():
+        # torchrun restarted the job after a worker died: continue the run its first attempt began (the same
+        # command runs again, so a new run's --out is now an existing run)
+        resume_dir = out
+        if os.environ.get("RANK", "0") == "0":
+            err.print(f"restart {D.restart_count()} of the job: resuming {out} from its last checkpoint",
+                      highlight=False)
     if resume_dir:
-        run = T.resume(resume_dir, progress=progress)
+        run = T.resume(resume_dir, progress=progress, keep_checkpoints=keep_checkpoints)
     elif plan_path:
         from cptsim.planner.planfile import read_plan
 
@@ -301,7 +332,7 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
                                         ("val_split", val_split)) if click.get_current_context().get_parameter_source(
             k) not in (None, click.core.ParameterSource.DEFAULT)}
         cfg, changed = _plan_config(plan, params, device=device, workers=workers, checkpoint_every=checkpoint_every,
-                                    threads=threads, channels_last=channels_last, **evaluation)
+                                    threads=threads, channels_last=channels_last, **evaluation, **keep)
         _check_plan_data(plan, cfg)
         _warn_if_hardware_changed(plan)
         if out is None:
@@ -322,7 +353,7 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
                             lr_schedule=lr_schedule, fp_layers=fp, seed=seed, device=device, workers=workers,
                             augment=not no_augment, checkpoint_every=checkpoint_every, threads=threads,
                             eval_bits=eval_bits, recal_batches=recal_batches, val_split=val_split,
-                            channels_last=channels_last)
+                            channels_last=channels_last, **keep)
         if out is None:
             out = _default_out(model, text)
         if progress:

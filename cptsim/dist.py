@@ -97,6 +97,16 @@ class Dist:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
+    def same(self, value: int) -> bool:
+        """True on every rank if every rank passed the same integer (e.g. the checkpoint step it resumes from)."""
+        if not self.active:
+            return True
+        dev = self.device if str(self.device).startswith("cuda") else "cpu"
+        t = torch.tensor([value, -value], dtype=torch.int64, device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        hi, neg_lo = t.tolist()
+        return hi == -neg_lo
+
     def barrier(self) -> None:
         if self.active:
             dist.barrier()
@@ -110,7 +120,18 @@ def from_env(device: str) -> Dist:
         backend = "nccl" if device.startswith("cuda") else "gloo"
         if device.startswith("cuda"):
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend=backend)
+        attempt = restart_count()
+        if attempt and "MASTER_ADDR" in os.environ:
+            # torchrun shares its rendezvous store with the workers, and a restarted group finds the previous
+            # attempt's keys there (the dead ranks' addresses: "Gloo connectFullMesh failed ... Connection
+            # refused"). A prefix per attempt gives every restart a clean namespace.
+            from torch.distributed.rendezvous import rendezvous
+
+            store, _, _ = next(rendezvous("env://"))
+            dist.init_process_group(backend=backend, store=dist.PrefixStore(f"cptsim/attempt-{attempt}", store),
+                                    rank=rank, world_size=world)
+        else:
+            dist.init_process_group(backend=backend)
     return Dist(rank=rank, world=world, device=device)
 
 
@@ -122,10 +143,30 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def launch(nproc: int, argv: list[str]) -> int:
-    """Run `cptsim <argv>` in `nproc` local worker processes through torchrun; returns its exit code."""
+def restart_count() -> int:
+    """How many times torchrun has restarted this job's workers (0 for the first attempt, or without torchrun)."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def launch(nproc: int, argv: list[str], max_restarts: int = 0, lock=None) -> int:
+    """Run `cptsim <argv>` in `nproc` local worker processes through torchrun; returns its exit code.
+
+    ``max_restarts``: torchrun restarts the whole group this many times when a worker dies; the restarted
+    workers resume the run from its last checkpoint (cli/train_cmd.py). ``lock``: the run's RunLock, held by
+    this process; torchrun's agent gets its descriptor too (so the lock outlives this process only while the
+    job runs) and the workers its token, so that rank 0 adopts it instead of being refused."""
     if nproc < 1:
         raise InputError(f"--nproc must be at least 1, got {nproc}")
+    if max_restarts < 0:
+        raise InputError(f"--max-restarts must be >= 0, got {max_restarts}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "cptsim.cli.main", *argv]
-    return subprocess.run(cmd).returncode
+           f"--max-restarts={max_restarts}", "-m", "cptsim.cli.main", *argv]
+    env = dict(os.environ)
+    fds: tuple[int, ...] = ()
+    if lock is not None:
+        env.update(lock.handoff_env())
+        fds = (lock.fd,) if lock.fd is not None else ()
+    return subprocess.run(cmd, env=env, pass_fds=fds).returncode

@@ -147,6 +147,7 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
         "complete": len(steps) >= cfg["total_steps"] and not executed.missing,
         "trace_truncated": executed.truncated, "duplicate_lines": executed.duplicates,
         "missing_steps": len(executed.missing), "epochs_evaluated": len(metrics.records),
+        "resume": run.resume_point(),  # the checkpoint `train --resume` would continue from, and any passed over
     }
     data = {"format": REPORT_FORMAT, "run": info}
     series: dict = {"name": run.path.name}

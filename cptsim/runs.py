@@ -5,18 +5,36 @@
     profile.json    per-layer MACs measured in this run
     trace.jsonl     one line per executed step (format in DESIGN.md)
     metrics.jsonl   one line per evaluation
-    checkpoint.pt   the last checkpoint, replaced atomically
+    checkpoint-<step>.pt  the last K checkpoints (K = --keep-checkpoints, default 2), oldest pruned
+    checkpoints.json      their manifest: step, file, SHA-256, size (format cptsim.checkpoints/1), oldest first
+    checkpoint.pt   the newest checkpoint again (a hard link where the filesystem has them), for scripts; resume
+                    reads the manifest, and checkpoint.pt alone only in a run of an older cptsim that has no manifest
+
+and, next to the directory (so that a run not created yet can be locked, and the lock is never one of its files):
+
+    .<name>.lock    flock'd by the one process that writes the run (see ``RunLock``); holds who that is
 
 Every whole-file write goes to a temporary file in the same directory, is fsync'd and then renamed over the
 old one, so a kill at any moment leaves either the old or the new file, never half of one. The two .jsonl files
 are append-only; a kill can leave a partial last line, which readers report and `truncate_after` removes.
+A checkpoint is durable (file and directory fsync'd) before the manifest names it, and the manifest is durable
+before older checkpoints are deleted; resume takes the newest checkpoint whose size and SHA-256 match the
+manifest and that loads, so one damaged file costs the steps since the checkpoint before it, not the run.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
 import json
 import os
+import re
+import secrets
+import socket
+import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +48,10 @@ CONFIG_KEYS = {"settings": dict, "schedule": dict, "total_steps": int, "steps_pe
 TRACE = "trace.jsonl"
 METRICS = "metrics.jsonl"
 CHECKPOINT = "checkpoint.pt"
+CHECKPOINTS = "checkpoints.json"
+CHECKPOINTS_FORMAT = "cptsim.checkpoints/1"
+KEEP_CHECKPOINTS = 2
+_CHECKPOINT_FILE = re.compile(r"checkpoint-(\d+)\.pt")
 PLAN = "plan.json"
 PROFILE = "profile.json"
 
@@ -58,6 +80,156 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the renames and unlinks done in directory `path` durable (a rename is in the directory, not the file)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---- one writer per run ------------------------------------------------------------------------------------------
+
+LOCK_ENV = "CPTSIM_RUN_LOCK"  # "<token>:<lock file>": the lock a parent (sweep, --nproc launcher) holds for us
+
+
+class RunLocked(InputError):
+    """Another live process holds the run (exit 2: the second writer writes nothing)."""
+
+
+class ExclusiveLock:
+    """An exclusive ``flock`` on a file, taken without waiting and held until ``release`` or the process's end.
+
+    The kernel drops it when the last descriptor of the open file closes, so a SIGKILLed holder never leaves a
+    stale lock. The file records who holds it (pid, host, start time, command) for the error a second writer
+    gets. ``fd`` may be handed to a child (``pass_fds``): the child then holds the lock too, and it outlives the
+    parent as long as the child runs."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.fd: int | None = None
+        self.token: str | None = None
+
+    def try_acquire(self, token: str | None = None) -> bool:
+        """True if taken (and the holder recorded, with ``token`` or a new one); False if another open file holds
+        it. OSError if the lock file cannot be created."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        self.fd = fd
+        self.token = token or secrets.token_hex(8)
+        self._record()
+        return True
+
+    def _record(self) -> None:
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  "command": " ".join([_program(), *sys.argv[1:]])[:300], "token": self.token}
+        data = (json.dumps(holder) + "\n").encode()
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, data, 0)
+
+    def holder(self) -> dict | None:
+        return read_holder(self.path)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # the lock goes when the last process holding this open file closes it
+            self.fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def _program() -> str:
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    return "cptsim" if name in ("main.py", "__main__.py", "cptsim") else name
+
+
+def read_holder(lock_file: Path) -> dict | None:
+    """Who holds (or last held) a lock file, as it recorded itself; None if unreadable."""
+    try:
+        d = json.loads(Path(lock_file).read_text())
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def describe_holder(holder: dict | None) -> str:
+    if not holder:
+        return "another process (it has not recorded itself yet)"
+    return (f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('started')}"
+            + (f" ({holder['command']})" if holder.get("command") else ""))
+
+
+def lock_file(run_path: str | os.PathLike) -> Path:
+    """Where the lock of a run directory lives: ``.<name>.lock`` next to it (symlinks resolved, so every path to
+    one run finds one lock)."""
+    p = Path(run_path).resolve()
+    return p.parent / f".{p.name}.lock"
+
+
+class RunLock(ExclusiveLock):
+    """The exclusive right to write one run directory (train, resume, a pilot run, the report's files).
+
+    ``RunLock.acquire(run)`` takes it or raises RunLocked naming the holder. A process started to write a run
+    that its parent holds (a sweep's training, a ``--nproc`` launcher's torchrun workers) finds the parent's
+    token in ``CPTSIM_RUN_LOCK`` (``handoff_env``) and adopts the lock instead of fighting over it: the token
+    must be the one the lock file records and the lock must still be held; if nobody holds it any more, the
+    adopter takes it itself."""
+
+    def __init__(self, run_path: str | os.PathLike):
+        super().__init__(lock_file(run_path))
+        self.run_path = Path(run_path)
+        self.adopted = False
+
+    @classmethod
+    def acquire(cls, run_path: str | os.PathLike) -> "RunLock":
+        lock = cls(run_path)
+        if lock._adopt():
+            return lock
+        try:
+            taken = lock.try_acquire()
+        except OSError as e:
+            raise InputError(f"cannot lock {run_path}: {lock.path}: {e.strerror or e}") from None
+        if not taken:
+            raise RunLocked(f"{run_path} is being written by {describe_holder(lock.holder())}; a second writer "
+                            "would corrupt it - wait for that process to end (a killed one releases it at once)")
+        return lock
+
+    def _adopt(self) -> bool:
+        given = os.environ.get(LOCK_ENV, "")
+        token, _, path = given.partition(":")
+        if not token or Path(path) != self.path:
+            return False
+        holder = read_holder(self.path)
+        if not holder or holder.get("token") != token:
+            return False  # not the lock our parent took: acquire normally (and fail if someone else holds it)
+        probe = ExclusiveLock(self.path)
+        try:
+            free = probe.try_acquire(token)
+        except OSError:
+            return False
+        if free:  # our parent is gone and nobody else took the run: we are its writer now
+            self.fd, self.token = probe.fd, token
+        else:
+            self.token, self.adopted = token, True
+        return True
+
+    def handoff_env(self) -> dict:
+        """Environment for a child process that is to write this run under this lock."""
+        return {LOCK_ENV: f"{self.token}:{self.path}"}
 
 
 @dataclass
@@ -195,30 +367,155 @@ class RunDir:
         for tmp in self.path.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
 
-    # ---- checkpoint ------------------------------------------------------------------------------------------
+    # ---- checkpoints -----------------------------------------------------------------------------------------
     @property
     def checkpoint_path(self) -> Path:
+        """checkpoint.pt: the newest checkpoint, for scripts (resume goes by the manifest)."""
         return self.path / CHECKPOINT
 
-    def save_checkpoint(self, state: dict) -> None:
+    def read_checkpoint_manifest(self) -> list[dict] | None:
+        """The manifest's entries, oldest first; None without a manifest; InputError when it is damaged."""
+        path = self.path / CHECKPOINTS
+        if not path.exists():
+            return None
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise InputError(f"{path}: cannot read the checkpoint manifest ({e})") from None
+        entries = doc.get("checkpoints") if isinstance(doc, dict) and doc.get("format") == CHECKPOINTS_FORMAT else None
+        if not isinstance(entries, list) or not all(_manifest_entry(e) for e in entries):
+            raise InputError(f"{path}: not a checkpoint manifest of format {CHECKPOINTS_FORMAT!r}")
+        return sorted(entries, key=lambda e: e["step"])
+
+    def _checkpoint_files(self) -> list[dict]:
+        """checkpoint-<step>.pt files on disk, oldest first, unverified (no manifest to check them against)."""
+        found = []
+        for p in self.path.glob("checkpoint-*.pt"):
+            m = _CHECKPOINT_FILE.fullmatch(p.name)
+            if m:
+                found.append({"step": int(m.group(1)), "file": p.name, "sha256": None, "size": None})
+        return sorted(found, key=lambda e: e["step"])
+
+    def save_checkpoint(self, state: dict, keep: int = KEEP_CHECKPOINTS) -> dict:
+        """Write ``state`` (its "step" names it) as a new checkpoint, then the manifest, then prune to ``keep``.
+
+        Order matters for a kill or a full disk at any point: the new file is durable before the manifest names
+        it, the manifest is durable before an old checkpoint is deleted. An OSError (ENOSPC) leaves the previous
+        checkpoints and manifest as they were. Returns the new manifest entry."""
         import io
 
         import torch
 
+        step = int(state["step"])
         buf = io.BytesIO()
         torch.save(state, buf)
-        atomic_write_bytes(self.checkpoint_path, buf.getvalue())
+        data = buf.getvalue()
+        entry = {"step": step, "file": checkpoint_file(step), "sha256": hashlib.sha256(data).hexdigest(),
+                 "size": len(data), "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        atomic_write_bytes(self.path / entry["file"], data)
+        fsync_dir(self.path)
+        try:
+            old = self.read_checkpoint_manifest()
+        except InputError:
+            old = None
+        if old is None:  # no manifest (or a damaged one): keep the files on disk as unverified fallbacks
+            old = self._checkpoint_files()
+        # Entries at or after this step belong to a timeline a resume abandoned (or are this step's old file).
+        kept = ([e for e in old if e["step"] < step] + [entry])[-max(int(keep), 1):]
+        atomic_write_json(self.path / CHECKPOINTS, {"format": CHECKPOINTS_FORMAT, "checkpoints": kept})
+        fsync_dir(self.path)
+        self._replace_latest(entry["file"], data)
+        names = {e["file"] for e in kept}
+        for p in self.path.glob("checkpoint-*.pt"):
+            if _CHECKPOINT_FILE.fullmatch(p.name) and p.name not in names:
+                p.unlink(missing_ok=True)
+        return entry
+
+    def _replace_latest(self, name: str, data: bytes) -> None:
+        """Point checkpoint.pt at the newest checkpoint: a hard link (no second copy on disk), else a copy."""
+        tmp = self.path / f".{CHECKPOINT}.{secrets.token_hex(4)}.tmp"
+        try:
+            os.link(self.path / name, tmp)
+        except OSError:  # a filesystem without hard links
+            atomic_write_bytes(self.checkpoint_path, data)
+            return
+        try:
+            os.replace(tmp, self.checkpoint_path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def find_checkpoint(self, load: bool = True, map_location: Any = "cpu") -> "CheckpointChoice":
+        """The checkpoint a resume continues from: the newest whose size and SHA-256 match the manifest (and,
+        with ``load``, that torch loads as a checkpoint of its step); older ones are the fallbacks. Without a
+        manifest (a run of an older cptsim), the files themselves, unverified. ``entry`` None: there is none
+        (``skipped`` empty: the run never checkpointed; else every one was damaged)."""
+        notes = []
+        try:
+            entries = self.read_checkpoint_manifest()
+        except InputError as e:
+            notes.append(f"{e}; trying the checkpoint files themselves")
+            entries = None
+        verified = entries is not None
+        if entries is None:
+            entries = self._checkpoint_files()
+            if not entries and self.checkpoint_path.exists():
+                entries = [{"step": None, "file": CHECKPOINT, "sha256": None, "size": None}]
+        skipped = []
+        for e in reversed(entries):
+            data, why = self._verify(e)
+            state = None
+            if why is None and (load or e["step"] is None):  # an older cptsim's checkpoint.pt: its step is inside
+                state, why = _load_state(data, map_location, e["step"])
+            if why is None:
+                if e["step"] is None:
+                    e = {**e, "step": int(state["step"])}
+                return CheckpointChoice(e, state, skipped, verified, notes)
+            skipped.append((e, why))
+        return CheckpointChoice(None, None, skipped, verified, notes)
+
+    def _verify(self, e: dict) -> tuple[bytes | None, str | None]:
+        try:
+            data = (self.path / e["file"]).read_bytes()
+        except FileNotFoundError:
+            return None, "is missing"
+        except OSError as err:
+            return None, f"cannot be read ({err.strerror or err})"
+        if e.get("size") is not None and len(data) != e["size"]:
+            return None, (f"is truncated ({len(data)} of {e['size']} bytes)" if len(data) < e["size"]
+                          else f"has {len(data)} bytes, not the {e['size']} recorded")
+        if e.get("sha256") and hashlib.sha256(data).hexdigest() != e["sha256"]:
+            return None, "fails its SHA-256 checksum"
+        return data, None
+
+    def resume_point(self) -> dict:
+        """Which checkpoint `cptsim train --resume` would continue from (sizes and checksums checked, nothing
+        loaded), for `cptsim report`: step, file, verified, skipped [{file, step, why}], and a one-line text."""
+        c = self.find_checkpoint(load=False)
+        skipped = [{"file": e["file"], "step": e["step"], "why": why} for e, why in c.skipped]
+        bad = "; ".join(f"{s['file']} {s['why']}" for s in skipped)
+        if c.entry is None:
+            text = (f"no usable checkpoint ({bad}): --resume would refuse" if skipped
+                    else "no checkpoint yet: --resume would start from step 0")
+        else:
+            e = c.entry
+            how = ("size and SHA-256 match checkpoints.json" if c.verified and e.get("sha256")
+                   else "unverified: no manifest (written by an older cptsim)")
+            text = f"--resume would continue from {e['file']} (step {e['step']}; {how})"
+            if skipped:
+                text = f"{bad}; {text}"
+        if c.notes:
+            text = "; ".join(c.notes) + "; " + text
+        return {"step": c.entry["step"] if c.entry else None, "file": c.entry["file"] if c.entry else None,
+                "verified": bool(c.entry and c.verified and c.entry.get("sha256")), "skipped": skipped,
+                "text": text}
 
     def load_checkpoint(self, map_location: Any = "cpu") -> dict | None:
-        import torch
-
-        if not self.checkpoint_path.exists():
-            return None
-        try:
-            # weights_only: a checkpoint is data, never code to unpickle.
-            return torch.load(self.checkpoint_path, map_location=map_location, weights_only=True)
-        except Exception as e:  # torch raises several types for a damaged file
-            raise InputError(f"{self.checkpoint_path}: cannot load checkpoint ({type(e).__name__}: {e})") from None
+        """The newest usable checkpoint's state (see ``find_checkpoint``); None if the run has none."""
+        choice = self.find_checkpoint(map_location=map_location)
+        if choice.entry is None and choice.skipped:
+            raise InputError(choice.unusable_message(self.path))
+        return choice.state
 
     # ---- reading a run for `cptsim report` --------------------------------------------------------------------
     def read_executed(self) -> "ExecutedSteps":
@@ -251,6 +548,64 @@ class RunDir:
         """Write a whole file (a report's PNG) atomically into the run directory."""
         atomic_write_bytes(self.path / name, data)
         return self.path / name
+
+
+def checkpoint_file(step: int) -> str:
+    return f"checkpoint-{step:08d}.pt"
+
+
+def _manifest_entry(e) -> bool:
+    return (isinstance(e, dict) and isinstance(e.get("step"), int) and not isinstance(e["step"], bool)
+            and e["step"] >= 0 and isinstance(e.get("file"), str) and _CHECKPOINT_FILE.fullmatch(e["file"]) is not None
+            and isinstance(e.get("sha256"), str) and isinstance(e.get("size"), int))
+
+
+def _load_state(data: bytes, map_location: Any, step: int | None) -> tuple[dict | None, str | None]:
+    import io
+
+    import torch
+
+    try:
+        # weights_only: a checkpoint is data, never code to unpickle.
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises several types for a damaged file
+        return None, f"cannot be loaded ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        return None, "is not a cptsim checkpoint (no step)"
+    if step is not None and state["step"] != step:
+        return None, f"holds step {state['step']}, not the {step} its name says"
+    return state, None
+
+
+@dataclass
+class CheckpointChoice:
+    """What ``RunDir.find_checkpoint`` found: the entry to resume from (None: none), its loaded state (with
+    ``load``), the newer ones passed over and why, whether a manifest vouched for them, and notes."""
+
+    entry: dict | None
+    state: dict | None
+    skipped: list[tuple[dict, str]] = field(default_factory=list)
+    verified: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def step(self) -> int:
+        return self.entry["step"] if self.entry else 0
+
+    def fallback_message(self, verb: str = "resuming") -> str | None:
+        """One line when newer checkpoints were passed over; None otherwise."""
+        if not self.skipped and not self.notes:
+            return None
+        bad = "; ".join(f"{e['file']}" + (f" (step {e['step']})" if e["step"] is not None else "") + f" {why}"
+                        for e, why in self.skipped)
+        to = (f"{verb} from {self.entry['file']} (step {self.entry['step']})" if self.entry
+              else f"{verb} from step 0")
+        return "; ".join(self.notes + ([bad] if bad else [])) + f"; {to}"
+
+    def unusable_message(self, path) -> str:
+        bad = "; ".join(f"{e['file']} {why}" for e, why in self.skipped)
+        return (f"{path}: no usable checkpoint ({bad}); restore one from a backup, or start the run again with "
+                "a new --out")
 
 
 def run_summary(run: RunDir) -> dict:

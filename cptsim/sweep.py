@@ -5,7 +5,8 @@ A sweep lives in one directory OUT::
     OUT/sweep.json              the workload (as `cptsim train` settings) and every schedule and seed asked for
     OUT/<schedule-slug>-s<seed>/  a run directory, written by its own `cptsim train` process
     OUT/<schedule-slug>-s<seed>.log   that process's stdout and stderr
-    OUT/.<name>.lock            held (flock) by the process training that run, so a rerun never trains it twice
+    OUT/.<name>.lock            the run's lock (cptsim.runs.RunLock): taken by the sweep, handed to the `cptsim train`
+                                process that trains the run (it adopts it), so nothing else writes the run meanwhile
 
 Resumable as a whole: rerunning the same sweep skips finished runs (an evaluation recorded after the last step),
 continues interrupted ones with `cptsim train --resume` (from their last checkpoint), and starts missing ones. A
@@ -21,7 +22,6 @@ measured mean accuracy over schedules, with its seed spread (the correlation com
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
@@ -213,7 +213,9 @@ class SweepRun:
 
     @property
     def lock_path(self) -> Path:
-        return self.path.parent / f".{self.path.name}.lock"
+        from .runs import lock_file
+
+        return lock_file(self.path)  # the run's own lock (cptsim.runs.RunLock), which its training adopts
 
     def to_json(self) -> dict:
         r = self.row or {}
@@ -308,29 +310,6 @@ def train_command(settings: SweepSettings, run: SweepRun) -> list[str]:
                                             "--out", str(run.path), "--quiet", "--json"]
 
 
-class _Lock:
-    """An exclusive flock on a file, taken without waiting; the fd can be handed to a child to hold it on."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.fd: int | None = None
-
-    def acquire(self) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            return False
-        self.fd = fd
-        return True
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # the lock goes when the last process holding this open file closes it
-            self.fd = None
-
-
 class _StepCounter:
     """Lines of a growing trace.jsonl, read incrementally (a resume that truncates the file starts it over)."""
 
@@ -369,7 +348,7 @@ def execute(runs: list[SweepRun], settings: SweepSettings, jobs: int = 1, db=Non
     """
     from .errors import RunStopped
     from .results import run_finished, run_row
-    from .runs import RunDir
+    from .runs import ExclusiveLock, RunDir, RunLock
 
     if jobs < 1:
         raise InputError(f"--jobs must be at least 1, got {jobs}")
@@ -377,8 +356,8 @@ def execute(runs: list[SweepRun], settings: SweepSettings, jobs: int = 1, db=Non
     out = runs[0].path.parent if runs else None
     sweep_lock = None
     if out is not None:
-        sweep_lock = _Lock(out / ".sweep.lock")
-        if not sweep_lock.acquire():
+        sweep_lock = ExclusiveLock(out / ".sweep.lock")
+        if not sweep_lock.try_acquire():
             raise InputError(f"another sweep is running in {out}; wait for it or pick another --out")
 
     def record(run: SweepRun, write: bool = True) -> None:
@@ -404,7 +383,7 @@ def execute(runs: list[SweepRun], settings: SweepSettings, jobs: int = 1, db=Non
         for sig in (signal.SIGINT, signal.SIGTERM):
             old_handlers[sig] = signal.signal(sig, _on_signal)
     env = _child_env(jobs)
-    running: dict[int, tuple[SweepRun, subprocess.Popen, _Lock, _StepCounter, float, object]] = {}
+    running: dict[int, tuple[SweepRun, subprocess.Popen, RunLock, _StepCounter, float, object]] = {}
     try:
         for run in runs:  # finished by an earlier sweep: make sure the database holds their rows
             if run.action == "skip":
@@ -414,8 +393,8 @@ def execute(runs: list[SweepRun], settings: SweepSettings, jobs: int = 1, db=Non
         while queue or running:
             while queue and len(running) < jobs and not stop["requested"]:
                 run = queue.pop(0)
-                lock = _Lock(run.lock_path)
-                if not lock.acquire():
+                lock = RunLock(run.path)
+                if not lock.try_acquire():
                     run.action, run.status = "busy", "busy"
                     run.error = "another process is training this run (from an earlier sweep that was killed?)"
                     emit("end", run)
@@ -440,7 +419,7 @@ def execute(runs: list[SweepRun], settings: SweepSettings, jobs: int = 1, db=Non
                 # Its own session: a ^C at the terminal reaches the sweep alone, which passes it on exactly once
                 # (a second SIGINT makes `cptsim train` stop without its end-of-step checkpoint).
                 proc = subprocess.Popen(train_command(settings, run), stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=env, pass_fds=(lock.fd,),
+                                        stdin=subprocess.DEVNULL, env=env | lock.handoff_env(), pass_fds=(lock.fd,),
                                         start_new_session=True)
                 run.status = "running"
                 running[proc.pid] = (run, proc, lock, _StepCounter(run.path / "trace.jsonl"), time.perf_counter(),

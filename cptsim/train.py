@@ -61,6 +61,7 @@ class TrainConfig:
     workers: int = 0
     augment: bool = True
     checkpoint_every: int | None = None  # steps between checkpoints; None: at the end of every epoch
+    keep_checkpoints: int = 2  # checkpoints kept (newest first): older ones are the fallback for a damaged one
     threads: int | None = None  # CPU threads for torch; None: auto (see cpu_threads)
     # Evaluation (see `evaluate`): the precision the model is evaluated at (None: the schedule's q_max), how many
     # training batches re-estimate BatchNorm statistics and activation ranges at that precision first (0: none),
@@ -173,6 +174,9 @@ def validate(cfg: TrainConfig) -> None:
         raise InputError("--device cuda asked for, but PyTorch sees no CUDA device on this machine")
     if cfg.checkpoint_every is not None and cfg.checkpoint_every < 1:
         raise InputError(f"--checkpoint-every must be at least 1 step, got {cfg.checkpoint_every}")
+    if isinstance(cfg.keep_checkpoints, bool) or not isinstance(cfg.keep_checkpoints, int) \
+            or cfg.keep_checkpoints < 1:
+        raise InputError(f"--keep-checkpoints must be an integer >= 1, got {cfg.keep_checkpoints!r}")
     if cfg.threads is not None and cfg.threads < 1:
         raise InputError(f"--threads must be at least 1, got {cfg.threads}")
     if cfg.workers < 0:
@@ -425,65 +429,115 @@ def evaluate(w: Workload, device: str, loader: DataLoader | None = None) -> tupl
 
 def _fault(name: str) -> int | None:
     """Test hooks (crash-safety tests): CPTSIM_FAULT_KILL_AT_STEP=k sends this process SIGKILL as step k begins,
-    CPTSIM_FAULT_SIGINT_AT_STEP=k sends it SIGINT, CPTSIM_FAULT_NAN_AT_STEP=k makes step k's loss NaN."""
+    CPTSIM_FAULT_SIGINT_AT_STEP=k sends it SIGINT, CPTSIM_FAULT_NAN_AT_STEP=k makes step k's loss NaN.
+    CPTSIM_FAULT_RANK=r limits them to rank r; a job torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0) runs
+    without them, as a restart after a real fault would."""
     v = os.environ.get(f"CPTSIM_FAULT_{name}_AT_STEP")
+    rank = os.environ.get("CPTSIM_FAULT_RANK")
+    if rank is not None and rank != os.environ.get("RANK", "0"):
+        return None
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0"):
+        return None
     return int(v) if v else None
+
+
+def _lock_run(path, d, check=None):
+    """Rank 0 runs ``check`` and takes the run's lock (or adopts the one its launcher holds, see
+    cptsim.runs.RunLock); every rank learns whether it could, so that a refused job stops on all ranks (exit 2)
+    and writes nothing."""
+    from .runs import RunLock
+
+    lock, error = None, None
+    if d.is_main:
+        try:
+            if check is not None:
+                check()  # before the lock file is touched: a refused new run changes nothing on disk
+            lock = RunLock.acquire(path)
+        except InputError as e:
+            error = e
+    if d.any(error is not None):
+        raise error or InputError(f"{path}: rank 0 could not take the run's lock; see its message")
+    return lock
 
 
 def train(cfg: TrainConfig, out: str, progress: bool = True, plan: dict | None = None) -> RunDir:
     """Start a new run in directory `out` (which must not exist or be empty) and train it to the end.
 
     With `plan`, the run records the plan it executed (a copy as plan.json, its digest in config.json).
+    The run's lock (cptsim.runs.RunLock) is held from before the directory is created until this returns.
     """
     from . import dist
     from .runs import PLAN
 
     d = dist.from_env(cfg.device)
     w = build(cfg)
-    run = RunDir(out)
-    if d.is_main:
-        config = resolved_config(cfg, w, d.world)
-        if plan is not None:
-            from .planner.planfile import plan_digest
+    lock = _lock_run(out, d, check=lambda: RunDir.check_new(out))
+    try:
+        run = RunDir(out)
+        if d.is_main:
+            config = resolved_config(cfg, w, d.world)
+            if plan is not None:
+                from .planner.planfile import plan_digest
 
-            config["plan"] = {"digest": plan_digest(plan), "schedule": plan["schedule"], "budget": plan.get("budget")}
-        run = RunDir.create(out, config)
-        if plan is not None:
-            run.write_json(PLAN, plan)
-    d.barrier()
-    return _loop(cfg, w, run, d, start_step=0, progress=progress)
+                config["plan"] = {"digest": plan_digest(plan), "schedule": plan["schedule"],
+                                  "budget": plan.get("budget")}
+            run = RunDir.create(out, config)
+            if plan is not None:
+                run.write_json(PLAN, plan)
+        d.barrier()
+        return _loop(cfg, w, run, d, start_step=0, progress=progress)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
-def resume(run_path: str, progress: bool = True) -> RunDir:
-    """Continue a run from its last checkpoint; trace lines after the checkpoint are dropped and re-run."""
+def resume(run_path: str, progress: bool = True, keep_checkpoints: int | None = None) -> RunDir:
+    """Continue a run from its newest intact checkpoint; trace lines after it are dropped and re-run.
+
+    A checkpoint that is missing, truncated, fails its checksum or does not load is passed over for the one
+    before it (one line on stderr says so). ``keep_checkpoints`` replaces the run's --keep-checkpoints."""
     from . import dist
 
     run = RunDir.open(run_path)
     cfg = TrainConfig.from_dict(run.read_config()["settings"])
+    if keep_checkpoints is not None:
+        cfg.keep_checkpoints = keep_checkpoints
     d = dist.from_env(cfg.device)
     w = build(cfg)
-    ckpt = run.load_checkpoint(map_location="cpu")
-    start = 0
-    if ckpt is not None:
-        w.model.load_state_dict(ckpt["model"])
-        start = int(ckpt["step"])
-        if len(ckpt["rng"]["torch"]) != d.world:
-            raise InputError(f"{run_path} was checkpointed by {len(ckpt['rng']['torch'])} process(es); resume it "
-                             f"with the same number (--nproc {len(ckpt['rng']['torch'])}), not {d.world}")
-    if d.is_main:
-        run.remove_stale_temp_files()
-        run.truncate_after(start)
-    d.barrier()
-    return _loop(cfg, w, run, d, start_step=start, progress=progress, ckpt=ckpt)
+    lock = _lock_run(run_path, d)
+    try:
+        choice = run.find_checkpoint(map_location="cpu")
+        if choice.entry is None and choice.skipped:
+            raise InputError(choice.unusable_message(run_path))
+        ckpt, start = choice.state, choice.step
+        note = choice.fallback_message()
+        if note and d.is_main:
+            print(f"warning: {note}", file=sys.stderr)
+        if not d.same(start):  # every rank reads the same files; a shared filesystem that disagrees is fatal
+            raise RunFailed(f"{run_path}: the ranks found different checkpoints to resume from (is the run "
+                            "directory on a filesystem every node sees the same way?)")
+        if ckpt is not None:
+            if len(ckpt["rng"]["torch"]) != d.world:
+                raise InputError(f"{run_path} was checkpointed by {len(ckpt['rng']['torch'])} process(es); resume "
+                                 f"it with the same number (--nproc {len(ckpt['rng']['torch'])}), not {d.world}")
+            w.model.load_state_dict(ckpt["model"])
+        if d.is_main:
+            run.remove_stale_temp_files()
+            run.truncate_after(start)
+        d.barrier()
+        return _loop(cfg, w, run, d, start_step=start, progress=progress, ckpt=ckpt)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 SYNC_CHECK_WARMUP = 2  # steps not checked: the first ones compile the fused quantizers, which may synchronise
+
 
 def _compiles() -> int:
     """Graphs torch.compile has built in this process so far (a step that built one is a warm-up step)."""
     dynamo = sys.modules.get("torch._dynamo.utils")
     return int(dynamo.counters["stats"]["unique_graphs"]) if dynamo is not None else 0
-
 
 
 class _SyncCheck:
@@ -610,8 +664,13 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
         if device.startswith("cuda"):
             cuda = [torch.cuda.get_rng_state()]  # per-rank CUDA state is only restored exactly for one process
         if d.is_main:
-            run.save_checkpoint({"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                                 "rng": {"torch": rng, "cuda": cuda}, "epoch_stats": list(epoch_stats)})
+            try:
+                run.save_checkpoint({"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                                     "rng": {"torch": rng, "cuda": cuda}, "epoch_stats": list(epoch_stats)},
+                                    keep=cfg.keep_checkpoints)
+            except OSError as e:  # ENOSPC, EIO: the checkpoints before this one and their manifest are untouched
+                raise RunFailed(f"cannot write the checkpoint at step {step} ({e.strerror or e}); the earlier "
+                                f"checkpoints are intact - make room, then continue with --resume {run.path}") from None
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
