@@ -1,9 +1,10 @@
 """Data-parallel plumbing on PyTorch's own engine (torch.distributed; torchrun launches the workers).
 
 The training loop is written once for any number of processes: with one process every collective here is a
-no-op. Gradients are summed across ranks by hand (one flattened all-reduce per step) rather than through
-DistributedDataParallel, because a rank may hold *no* sample of a ragged last batch (each sample is seen once
-per epoch, never padded), and DDP cannot run a step with an empty input.
+no-op. Gradients are summed across ranks by hand -- in DDP-style buckets whose all-reduces start during backward
+(``GradBuckets``) -- rather than through DistributedDataParallel, because a rank may hold *no* sample of a ragged
+last batch (each sample is seen once per epoch, never padded), and DDP cannot run a step with an empty input
+without join(). NCCL on CUDA, gloo on a CPU.
 """
 
 from __future__ import annotations
@@ -39,19 +40,19 @@ class Dist:
         return t
 
     def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
-        """Sum every parameter's gradient over the ranks (a rank that ran no sample contributes zeros)."""
+        """Sum every parameter's gradient over the ranks (a rank that ran no sample contributes zeros).
+
+        Overlapped with backward (``GradBuckets``, attached on the first call): each bucket's all-reduce starts as
+        soon as backward has accumulated its gradients; this call launches the buckets backward did not (every one
+        on a rank that ran no sample, and all of them on the first step), waits, and writes the sums back."""
         if not self.active:
             return
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
+        buckets = getattr(self, "_buckets", None)
+        if buckets is None or [id(p) for p in buckets.params] != [id(p) for p in params]:
+            if buckets is not None:
+                buckets.close()
+            buckets = self._buckets = GradBuckets(params)
+        buckets.finish()
 
     def step_totals(self, stats: torch.Tensor | None, counts: list[int]) -> tuple[float, float, list[int]]:
         """(loss sum, correct, counts) of the global batch, read to the host in one transfer.
@@ -110,6 +111,81 @@ class Dist:
     def barrier(self) -> None:
         if self.active:
             dist.barrier()
+
+
+BUCKET_CAP_BYTES = 25 * 2**20  # DistributedDataParallel's default bucket size
+
+
+class GradBuckets:
+    """DDP-style gradient buckets, without DDP: parameters in reverse order (backward produces the last layers'
+    gradients first) grouped into buckets of about ``cap_bytes``. A hook after each gradient's accumulation counts
+    down its bucket; bucket i's flattened all-reduce (async) starts once it and every bucket before it are complete,
+    so every rank issues the same collectives in the same order, and the communication runs while backward goes on.
+    ``finish()`` launches what backward did not -- all of it on a rank that ran no sample of a ragged last batch
+    (zeros), which DistributedDataParallel cannot do without join() -- waits, and copies the sums into ``.grad``.
+    Sums are elementwise over the same ranks as one flat all-reduce, so the result is that of one flat buffer."""
+
+    def __init__(self, params: list, cap_bytes: int | None = None):
+        import threading
+
+        cap_bytes = cap_bytes or BUCKET_CAP_BYTES
+        self.params = list(params)
+        self.buckets: list[list] = []
+        cur, size = [], 0
+        for p in reversed(self.params):
+            cur.append(p)
+            size += p.numel() * p.element_size()
+            if size >= cap_bytes:
+                self.buckets.append(cur)
+                cur, size = [], 0
+        if cur:
+            self.buckets.append(cur)
+        self._index = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self._lock = threading.Lock()
+        self._reset()
+        self._handles = [p.register_post_accumulate_grad_hook(self._ready) for p in self.params if p.requires_grad]
+
+    def _reset(self) -> None:
+        self._pending = [len(b) for b in self.buckets]
+        self._launched = 0
+        self._works: list = []
+
+    def _ready(self, p) -> None:  # runs in autograd's thread, once per parameter per backward
+        with self._lock:
+            self._pending[self._index[id(p)]] -= 1
+            while self._launched < len(self.buckets) and self._pending[self._launched] <= 0:
+                self._launch()
+
+    def _launch(self) -> None:
+        i = self._launched
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self.buckets[i]])
+        self._works.append((i, flat, dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)))
+        self._launched += 1
+
+    def finish(self) -> None:
+        """Launch the buckets not started during backward, wait for all, write the sums into ``.grad``."""
+        with self._lock:
+            while self._launched < len(self.buckets):
+                self._launch()
+            works = self._works
+            self._reset()
+        for i, flat, work in works:
+            work.wait()
+            offset = 0
+            for p in self.buckets[i]:
+                n = p.numel()
+                total = flat[offset:offset + n].view_as(p)
+                if p.grad is None:
+                    p.grad = total.clone()
+                else:
+                    p.grad.copy_(total)
+                offset += n
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
 
 
 def from_env(device: str) -> Dist:
