@@ -41,7 +41,7 @@ dataset, the epoch size is that of the data there (a subset costs what training 
 @click.option("--hw", "--hardware", "hw", default=DEFAULT_HW, show_default=True,
               help="Comma-separated hardware profiles (names or .toml paths).")
 @json_option
-def cost(model, dataset, data_dir, input_shape, num_classes, fp_layers, schedule, steps, epochs, batch_size,
+def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_layers, schedule, steps, epochs, batch_size,
          dataset_size, hw, as_json) -> None:
     """Cost one precision schedule over a training run on several hardware profiles: BitOPs, energy, latency,
     and the saving over the static q_max schedule on each."""
@@ -63,7 +63,7 @@ def cost(model, dataset, data_dir, input_shape, num_classes, fp_layers, schedule
     if not names:
         raise InputError("--hw needs at least one hardware profile")
     profiles = [load_profile(n) for n in names]
-    shape, classes, info = resolve_workload(model, dataset, data_dir, input_shape, num_classes)
+    shape, classes, info = resolve_workload(model, dataset, data_dir, input_shape, num_classes, image_size)
     size_from = "--dataset-size" if dataset_size is not None else None
     if info is not None:
         dataset_size, size_from = epoch_size(info.name, data_dir, dataset_size)

@@ -77,6 +77,9 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
 @click.option("--data-dir", default=None,
               help="Folder holding the dataset: its training samples are counted for the epoch size (no image is "
                    "loaded), and 'cptsim train --plan' reads it from there.")
+@click.option("--image-size", type=int, default=None,
+              help="imagefolder: train on N x N images [default: the images' own size when they share one, "
+                   "else 224]; recorded in the plan.")
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--epochs", type=int, default=None, help="Training epochs [default: 15 unless --steps].")
 @click.option("--steps", type=int, default=None, help="Training steps (instead of --epochs).")
@@ -121,7 +124,7 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
 @click.option("--plot", default=None, help="Write a PNG of the cost-vs-score Pareto frontier here.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 @json_option
-def plan(budget, metric, hw, model, dataset, data_dir, batch_size, epochs, steps, dataset_size, lr, momentum,
+def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, epochs, steps, dataset_size, lr, momentum,
          weight_decay, lr_schedule, seed, fp_layers, no_augment, schedules, cycles, q_min, q_max, g_bits, min_bits,
          max_bits, range_steps, prefer_cyclic, quality, db, pilot, pilot_steps, pilot_dir, device, top, out_path,
          force, plot, quiet, as_json) -> None:
@@ -157,7 +160,8 @@ def plan(budget, metric, hw, model, dataset, data_dir, batch_size, epochs, steps
         workload = Workload.build(model=model, dataset=dataset, data_dir=data_dir, batch_size=batch_size,
                                   epochs=epochs, steps=steps, dataset_size=dataset_size,
                                   fp_layers=parse_fp_layers(fp_layers), lr=lr, lr_schedule=lr_schedule,
-                                  momentum=momentum, weight_decay=weight_decay, seed=seed, augment=not no_augment)
+                                  momentum=momentum, weight_decay=weight_decay, seed=seed, augment=not no_augment,
+                                  image_size=image_size)
     rt = None
     if space.min_bits_auto:
         from .rangetest_cmd import print_result, run_with_progress

@@ -42,7 +42,10 @@ def workload_options(f):
         click.option("--dataset", default=None,
                      help="Dataset the shapes (and, for `cost`, the epoch size) come from; nothing is loaded. "
                           "Default digits, unless --input-shape is given."),
-        click.option("--data-dir", default=None, help="Only for imagefolder: the folder whose classes to count."),
+        click.option("--data-dir", default=None,
+                     help="Only for imagefolder: the folder whose classes to count (and images' size to read)."),
+        click.option("--image-size", type=int, default=None,
+                     help="imagefolder: N x N input [default: the images' own size when they share one, else 224]."),
         click.option("--input-shape", default=None, help="Per-sample input C,H,W (or T,F); overrides the dataset's."),
         click.option("--num-classes", type=int, default=None, help="Classes; overrides the dataset's (default 10)."),
         click.option("--fp-layers", default=None,
@@ -55,14 +58,16 @@ def workload_options(f):
 
 
 def resolve_workload(model: str, dataset: str | None, data_dir: str | None, input_shape: str | None,
-                     num_classes: int | None):
+                     num_classes: int | None, image_size: int | None = None):
     """(input shape, num_classes, DataInfo or None) from the flags, without loading any data."""
     from cptsim.data import dataset_info
 
     shape = parse_shape(input_shape)
     info = None
     if dataset is not None or shape is None:
-        info = dataset_info(dataset or "digits", data_dir)
+        info = dataset_info(dataset or "digits", data_dir, image_size)
+    elif image_size is not None:
+        raise InputError("--image-size goes with --dataset imagefolder; --input-shape gives the shape itself")
     if shape is None:
         shape = tuple(info.input_shape)
     if num_classes is None:
@@ -95,7 +100,7 @@ def build_profile(model: str, shape: tuple[int, ...], num_classes: int, fp_layer
 @click.option("--bits", type=int, default=8, show_default=True, help="Forward bits (weights and activations).")
 @click.option("--grad-bits", type=int, default=8, show_default=True, help="Gradient (error) bits.")
 @json_option
-def profile(model, dataset, data_dir, input_shape, num_classes, fp_layers, batch_size, hw, bits, grad_bits,
+def profile(model, dataset, data_dir, image_size, input_shape, num_classes, fp_layers, batch_size, hw, bits, grad_bits,
             as_json) -> None:
     """Per-layer MACs (forward, dgrad, wgrad) of a model, measured in one real training step, and the BitOPs,
     energy and latency of one step at the given bits on a hardware profile."""
@@ -108,7 +113,7 @@ def profile(model, dataset, data_dir, input_shape, num_classes, fp_layers, batch
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
     hardware = load_profile(hw)
-    shape, classes, _ = resolve_workload(model, dataset, data_dir, input_shape, num_classes)
+    shape, classes, _ = resolve_workload(model, dataset, data_dir, input_shape, num_classes, image_size)
     with err.status(f"profiling {model}: one training step on input {tuple(shape)} ..."):
         prof = build_profile(model, shape, classes, fp_layers)
     step = {"batch_size": [batch_size], "bits": [bits], "grad_bits": [grad_bits]}

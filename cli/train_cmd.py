@@ -107,7 +107,7 @@ _PLAN_OVERRIDABLE = {"seed": "--seed", "lr": "--lr", "momentum": "--momentum", "
                      "lr_schedule": "--lr-schedule", "augment": "--no-augment", "data_dir": "--data-dir"}
 # These would change the planned workload and its cost: refused unless they equal the plan's value.
 _PLAN_FIXED_FLAGS = {"model": "--model", "dataset": "--dataset", "batch_size": "--batch-size", "steps": "--steps",
-                     "epochs": "--epochs", "fp_layers": "--fp-layers"}
+                     "epochs": "--epochs", "fp_layers": "--fp-layers", "image_size": "--image-size"}
 _SCHEDULE_FLAGS = {"schedule": "--schedule", "q_min": "--q-min", "q_max": "--q-max", "g_bits": "--g-bits",
                    "cycles": "--cycles"}
 
@@ -164,6 +164,14 @@ def _check_plan_data(plan: dict, cfg) -> None:
     from cptsim.errors import InputError
 
     w = plan["workload"]
+    if cfg.dataset == "imagefolder" and w.get("input_shape"):  # an older plan, or images resized since
+        from cptsim.data import dataset_info
+
+        shape = list(dataset_info(cfg.dataset, cfg.data_dir, cfg.image_size).input_shape)
+        if shape != list(w["input_shape"]):
+            raise InputError(f"the plan was made for input {'x'.join(map(str, w['input_shape']))}, but the images "
+                             f"in {cfg.data_dir} give {'x'.join(map(str, shape))}; re-plan for these images ('cptsim plan "
+                             "--image-size N' picks the size)")
     planned, found = w.get("dataset_size"), dataset_size(cfg.dataset, cfg.data_dir)
     if planned is None or found is None or planned == found:
         return
@@ -224,6 +232,10 @@ def _tensorboard(cfg):
                    "synthetic:C,H,W:K[:N] (random tensors of that shape, K classes, N samples, seeded; for "
                    "throughput and calibration runs where no dataset exists).")
 @click.option("--data-dir", default=None, help="Folder holding the dataset (never downloaded).")
+@click.option("--image-size", type=int, default=None,
+              help="imagefolder: resize and crop to N x N (random crop with padding and flips up to 64, random "
+                   "resized crops above) [default: the images' own size when they all share one, else 224]; "
+                   "recorded in config.json.")
 @click.option("--schedule", default="cpt", show_default=True, help="Precision schedule, name or text form.")
 @click.option("--q-min", type=int, default=None, help="Lower forward bits (default 3, or from the text).")
 @click.option("--q-max", type=int, default=None, help="Upper forward bits (default 8, or from the text).")
@@ -285,7 +297,7 @@ def _tensorboard(cfg):
               help="Also log bits, loss, lr, cumulative BitOPs, modelled energy and test metrics to TensorBoard "
                    "in DIR (pip install 'cptsim[tensorboard]').")
 @json_option
-def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epochs, steps, batch_size, lr, momentum,
+def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, cycles, epochs, steps, batch_size, lr, momentum,
           weight_decay, lr_schedule, fp_layers, no_augment, seed, device, workers, out, resume_dir, plan_path,
           threads, eval_bits, recal_batches, val_split, checkpoint_every, nproc, max_restarts, keep_checkpoints,
           channels_last, list_models, quiet, as_json) -> None:
@@ -327,7 +339,8 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
         params = {"model": model, "dataset": dataset, "data_dir": data_dir, "schedule": schedule, "q_min": q_min,
                   "q_max": q_max, "g_bits": g_bits, "cycles": cycles, "epochs": epochs, "steps": steps,
                   "batch_size": batch_size, "lr": lr, "momentum": momentum, "weight_decay": weight_decay,
-                  "lr_schedule": lr_schedule, "fp_layers": fp_layers, "no_augment": no_augment, "seed": seed}
+                  "lr_schedule": lr_schedule, "fp_layers": fp_layers, "no_augment": no_augment, "seed": seed,
+                  "image_size": image_size}
         evaluation = {k: v for k, v in (("eval_bits", eval_bits), ("recal_batches", recal_batches),
                                         ("val_split", val_split)) if click.get_current_context().get_parameter_source(
             k) not in (None, click.core.ParameterSource.DEFAULT)}
@@ -353,7 +366,7 @@ def train(model, dataset, data_dir, schedule, q_min, q_max, g_bits, cycles, epoc
                             lr_schedule=lr_schedule, fp_layers=fp, seed=seed, device=device, workers=workers,
                             augment=not no_augment, checkpoint_every=checkpoint_every, threads=threads,
                             eval_bits=eval_bits, recal_batches=recal_batches, val_split=val_split,
-                            channels_last=channels_last, **keep)
+                            channels_last=channels_last, image_size=image_size, **keep)
         if out is None:
             out = _default_out(model, text)
         if progress:

@@ -17,7 +17,8 @@ from torch.utils.data import Dataset, TensorDataset
 
 from cptsim.errors import InputError
 
-__all__ = ["DataInfo", "list_datasets", "dataset_info", "dataset_size", "epoch_size", "load_datasets", "DIGITS_SPLIT_SEED"]
+__all__ = ["DataInfo", "list_datasets", "dataset_info", "dataset_size", "epoch_size", "load_datasets",
+           "resolve_image_size", "native_image_size", "DIGITS_SPLIT_SEED"]
 
 DIGITS_SPLIT_SEED = 0
 
@@ -73,9 +74,12 @@ def _check_dir(name: str, spec: _Spec, data_dir) -> Path:
     return path
 
 
-def dataset_info(name: str, data_dir=None) -> DataInfo:
-    """Shape, class count and split sizes without loading the data (imagefolder reads its class folders)."""
+def dataset_info(name: str, data_dir=None, image_size: int | None = None) -> DataInfo:
+    """Shape, class count and split sizes without loading the data (imagefolder reads its class folders and the
+    headers of a sample of its images: ``image_size``, see ``resolve_image_size``)."""
     spec = _spec(name)
+    if image_size is not None and spec.info.name != "imagefolder":
+        _check_image_size(spec, image_size)
     if spec.info.name in _INFO:  # text datasets: the files say the vocabulary and the size (cptsim.text_data)
         return _INFO[spec.info.name](data_dir)
     if spec.info.name.startswith(SYNTHETIC + ":"):
@@ -83,7 +87,8 @@ def dataset_info(name: str, data_dir=None) -> DataInfo:
     if spec.info.name == "imagefolder":
         root = _check_dir("imagefolder", spec, data_dir)
         classes, _ = _imagefolder_classes(root)
-        return replace(spec.info, num_classes=len(classes))
+        n = resolve_image_size(name, data_dir, image_size)
+        return replace(spec.info, input_shape=(3, n, n), num_classes=len(classes))
     return spec.info
 
 
@@ -126,12 +131,18 @@ def epoch_size(name: str, data_dir=None, given: int | None = None) -> tuple[int 
     return n, ("nominal" if n is not None else None)
 
 
-def load_datasets(name: str, data_dir=None, augment: bool = True) -> tuple[Dataset, Dataset, DataInfo]:
-    """(train, test, info); info's sizes are those of the datasets returned."""
+def load_datasets(name: str, data_dir=None, augment: bool = True,
+                  image_size: int | None = None) -> tuple[Dataset, Dataset, DataInfo]:
+    """(train, test, info); info's sizes are those of the datasets returned. ``image_size``: imagefolder's input
+    side (``resolve_image_size``); any other dataset has its own fixed size and refuses another."""
     spec = _spec(name)
     root = _check_dir(spec.info.name, spec, data_dir) if spec.needs_dir else None
-    train, test = spec.loader(root, augment)
-    info = dataset_info(spec.info.name, data_dir) if spec.needs_dir or spec.info.name in _INFO else spec.info
+    info = dataset_info(spec.info.name, data_dir, image_size) if spec.needs_dir or spec.info.name in _INFO \
+        else dataset_info(name, None, image_size)
+    if spec.info.name == "imagefolder":
+        train, test = _load_imagefolder(root, augment, info.input_shape[-1])
+    else:
+        train, test = spec.loader(root, augment)
     return train, test, replace(info, train_size=len(train), test_size=len(test))
 
 
@@ -355,15 +366,97 @@ def _renumber(ds, classes: list[str]) -> None:
     ds.classes, ds.class_to_idx = list(classes), to_idx
 
 
-@_register(DataInfo("imagefolder", (3, 224, 224), 0, None, None), needs_dir=_IMAGEFOLDER_NEEDS)
-def _load_imagefolder(root: Path, augment: bool):
+IMAGEFOLDER_DEFAULT_SIZE = 224  # ImageNet's crop: images of mixed sizes (or none readable) are brought to this
+SMALL_IMAGE = 64  # up to this side, CIFAR's augmentation (whole image shifted and flipped); above, ImageNet's
+_SIZE_SAMPLE = 256  # image headers read to find the folder's own size (spread over the files, none decoded)
+MAX_IMAGE_SIZE = 4096
+
+
+def _image_files(root: Path) -> list[Path]:
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    files = []
+    for split in ("train", "val"):
+        if not (root / split).is_dir():
+            continue
+        for cls in _class_dirs(root / split):
+            for top, _, names in os.walk(root / split / cls, followlinks=True):
+                files += [Path(top) / f for f in sorted(names) if f.lower().endswith(IMG_EXTENSIONS)]
+    return files
+
+
+def native_image_size(root: Path) -> tuple[int, int] | None:
+    """(width, height) the folder's images share, read from the headers of up to ``_SIZE_SAMPLE`` of them spread
+    over train/ and val/ (PIL reads the size without decoding); None when they differ or none can be read."""
+    from PIL import Image
+
+    files = _image_files(Path(root))
+    if not files:
+        return None
+    stride = max(1, len(files) // _SIZE_SAMPLE)
+    sizes = set()
+    for f in files[::stride][:_SIZE_SAMPLE] + files[-1:]:
+        try:
+            with Image.open(f) as im:
+                sizes.add(tuple(im.size))
+        except (OSError, ValueError):
+            continue  # not an image after all: the loader says so when it reaches it
+        if len(sizes) > 1:
+            return None
+    return sizes.pop() if sizes else None
+
+
+def _check_image_size(spec: _Spec, image_size) -> None:
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or not 1 <= image_size <= MAX_IMAGE_SIZE:
+        raise InputError(f"--image-size must be an integer from 1 to {MAX_IMAGE_SIZE}, got {image_size!r}")
+    if spec.info.name != "imagefolder":
+        shape = spec.info.input_shape
+        if len(shape) != 3 or shape[1:] != (image_size, image_size):
+            raise InputError(f"--image-size is for --dataset imagefolder; {spec.info.name} has a fixed input shape "
+                             f"{'x'.join(map(str, shape))}")
+
+
+def resolve_image_size(name: str, data_dir=None, image_size: int | None = None) -> int | None:
+    """The side N of the square images the model sees (resize the shorter side to N, then crop N x N).
+
+    imagefolder: ``image_size`` when given, else the images' own size when they all share one (the shorter side
+    of a non-square one), else 224 (ImageNet's). Other datasets: None (their shape is fixed); an ``image_size``
+    other than theirs is an InputError."""
+    spec = _spec(name)
+    if image_size is not None:
+        _check_image_size(spec, image_size)
+    if spec.info.name != "imagefolder":
+        return None
+    if image_size is not None:
+        return image_size
+    native = native_image_size(_check_dir("imagefolder", spec, data_dir))
+    return min(native) if native else IMAGEFOLDER_DEFAULT_SIZE
+
+
+def imagefolder_transforms(size: int, augment: bool) -> tuple[list, list]:
+    """(train, eval) PIL transforms to N x N. Small images keep CIFAR's recipe: the whole image, shifted by up
+    to N/8 with zero padding and flipped. Larger ones ImageNet's, scaled: random resized crops for training;
+    resize to 8/7 N and centre-crop N for evaluation (256 -> 224 at N = 224)."""
     from torchvision import transforms as T
+
+    if size <= SMALL_IMAGE:
+        fit = [T.Resize(size), T.CenterCrop(size)]
+        aug = [T.RandomCrop(size, padding=max(1, size // 8)), T.RandomHorizontalFlip()]
+        return (fit + aug if augment else fit), fit
+    fit = [T.Resize(round(size * 8 / 7)), T.CenterCrop(size)]
+    return ([T.RandomResizedCrop(size), T.RandomHorizontalFlip()] if augment else fit), fit
+
+
+@_register(DataInfo("imagefolder", (3, IMAGEFOLDER_DEFAULT_SIZE, IMAGEFOLDER_DEFAULT_SIZE), 0, None, None),
+           needs_dir=_IMAGEFOLDER_NEEDS)
+def _load_imagefolder(root: Path, augment: bool, size: int | None = None):
     from torchvision.datasets import ImageFolder
 
     classes, _ = _imagefolder_classes(root)
-    aug = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()] if augment else [T.Resize(256), T.CenterCrop(224)]
+    size = resolve_image_size("imagefolder", root, size)
+    aug, fit = imagefolder_transforms(size, augment)
     out = []
-    for split, pre in (("train", aug), ("val", [T.Resize(256), T.CenterCrop(224)])):
+    for split, pre in (("train", aug), ("val", fit)):
         try:
             ds = ImageFolder(str(root / split), transform=_transforms(IMAGENET_MEAN, IMAGENET_STD, pre))
         except (FileNotFoundError, ValueError) as e:

@@ -72,6 +72,7 @@ class RangeTestSettings:
     device: str = "cpu"
     workers: int = 0
     augment: bool = True
+    image_size: int | None = None  # imagefolder only (cptsim.data.resolve_image_size)
 
     def validate(self) -> None:
         for name, value in (("--q-start", self.q_start), ("--q-max", self.q_max)):
@@ -178,7 +179,8 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
                       schedule=f"static:{settings.q_max}:g{settings.g_bits}", epochs=1,
                       batch_size=settings.batch_size, lr=settings.lr, momentum=settings.momentum,
                       weight_decay=settings.weight_decay, lr_schedule="constant", seed=settings.seed,
-                      device=settings.device, workers=settings.workers, augment=settings.augment)
+                      device=settings.device, workers=settings.workers, augment=settings.augment,
+                      image_size=settings.image_size)
     w = build(cfg)
     model, device = w.model, settings.device
     spe = settings.steps_per_stage or w.steps_per_epoch

@@ -125,6 +125,8 @@ def workload_settings(settings: dict) -> dict:
         else:
             v = _num(v)
         out[k] = v
+    if settings.get("image_size") is not None:  # imagefolder at another resolution is another workload; only
+        out["image_size"] = _num(settings["image_size"])  # where set, so every other workload keeps its key
     return out
 
 
@@ -146,6 +148,7 @@ def workload_from_config(cfg: dict) -> dict:
         "lr_schedule": s.get("lr_schedule"), "momentum": s.get("momentum"),
         "weight_decay": s.get("weight_decay"),
         "fp_layers": cfg.get("fp_layers", s.get("fp_layers")), "augment": s.get("augment"),
+        "image_size": s.get("image_size"),
     })
 
 

@@ -71,6 +71,9 @@ class TrainConfig:
     val_split: float = 0.0
     channels_last: bool = False  # NHWC activations and weights (faster convolutions on tensor-core GPUs)
     tensorboard: str | None = None  # also log the trace and metrics here as TensorBoard scalars (cptsim.tensorboard)
+    # imagefolder: side of the square input (None: the images' own size when they share one, else 224); config.json
+    # records the size resolved, so a resumed run, the plan and the report see the same input shape.
+    image_size: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -92,7 +95,7 @@ class TrainConfig:
 
         w = plan["workload"]
         keys = ("model", "dataset", "data_dir", "batch_size", "steps", "lr", "lr_schedule", "momentum",
-                "weight_decay", "seed", "fp_layers", "augment")
+                "weight_decay", "seed", "fp_layers", "augment", "image_size")
         settings = {k: w[k] for k in keys if k in w}
         settings["schedule"] = Schedule.from_json(plan["schedule"]).to_text()
         if w.get("epochs") is not None:  # recorded for the reader; the plan's steps decide the run length
@@ -110,7 +113,7 @@ class TrainConfig:
 
 
 # The settings a plan's cost depends on: TrainConfig.from_plan refuses to change them.
-PLAN_FIXED = ("model", "dataset", "schedule", "batch_size", "steps", "epochs", "fp_layers")
+PLAN_FIXED = ("model", "dataset", "schedule", "batch_size", "steps", "epochs", "fp_layers", "image_size")
 
 
 @dataclass
@@ -192,6 +195,10 @@ def validate(cfg: TrainConfig) -> None:
     if isinstance(cfg.val_split, bool) or not isinstance(cfg.val_split, (int, float)) \
             or not 0 <= cfg.val_split < 0.5:
         raise InputError(f"--val-split must be a fraction in [0, 0.5), got {cfg.val_split!r}")
+    if cfg.image_size is not None:
+        from .data import resolve_image_size
+
+        resolve_image_size(cfg.dataset, cfg.data_dir, cfg.image_size)  # its range; imagefolder's flag only
 
 
 def lr_factor(kind: str, step: int, total: int) -> float:
@@ -241,7 +248,8 @@ def build(cfg: TrainConfig) -> Workload:
 
     validate(cfg)
     schedule = parse_schedule(cfg.schedule)
-    train_set, test_set, info = load_datasets(cfg.dataset, cfg.data_dir, augment=cfg.augment)
+    train_set, test_set, info = load_datasets(cfg.dataset, cfg.data_dir, augment=cfg.augment,
+                                              image_size=cfg.image_size)
     if not cfg.device.startswith("cuda"):
         torch.set_num_threads(cpu_threads(cfg.threads, info.input_shape))
     torch.manual_seed(cfg.seed)
@@ -296,7 +304,8 @@ def validation_split(cfg: TrainConfig, train_set):
                          "training data")
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(VAL_SPLIT_SEED))
     val_idx, train_idx = perm[:n_val].sort().values.tolist(), perm[n_val:].sort().values.tolist()
-    plain = load_datasets(cfg.dataset, cfg.data_dir, augment=False)[0] if cfg.augment else train_set
+    plain = load_datasets(cfg.dataset, cfg.data_dir, augment=False, image_size=cfg.image_size)[0] \
+        if cfg.augment else train_set
     return Subset(train_set, train_idx), Subset(plain, val_idx)
 
 
@@ -331,7 +340,9 @@ def epoch_batches(cfg: TrainConfig, w: Workload, epoch: int, first: int, last: i
 def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
     """What config.json records: the settings, what they resolved to, and the versions that ran them."""
     return {
-        "settings": asdict(cfg),
+        # the image size resolved (imagefolder's own when not given): what a resume, plan and report must see
+        "settings": asdict(cfg) | ({"image_size": int(w.info.input_shape[-1])}
+                                   if w.info.name == "imagefolder" else {}),
         "schedule": w.schedule.to_json() | {"text": w.schedule.to_text()},
         "total_steps": w.total_steps,
         "steps_per_epoch": w.steps_per_epoch,

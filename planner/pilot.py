@@ -101,7 +101,7 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
                                   steps=steps, batch_size=w.batch_size, lr=w.lr, momentum=w.momentum,
                                   weight_decay=w.weight_decay, lr_schedule=w.lr_schedule,
                                   fp_layers=list(w.fp_layers), seed=w.seed, device=device, augment=w.augment,
-                                  val_split=PILOT_VAL_SPLIT)
+                                  val_split=PILOT_VAL_SPLIT, image_size=getattr(w, "image_size", None))
                 out = root / f"round{r}-{pos:02d}-{s.name}"
                 if on_event:
                     on_event({"event": "start", "round": r, "steps": steps, "schedule": s.to_text()})

@@ -42,13 +42,14 @@ class Workload:
     augment: bool = True
     profile_s: float = 0.0
     dataset_size_from: str | None = None
+    image_size: int | None = None  # imagefolder's input side as resolved (cptsim.data.resolve_image_size)
 
     @classmethod
     def build(cls, model: str = "digits-cnn", dataset: str = "digits", data_dir: str | None = None,
               batch_size: int = 64, epochs: int | None = None, steps: int | None = None,
               dataset_size: int | None = None, fp_layers: list[str] | None = None, lr: float = 0.1,
               lr_schedule: str = "cosine", momentum: float = 0.9, weight_decay: float = 5e-4, seed: int = 0,
-              augment: bool = True) -> "Workload":
+              augment: bool = True, image_size: int | None = None) -> "Workload":
         """Resolve the workload without loading data (``dataset_info``), and profile one real training step of the
         model quantized as ``cptsim train`` will quantize it (``fp_layers``: None = the model's convention).
 
@@ -69,8 +70,8 @@ class Workload:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise InputError(f"{flag} must be a positive integer, got {v!r}")
         validate(TrainConfig(model=model, dataset=dataset, batch_size=batch_size, lr=lr, lr_schedule=lr_schedule,
-                             steps=steps))
-        info = dataset_info(dataset, data_dir)
+                             steps=steps, image_size=image_size))
+        info = dataset_info(dataset, data_dir, image_size)
         n, n_from = epoch_size(dataset, data_dir, dataset_size)
         if steps is None:
             epochs = 15 if epochs is None else epochs
@@ -88,7 +89,7 @@ class Workload:
                    input_shape=shape, num_classes=info.num_classes, dataset_size=n, data_dir=data_dir,
                    epochs=epochs, fp_layers=list(resolved), lr=lr, lr_schedule=lr_schedule, momentum=momentum,
                    weight_decay=weight_decay, seed=seed, augment=augment, profile_s=time.perf_counter() - t0,
-                   dataset_size_from=n_from)
+                   dataset_size_from=n_from, image_size=shape[-1] if info.name == "imagefolder" else None)
 
     @property
     def ragged(self) -> tuple[int, int] | None:
@@ -117,7 +118,7 @@ class Workload:
                 "input_shape": list(self.input_shape),
                 "num_classes": self.num_classes, "fp_layers": list(self.fp_layers), "lr": self.lr,
                 "lr_schedule": self.lr_schedule, "momentum": self.momentum, "weight_decay": self.weight_decay,
-                "seed": self.seed, "augment": self.augment}
+                "seed": self.seed, "augment": self.augment, "image_size": self.image_size}
 
     def estimate(self, schedule: Schedule, hardware, per_layer: bool = False, static_bits: int | None = None):
         """``cptsim.cost.estimate`` of this workload run with ``schedule``: the one cost model."""

@@ -259,8 +259,10 @@ def _write_imagefolder(root, classes=("cat", "dog", "emu"), per_class=2, splits=
 
 def test_imagefolder_loads_train_and_val(tmp_path):
     _write_imagefolder(tmp_path)
-    assert dataset_info("imagefolder", tmp_path) == DataInfo("imagefolder", (3, 224, 224), 3, None, None)
-    train, val, info = load_datasets("imagefolder", data_dir=tmp_path)
+    # the images share one 48x40 size: their short side unless --image-size says otherwise (tests/test_image_size.py)
+    assert dataset_info("imagefolder", tmp_path) == DataInfo("imagefolder", (3, 40, 40), 3, None, None)
+    assert dataset_info("imagefolder", tmp_path, 224) == DataInfo("imagefolder", (3, 224, 224), 3, None, None)
+    train, val, info = load_datasets("imagefolder", data_dir=tmp_path, image_size=224)
     assert info == DataInfo("imagefolder", (3, 224, 224), 3, 6, 6)
     x, y = val[5]
     assert x.shape == (3, 224, 224) and y == 2
