@@ -648,6 +648,11 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
         meter = EnergyMeter.for_device(device)  # None without NVML or without the GPU's energy counter
     sync_check = _SyncCheck(os.environ.get("CPTSIM_SYNC_DEBUG", "") if device.startswith("cuda") else "",
                             first_step=start_step + SYNC_CHECK_WARMUP)
+    need_profile = d.is_main and run.read_json(PROFILE) is None
+    if cfg.tensorboard and d.is_main:  # every trace and metrics line the run appends also goes to TensorBoard
+        from .tensorboard import logged_run
+
+        run = logged_run(run, cfg.tensorboard)
     graphs = None  # one process on a GPU: forward + backward replayed as CUDA graphs (cptsim.cudagraph)
     if device.startswith("cuda") and not d.active:
         from .cudagraph import GraphedSteps, graphs_enabled
@@ -663,11 +668,6 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
             loss = loss * float("nan")
         (loss / n_global).backward()
         return torch.stack([loss.detach().double(), (logits.detach().argmax(1) == y).sum().double()])
-    need_profile = d.is_main and run.read_json(PROFILE) is None
-    if cfg.tensorboard and d.is_main:  # every trace and metrics line the run appends also goes to TensorBoard
-        from .tensorboard import logged_run
-
-        run = logged_run(run, cfg.tensorboard)
 
     def checkpoint(step: int) -> None:
         rng = d.gather_rng()
@@ -700,10 +700,10 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 if int_at is not None and step == int_at:
                     os.kill(os.getpid(), signal.SIGINT)  # as if ^C arrived during this step
                 t0 = time.perf_counter()
+                caught = sync_check.begin(step)
                 # warm-up: the process's first CUDA step (lazy initialisation), one that compiled a kernel or that
                 # prepared or captured a CUDA graph; marked in the trace, left out of fits and time comparisons
                 warmup, compiles = device.startswith("cuda") and step == start_step, _compiles()
-                caught = sync_check.begin(step)
                 bits, gbits = w.bits[step], w.grad_bits[step]
                 w.precision.set(bits, gbits)
                 lr = cfg.lr * lr_factor(cfg.lr_schedule, step, T)
@@ -749,8 +749,8 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 # optimizer update instead of its own (the sum over a run is the same).
                 dt = time.perf_counter() - t0
                 energy = meter.read() if meter is not None else None
-                warmup = warmup or _compiles() != compiles
                 host_syncs = sync_check.end(caught)
+                warmup = warmup or _compiles() != compiles
                 epoch_stats[0] += loss_sum
                 epoch_stats[1] += int(correct)
                 epoch_stats[2] += n_global
