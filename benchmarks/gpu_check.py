@@ -208,6 +208,12 @@ def main() -> int:
                 figs["holdout_total_error_pct"] = h.get("total_error_pct")
                 figs["holdout_base_profile_error_pct"] = h.get("base_profile_total_error_pct")
                 say(f"  ({h.get('warmup_note') or 'no warm-up step left out'})")
+                if h.get("measured_energy_j") is not None:
+                    figs["holdout_energy_error_pct"] = h.get("energy_error_pct")
+                    say(f"  held-out energy: measured {h['measured_energy_j']:.1f} J (avg "
+                        f"{h['measured_avg_power_w']:.0f} W), modelled {h['modelled_energy_j']:.1f} J with the power "
+                        f"fitted on resnet20's NVML energy ({doc.get('fitted', {}).get('power_w')} W) -> "
+                        f"{h['energy_error_pct']:+.1f}%")
                 say(f"  held-out imagenet-resnet18: measured {h['measured_s']:.2f} s, modelled {h['modelled_s']:.2f} s "
                     f"-> error {h['total_error_pct']:+.1f}% (target |err| <= 15%); unfitted calibrate profile: "
                     f"{h['base_profile_total_error_pct']:+.1f}%")
@@ -216,7 +222,8 @@ def main() -> int:
             say(f"  fit output not readable ({type(e).__name__}: {e}); stderr: {r.stderr[-800:]}")
 
         # ---- 6. energy -------------------------------------------------------------------------------------------
-        section("6. energy: NVML measured vs modelled (fitted host profile: its power x modelled time)")
+        section("6. energy: NVML measured vs modelled (fitted host profile: its power, fitted on resnet20's measured "
+                "energy when the traces carry it, x modelled time)")
         prof = fitted if fitted.is_file() else host
         for name, out in runs.items():
             r = cptsim("report", str(out), "--host", str(prof), "--hw", "h100", "--json", timeout=90, show=False)

@@ -1,9 +1,12 @@
 """Measured GPU energy from NVML's total-energy counter (``nvidia-ml-py``, the optional extra ``cptsim[nvml]``).
 
-``EnergyMeter.read()`` returns the energy the GPU drew since the previous read and the average power over that
-interval. The training loop reads it once per step, right after the step's one host-device synchronisation, so each
-trace line carries ``energy_j`` and ``power_w`` for the same interval as its ``time_s`` (give or take the optimizer
-update, which runs into the next step). Reading the counter is a driver call (tens of microseconds), no GPU sync.
+``EnergyMeter.read()`` returns the energy the GPU drew since the previous read (or ``start()``) and the average power
+over that interval. The training loop starts it where a step's clock starts and reads it right after the step's one
+host-device synchronisation, so each trace line carries ``energy_j`` and ``power_w`` for the same interval as its
+``time_s`` (give or take the optimizer update, which runs into the next step), and nothing drawn between steps --
+the evaluation, re-estimation and checkpoint between epochs, seconds of it -- lands in a step's energy (it did in
+benchmarks/results/gpu_check_H200_run2.txt: an epoch of imagenet-resnet18 steps read 1090 W on a 700 W card). Reading the counter is
+a driver call (tens of microseconds), no GPU sync.
 
 The counter (``nvmlDeviceGetTotalEnergyConsumption``, millijoules since the driver loaded; Volta and newer) is
 refreshed by the driver every few tens of milliseconds, so one short step's value is coarse -- a step may read 0 and
@@ -50,6 +53,10 @@ class EnergyMeter:
             return cls(lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
         except Exception:  # no pynvml, no driver, or a GPU without the counter (pre-Volta)
             return None
+
+    def start(self) -> None:
+        """Begin an interval here: energy drawn before now is not reported by the next ``read``."""
+        self._e, self._t = self._read_mj(), self._clock()
 
     def read(self) -> tuple[float, float]:
         """(energy in J, average power in W) since the previous read (or since the meter was made)."""

@@ -132,6 +132,7 @@ class RunSteps:
     measured: np.ndarray     # (S,) seconds
     skipped_warmup: int = 0
     warmup_note: str | None = None
+    energy: np.ndarray | None = None  # (S,) measured J per step (NVML, a CUDA run's trace), None when not measured
 
     @classmethod
     def from_run(cls, run, host, label: str | None = None) -> "RunSteps":
@@ -142,8 +143,11 @@ class RunSteps:
             raise InputError(f"{run.path}: no executed steps to fit (empty trace or no profile.json)")
         keep, note = steady_steps(steps, run_device(run))
         steps = [r for r, k in zip(steps, keep) if k]
+        energy = None
+        if steps and all(r.get("energy_j") is not None for r in steps):
+            energy = np.array([float(r["energy_j"]) for r in steps])
         return cls(label or str(run.path), step_components(prof, steps, host), measured_times(steps),
-                   int((~keep).sum()), note)
+                   int((~keep).sum()), note, energy)
 
 
 def quality(pred: np.ndarray, meas: np.ndarray) -> dict:
@@ -177,6 +181,7 @@ class HostFit:
     runs: list[dict] = field(default_factory=list)     # quality per fitted run
     overall: dict = field(default_factory=dict)         # quality over every fitted step
     overhead: dict = field(default_factory=dict)        # diagnostic: the same fit plus a constant per-step term
+    power_w: float | None = None  # measured: the fitted runs' NVML energy / their step time (None: not measured)
 
     @property
     def compute_efficiency(self) -> float:
@@ -198,11 +203,20 @@ class HostFit:
         return steps.components @ self.factors
 
     def evaluate(self, steps: RunSteps) -> dict:
-        """Quality of this fit on a run (a hold-out run when it was not fitted on), next to the base profile's."""
+        """Quality of this fit on a run (a hold-out run when it was not fitted on), next to the base profile's;
+        with measured energy, the modelled energy (fitted power x modelled time) against it too."""
         base = quality(steps.components @ profile_factors(self.base), steps.measured)
-        return {"run": steps.label, "held_out": steps.label not in self.fitted_on, **quality(self.predict(steps),
-                steps.measured), "base_profile_total_error_pct": base["total_error_pct"],
-                "skipped_warmup_steps": steps.skipped_warmup, "warmup_note": steps.warmup_note}
+        pred = self.predict(steps)
+        out = {"run": steps.label, "held_out": steps.label not in self.fitted_on, **quality(pred, steps.measured),
+               "base_profile_total_error_pct": base["total_error_pct"],
+               "skipped_warmup_steps": steps.skipped_warmup, "warmup_note": steps.warmup_note}
+        if steps.energy is not None:
+            power = self.power_w if self.power_w is not None else float(self.base.params.get("power_w") or 0.0)
+            measured, modelled = float(steps.energy.sum()), power * float(pred.sum())
+            out.update({"measured_energy_j": measured, "modelled_energy_j": modelled,
+                        "energy_error_pct": (modelled / measured - 1.0) * 100 if measured > 0 else None,
+                        "measured_avg_power_w": measured / max(float(steps.measured.sum()), 1e-12)})
+        return out
 
     def to_json(self) -> dict:
         return {
@@ -211,7 +225,8 @@ class HostFit:
             "model": "step time = MACs/(matmul rate·compute_efficiency) + bytes/(bandwidth·memory_efficiency) "
                      "+ quantizer elements/elementwise rate + layer-phases·layer overhead",
             "fitted": {"compute_efficiency": self.compute_efficiency, "memory_efficiency": self.memory_efficiency,
-                       "elementwise_gelem_s": self.elementwise_gelem_s, "layer_overhead_us": self.layer_overhead_us},
+                       "elementwise_gelem_s": self.elementwise_gelem_s, "layer_overhead_us": self.layer_overhead_us,
+                       "power_w": self.power_w},
             "factors": dict(zip(TERMS, map(float, self.factors))),
             "fitted_on": list(self.fitted_on),
             "fit": self.overall,
@@ -257,6 +272,9 @@ def fit_host(runs: list[RunSteps], base) -> HostFit:
     x = _solve(C, y, with_overhead=False)
     k = len(TERMS)
     fit = HostFit(base=base, factors=np.exp(x[:k]), fitted_on=[r.label for r in runs])
+    if all(r.energy is not None for r in runs):  # NVML energy on every fitted step: the power training draws
+        t = sum(float(r.measured.sum()) for r in runs)
+        fit.power_w = sum(float(r.energy.sum()) for r in runs) / t if t > 0 else None
     fit.overall = quality(C @ fit.factors, y)
     fit.runs = [fit.evaluate(r) for r in runs]
     xo = _solve(C, y, with_overhead=True)
@@ -285,6 +303,9 @@ def fitted_profile_toml(fit: HostFit, name: str) -> str:
     params = dict(base.params)
     params["elementwise_gelem_s"] = fit.elementwise_gelem_s
     params["layer_overhead_us"] = fit.layer_overhead_us
+    if fit.power_w:
+        params["power_w"] = fit.power_w
+        source += f"; power_w = NVML energy / time of those steps ({fit.power_w:.4g} W)"
     header = [f"Written by `cptsim report --fit` at {now} from the host profile {base.name!r} ({base.path}).",
               "time = macs / (matmul rate x compute_efficiency) + bytes / (bandwidth x memory_efficiency)",
               "       + quantizer elements / elementwise rate + layer_overhead per executed layer-phase",

@@ -699,6 +699,8 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                     os.kill(os.getpid(), signal.SIGKILL)
                 if int_at is not None and step == int_at:
                     os.kill(os.getpid(), signal.SIGINT)  # as if ^C arrived during this step
+                if meter is not None:
+                    meter.start()  # the step's energy: not what the GPU drew since the last step (evaluation, ...)
                 t0 = time.perf_counter()
                 caught = sync_check.begin(step)
                 # warm-up: the process's first CUDA step (lazy initialisation), one that compiled a kernel or that

@@ -17,6 +17,33 @@ def test_meter_reports_energy_and_power_between_reads():
     assert m.read() == (3.0, 3.0)
 
 
+def test_meter_start_leaves_out_what_was_drawn_before_it():
+    counter = iter([1000, 9000, 9600])  # mJ: 8 J drawn between steps (an evaluation), then 0.6 J in the step
+    clock = iter([0.0, 5.0, 5.2])
+    m = EnergyMeter(lambda: next(counter), clock=lambda: next(clock))
+    m.start()
+    assert m.read() == (0.6, 3.0)
+
+
+def test_fit_takes_the_power_training_draws_from_measured_energy_and_predicts_energy():
+    import numpy as np
+
+    from cptsim.fit import RunSteps, fit_host
+    from cptsim.hardware import load_profile
+
+    base = load_profile("host")
+    comp = np.tile([[0.004, 0.001, 0.001, 0.001]], (20, 1))
+    meas = comp.sum(axis=1)
+    run = RunSteps("a", comp, meas, energy=meas * 250.0)  # 250 W while training
+    held = RunSteps("b", comp * 2, meas * 2, energy=meas * 2 * 300.0)
+    fit = fit_host([run], base)
+    assert fit.power_w == pytest.approx(250.0)
+    doc = fit.evaluate(held)
+    assert doc["measured_avg_power_w"] == pytest.approx(300.0)
+    assert doc["energy_error_pct"] == pytest.approx((250 / 300 - 1) * 100, abs=2)
+    assert "power_w = NVML energy" in __import__("cptsim.fit", fromlist=["x"]).fitted_profile_toml(fit, "f")
+
+
 def test_meter_never_reports_negative_energy():
     counter = iter([5000, 100])  # the driver reloaded and the counter restarted
     clock = iter([0.0, 1.0])
