@@ -409,6 +409,12 @@ def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> di
     device = (cfg.get("settings") or {}).get("device", "cpu")
     if str(device).split(":")[0] != host.params.get("device", "cpu"):
         notes.append(f"the run executed on {device}, the host profile describes {host.params.get('device')}")
+    eager = sum(not r.get("graph") for r in steps)
+    if str(device).startswith("cuda") and host.params.get("device") == "cuda" and eager:
+        notes.append(f"{eager} of {len(steps)} compared steps ran without CUDA graphs (several processes, or "
+                     "CPTSIM_CUDA_GRAPHS=0): a CUDA host profile models graph replays, where the GPU's terms add up "
+                     "and the host's dispatch is hidden; launched op by op, a small model's step is bound by the "
+                     "host's dispatch and takes longer than modelled")
     if world > 1:
         notes.append(f"the run used {world} processes: measured step times are the parallel wall time, the host "
                      "model costs the whole global batch on one process")

@@ -720,12 +720,12 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                     if channels_last:
                         x = x.contiguous(memory_format=torch.channels_last)
                     poison = nan_at is not None and step == nan_at
-                    arrays = None
+                    arrays, graphed = None, False
                     if graphs is not None and not poison:
                         stats, arrays, warm = graphs.step(
                             lambda a, b: forward_backward(a, b, n_global, False), x, y, (bits, gbits, n_global),
                             on_capture=sync_check.allow)  # capturing synchronises (torch.cuda.graph): warm-up
-                        warmup = warmup or warm
+                        warmup, graphed = warmup or warm, not warm
                     else:
                         stats = forward_backward(x, y, n_global, poison)
                     arrays = arrays if arrays is not None else counter.step_arrays()
@@ -766,6 +766,8 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                             "lr": lr, "time_s": round(dt, 6), "loss": loss_v}
                     if energy is not None:  # NVML: this GPU's energy counter over the step (see cptsim.energy)
                         line["energy_j"], line["power_w"] = energy
+                    if batch is not None and graphed:
+                        line["graph"] = True  # replayed as a CUDA graph (what the CUDA host profile models)
                     if warmup:
                         line["warmup"] = True
                     elif host_syncs is not None:
