@@ -33,6 +33,60 @@ def _jsonable(o: Any) -> Any:
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout instead of tables.")
 
+_WIDE = "cptsim.wide"
+ELLIPSIS = "…"
+
+
+def _wide_flag(ctx, param, value):
+    ctx.meta[_WIDE] = bool(value)
+    return value
+
+
+wide_option = click.option("--wide", is_flag=True, expose_value=False, callback=_wide_flag,
+                           help="Every table column, however wide the terminal [default: columns that do not fit "
+                                "are left out, and a line says which].")
+
+
+def print_table(table, drop: tuple = (), wrap: tuple[str, ...] = ()) -> list[str]:
+    """Print a table for people without cutting any cell to "…" (a name cut to "bitfu…" says nothing).
+
+    Cells stay on one line except in the ``wrap`` columns (prose). When the table does not fit the terminal, the
+    ``drop`` columns (by header, least needed first) are left out until it does, and a line says which; with
+    ``--wide`` (``wide_option``) every column is printed at its full width. Returns the headers left out."""
+    import io
+
+    def render(width: int) -> str:
+        probe = Console(width=width, file=io.StringIO(), color_system=None, legacy_windows=False)
+        probe.print(table)
+        return probe.file.getvalue()
+
+    for col in table.columns:
+        col.no_wrap = str(col.header) not in wrap
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.meta.get(_WIDE):  # meta is shared by every context of one invocation
+        natural = max(len(line.rstrip()) for line in render(10_000).splitlines())
+        # Console.print never goes past the console's own width: a console as wide as the table, same stdout
+        (Console(width=natural) if natural > out.width else out).print(table, crop=False)
+        return []
+
+    def cut() -> bool:
+        return ELLIPSIS in render(out.width)
+
+    left_out = []
+    for group in drop:  # a header, or a tuple of headers that go together (E plan and t plan)
+        if not cut():
+            break
+        for header in (group,) if isinstance(group, str) else group:
+            i = next((i for i, c in enumerate(table.columns) if str(c.header) == header), None)
+            if i is not None:
+                table.columns.pop(i)
+                left_out.append(header)
+    out.print(table)
+    if left_out:
+        out.print(f"  (left out to fit {out.width} columns: {', '.join(left_out)}; --wide shows them)",
+                  style="dim", highlight=False)
+    return left_out
+
 
 def die(message: str, code: int) -> None:
     click.echo(f"error: {message}", err=True)

@@ -7,7 +7,7 @@ from rich.table import Table
 
 from cptsim.errors import InputError
 
-from .common import emit_json, err, json_option, out, si
+from .common import emit_json, err, json_option, out, print_table, si, wide_option
 from .profile_cmd import build_profile, resolve_workload, workload_options
 
 DEFAULT_HW = "h100,a100,bitfusion,stripes,int8-systolic"
@@ -40,6 +40,7 @@ dataset, the epoch size is that of the data there (a subset costs what training 
                    "loaded), else the dataset's full train split]; contradicting the data found is an error.")
 @click.option("--hw", "--hardware", "hw", default=DEFAULT_HW, show_default=True,
               help="Comma-separated hardware profiles (names or .toml paths).")
+@wide_option
 @json_option
 def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_layers, schedule, steps, epochs, batch_size,
          dataset_size, hw, as_json) -> None:
@@ -101,7 +102,7 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
         t.add_row(p.name, p.kind, si(c.bitops["total"]), f"{100 * c.relative_to_fp32:.2f}%",
                   f"{100 * c.relative_to_static:.1f}%", si(c.energy_j["total"], "J"), si(c.latency_s["total"], "s"),
                   f"{100 * (1 - c.vs_static['energy_j']):.1f}%", f"{100 * (1 - c.vs_static['latency_s']):.1f}%")
-    out.print(t)
+    print_table(t, drop=("vs FP32", "kind", "vs static", "energy", "latency"))
     out.print("saving = 1 - cost / static q_max cost on the same hardware; BitOPs are hardware-independent.",
               highlight=False)
     for p in profiles:

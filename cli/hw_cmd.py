@@ -8,7 +8,7 @@ from rich.table import Table
 from cptsim.errors import InputError
 from cptsim.hardware import HardwareProfile, list_profiles, load_profile, profile_origin
 
-from .common import emit_json, err, json_option, out, si
+from .common import emit_json, err, json_option, out, print_table, si, wide_option
 
 SHOW_BITS = (2, 3, 4, 5, 6, 8, 12, 16, 32)
 _SHOW_MACS = 1e9  # the GEMM size `hw show` costs per row: compute-bound, no DRAM traffic
@@ -31,6 +31,7 @@ def _peak(p: HardwareProfile, b: int) -> float:
 
 
 @hw.command("list")
+@wide_option
 @json_option
 def list_cmd(as_json: bool) -> None:
     """List the hardware profiles that --hardware / `hw show` accept by name.
@@ -64,7 +65,7 @@ def list_cmd(as_json: bool) -> None:
         name = r["name"] + (" (yours)" if r["origin"] == "user" else "")
         t.add_row(name, r["kind"], si(r["peak_macs_per_s"]["8x8"]), si(r["peak_macs_per_s"]["4x4"]),
                   str(r["sources"]), r["description"])
-    out.print(t)
+    print_table(t, drop=("src", "MAC/s 4x4", "kind"), wrap=("description",))
     for b in broken:
         err.print(f"[yellow]skipped[/yellow] {b['name']}: {b['error']}", markup=True, highlight=False)
 

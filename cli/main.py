@@ -47,6 +47,13 @@ class CptsimGroup(click.Group):
             die(f"{type(e).__name__}: {e} (set CPTSIM_DEBUG=1 for the traceback)", 1)
         sys.exit(rv if isinstance(rv, int) else 0)
 
+    # The main job first (plan -> train -> report), then the building blocks; click would sort them by name.
+    ORDER = ("plan", "train", "report", "cost", "sweep", "profile", "schedules", "hw", "range-test")
+
+    def list_commands(self, ctx):
+        names = super().list_commands(ctx)
+        return [n for n in self.ORDER if n in names] + [n for n in names if n not in self.ORDER]
+
 
 @click.group(cls=CptsimGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="cptsim")
@@ -54,9 +61,17 @@ def cli() -> None:
     """cptsim: plan, run and cost cyclic-precision training (CPT).
 
     \b
+    The main job, in three steps:
+      cptsim plan --budget 65%         1. pick the best schedule whose cost on your hardware fits a budget
+      cptsim train --plan plan.json    2. train exactly that (quantized, the executed cost recorded per step)
+      cptsim report runs/RUN           3. planned vs executed cost, modelled vs measured time, plots
+
+    \b
+    Building blocks:
+      cptsim cost --schedule cpt ...   what one schedule costs on several hardware profiles
       cptsim schedules list            the eleven precision schedules
       cptsim schedules show cpt ...    bits over steps and their cost
-      cptsim train                     real quantized training (default: digits, small CNN, CPT 3-8/8)
+      cptsim train --schedule cpt      train a schedule given by hand (default: digits, small CNN, CPT 3-8/8)
       cptsim sweep                     schedules x seeds in parallel, a results database, accuracy vs cost
       cptsim hw list | show | calibrate  hardware profiles (GPUs, Bit Fusion, bit-serial, int8 array, this host)
     """

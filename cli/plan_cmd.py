@@ -12,7 +12,7 @@ from cptsim.planner.budget import BUDGET_HELP
 from cptsim.planner.score import SCORE_HELP
 from cptsim.plots import plot_frontier
 
-from .common import check_output_file, emit_json, err, json_option, out, parse_fp_layers, si
+from .common import check_output_file, emit_json, err, json_option, out, parse_fp_layers, print_table, si, wide_option
 
 DEFAULT_HW = "bitfusion"
 
@@ -123,6 +123,7 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 @click.option("--plot", default=None, help="Write a PNG of the cost-vs-score Pareto frontier here.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
+@wide_option
 @json_option
 def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, epochs, steps, dataset_size, lr, momentum,
          weight_decay, lr_schedule, seed, fp_layers, no_augment, schedules, cycles, q_min, q_max, g_bits, min_bits,
@@ -244,7 +245,8 @@ def print_plan(p, doc: dict) -> None:
                   _pct(a["vs_baseline"]), f"{a['score']:.4f}",
                   *((f"{100 * a['predicted_acc']:.1f} ± {100 * a['predicted_std']:.1f}%",) if predicted else ()),
                   style="bold green" if chosen else None)
-    out.print(t)
+    budgeted = {"bitops": "BitOPs", "energy": "energy", "latency": "latency"}[p.metric]  # never left out
+    print_table(t, drop=tuple(c for c in ("n", "static", "bits", "latency", "energy", "BitOPs") if c != budgeted))
     est, b = doc["estimate"], doc["baseline"]
     out.print(f"[bold]chosen[/]: {p.schedule.to_text()}: {si(est['bitops']['total'])} BitOPs, "
               f"{si(est['energy_j'], 'J')}, {si(est['latency_s'], 's')} on {p.hardware.name}; "

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from cptsim.errors import InputError
 
-from .common import check_output_file, emit_json, err, json_option, out, si
+from .common import check_output_file, emit_json, err, json_option, out, print_table, si, wide_option
 
 _EPILOG = """\b
 Examples:
@@ -63,6 +63,7 @@ def _pct(x, none="-") -> str:
 @click.option("--no-calibrate", is_flag=True,
               help="Model host time with the shipped placeholder host profile instead of measuring this machine "
                    "once (automatic when you have no host profile of your own; see cptsim.autocal).")
+@wide_option
 @json_option
 def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, force, no_calibrate, as_json) -> None:
     """Compare a run's executed cost with its plan, the host estimate with the measured time; plots and fit."""
@@ -235,7 +236,7 @@ def _print_run(r) -> None:
             if b["trace_counted"]:
                 cells.append(si(b["trace_counted"].get(k)))
             t.add_row(*cells)
-        out.print(t)
+        print_table(t, drop=("trace's own count",))
         out.print(f"  planned: {b['planned']['source']}; executed: trace.jsonl re-counted by the same cost model",
                   highlight=False)
         chk = b["trace_check"]
@@ -266,7 +267,7 @@ def _print_run(r) -> None:
                       _pct(e["error_pct"]), _f(e["epoch_wall_s"], "{:.2f} s"))
         t.add_row("[bold]all[/bold]", str(sum(e["steps"] for e in eps)), f"[bold]{h['measured_s']:.3f} s[/bold]",
                   f"[bold]{h['modelled_s']:.3f} s[/bold]", f"[bold]{_pct(h['error_pct'])}[/bold]", "")
-        out.print(t)
+        print_table(t, drop=("wall", "steps"))
         out.print("  measured: sum of the trace's step times on this machine; modelled: the host profile's estimate "
                   "of the same steps; wall: the whole epoch incl. data loading and evaluation", highlight=False)
         out.print(f"  median per-step error {_f(h['median_abs_step_error_pct'], '{:.1f}%')}", highlight=False)
@@ -287,16 +288,17 @@ def _print_run(r) -> None:
     if d["hardware"]:
         t = Table(title="target hardware, MODELLED (not executed on this hardware): energy E and latency t",
                   title_justify="left")
-        for col in ("hardware", "plan from", "E plan", "E exec", "ΔE", "t plan", "t exec", "Δt", "saving E/t"):
-            t.add_column(col, justify="left" if col == "hardware" else "right")
+        for col in ("hardware", "kind", "plan from", "E plan", "E exec", "ΔE", "t plan", "t exec", "Δt",
+                    "saving E/t"):
+            t.add_column(col, justify="left" if col in ("hardware", "kind") else "right")
         for x in d["hardware"]:
             pl, ex, df, vs = x["planned"], x["executed"], x["diff_pct"], x["vs_static"]
             src = "plan.json" if pl["source"] == "plan.json estimate" else "cost model"
-            t.add_row(f"{x['name']} ({x['kind']})", src, si(pl["energy_j"], "J"), si(ex["energy_j"], "J"),
+            t.add_row(x["name"], x["kind"], src, si(pl["energy_j"], "J"), si(ex["energy_j"], "J"),
                       _pct(df["energy_j"]), si(pl["latency_s"], "s"), si(ex["latency_s"], "s"), _pct(df["latency_s"]),
                       f"{100 * (1 - vs['energy_j']):.0f}/{100 * (1 - vs['latency_s']):.0f}%"
                       if vs.get("energy_j") is not None else "-")
-        out.print(t)
+        print_table(t, drop=("kind", "plan from", ("E plan", "t plan"), "saving E/t", ("ΔE", "Δt")))
         out.print("  plan: the plan's own estimate (plan.json), or the cost model's estimate of the planned schedule "
                   "on that profile; exec: the executed steps; saving: 1 - cost / cost of the same steps at static "
                   "q_max", highlight=False)
@@ -312,7 +314,7 @@ def _print_run(r) -> None:
         if L["other"]:
             o = L["other"]
             t.add_row(f"({o['layers']} other layers)", "", "", si(o["bitops"]), f"{100 * o['share']:.1f}%", "")
-        out.print(t)
+        print_table(t, drop=("MACs share", "type", "bits (fwd / grad)"))
 
     a = d["accuracy"]
     p = a.get("perplexity")
@@ -339,7 +341,7 @@ def _print_comparison(rows) -> None:
                   si(r["executed_bitops"]), _f(r["relative_to_static"] and 100 * r["relative_to_static"], "{:.1f}%"),
                   _f(r["measured_time_s"], "{:.2f} s"), _f(r["final_acc"] and 100 * r["final_acc"], "{:.2f}%"),
                   _f(r["best_acc"] and 100 * r["best_acc"], "{:.2f}%"))
-    out.print(t)
+    print_table(t, drop=("model", "steps", "best acc", "vs static", "time (measured)"))
 
 
 def _print_fit(doc) -> None:
@@ -357,7 +359,7 @@ def _print_fit(doc) -> None:
         t.add_row(Path(r["run"]).name, role, str(r["steps"]), f"{r['measured_s']:.2f} s", f"{r['modelled_s']:.2f} s",
                   _pct(r["total_error_pct"]), _pct(r["base_profile_total_error_pct"]),
                   _f(r["median_abs_step_error_pct"], "{:.1f}%"), _f(r["r2"], "{:.3f}"))
-    out.print(t)
+    print_table(t, drop=("unfitted", "steps", "median step", "R²"))
     out.print("  measured: sum of step times; modelled: the fitted profile; unfitted: the error of the profile before "
               "the fit; hold-out / leave-one-out runs were not fitted on (leave-one-out: fitted on the other runs)",
               highlight=False)

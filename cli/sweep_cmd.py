@@ -9,7 +9,8 @@ from rich.table import Table
 
 from cptsim.errors import InputError, RunFailed
 
-from .common import check_output_file, emit_json, err, json_option, out, parse_fp_layers, si
+from .common import (check_output_file, emit_json, err, json_option, out, parse_fp_layers, print_table, si,
+                     wide_option)
 
 _EPILOG = """\b
 Examples:
@@ -80,6 +81,7 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 @click.option("--workload", "workload_key", default=None, help="With --report --db: the workload key to report.")
 @click.option("--plot", default=None, help="Write the accuracy-vs-cost figure (PNG) here.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
+@wide_option
 @json_option
 def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, hw, families, cycles, q_min, q_max,
           g_bits, model, dataset, data_dir, epochs, steps, batch_size, lr, momentum, weight_decay, lr_schedule,
@@ -218,7 +220,7 @@ def _print_runs(runs) -> None:
                   str(row.get("eval_bits", "-")), si(row.get("bitops")),
                   "-" if row.get("score") is None else f"{row['score']:.4f}",
                   style=None if r.status == "done" else "red" if r.status in ("failed", "busy") else "yellow")
-    out.print(t)
+    print_table(t, drop=("eval bits", "action", "score", "BitOPs"))
 
 
 def _print_report(rep: dict) -> None:
@@ -232,7 +234,7 @@ def _print_report(rep: dict) -> None:
     for s in rep["schedules"]:
         t.add_row(s["schedule"], s["family"], str(s["n"]), f"{100 * s['acc_mean']:.2f}%", f"{100 * s['acc_std']:.2f}",
                   "-" if s["cost_rel"] is None else f"{100 * s['cost_rel']:.1f}%", f"{s['score']:.4f}")
-    out.print(t)
+    print_table(t, drop=("family", "seeds", "score", "acc std"))
     sp = rep["spearman"]
     if sp["rho"] is None:
         out.print("Spearman rank correlation (score vs mean accuracy): n/a", highlight=False)

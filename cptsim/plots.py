@@ -52,14 +52,19 @@ def write_png(fig, path, flag: str = "--plot", **savefig_kw) -> None:
 
 
 def run_figure(report) -> bytes:
-    """PNG bytes of one run's four panels (a ``cptsim.report.RunReport``): bits over steps; cumulative BitOPs
-    planned vs executed; per-layer BitOPs share; host time per epoch, measured vs modelled."""
+    """PNG bytes of one run's five panels (a ``cptsim.report.RunReport``): bits over steps, the test metric under
+    it over the same steps; cumulative BitOPs planned vs executed; per-layer BitOPs share; host time per epoch,
+    measured vs modelled."""
     plt = require_matplotlib()
     from matplotlib.ticker import MaxNLocator
 
     s, d = report.series, report.data
-    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
-    (ax_bits, ax_cum), (ax_layers, ax_time) = axes
+    fig = plt.figure(figsize=(13, 12))
+    grid = fig.add_gridspec(3, 2, height_ratios=[1, 0.8, 1])
+    ax_bits, ax_cum = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
+    ax_metric = fig.add_subplot(grid[1, 0], sharex=ax_bits)  # under the precision: same steps
+    ax_layers, ax_time = fig.add_subplot(grid[1, 1]), fig.add_subplot(grid[2, :])
+    _metric_panel(ax_metric, s.get("accuracy") or {})
     title = f"{d['run']['name']}: {d['run']['model']} on {d['run']['dataset']}, {d['run']['schedule']}"
     fig.suptitle(title, fontsize=12)
 
@@ -153,6 +158,39 @@ def run_figure(report) -> bytes:
         return _png(fig)
     finally:
         plt.close(fig)
+
+
+def metric_curve(acc: dict) -> tuple[str, list[tuple[str, list, list]]]:
+    """(y label, [(label, steps, values)]) of a report's evaluations: test (and validation) accuracy in %, or
+    perplexity for a language model; only the evaluations that carry a step and the value."""
+    ppl = "perplexity" in acc
+    keys = (("test_ppl", "test perplexity"), ("val_ppl", "validation perplexity")) if ppl else \
+        (("test_acc", "test accuracy"), ("val_acc", "validation accuracy"))
+    scale = 1.0 if ppl else 100.0
+    curves = []
+    for key, label in keys:
+        pts = [(e["step"], scale * e[key]) for e in acc.get("epochs", [])
+               if isinstance(e.get("step"), (int, float)) and isinstance(e.get(key), (int, float))]
+        if pts:
+            curves.append((label, [p[0] for p in pts], [p[1] for p in pts]))
+    bits = acc.get("eval_bits")
+    what = "perplexity (lower is better)" if ppl else "accuracy (%)"
+    return f"{what} at {bits} bits" if bits else what, curves
+
+
+def _metric_panel(ax, acc: dict) -> None:
+    ylabel, curves = metric_curve(acc)
+    for i, (label, x, y) in enumerate(curves):
+        ax.plot(x, y, marker="o", ms=4, lw=1.2, color=("C2", "C1")[i % 2], label=label)
+        ax.annotate(f"{y[-1]:.4g}", (x[-1], y[-1]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    if curves:
+        ax.legend(loc="best", fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no evaluation recorded yet", ha="center", va="center", transform=ax.transAxes)
+    ax.set_title("test metric over training steps (measured at q_max)", fontsize=10)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
 
 
 def comparison_figure(rows: list[dict]) -> bytes:
