@@ -241,16 +241,17 @@ def test_pilot_ranks_by_real_short_runs_in_a_directory_of_its_own(cands, tmp_pat
     assert p.pilot["winner"] == best["schedule"] == p.schedule.to_text()
     assert p.estimate.bitops["total"] <= p.budget_absolute
     assert sorted(x.name for x in tmp_path.iterdir()) == ["pilots"]  # nothing written into the user's runs
-    assert len(list(keep.iterdir())) == 2
+    runs = [d for d in keep.iterdir() if d.is_dir()]  # beside each run: its lock file (.NAME.lock)
+    assert len(runs) == 2
     assert isinstance(rnd["separated"], bool) and rnd["two_se"] > 0
-    for d in keep.iterdir():  # ranked on a validation split of the training data, the test split untouched
+    for d in runs:  # ranked on a validation split of the training data, the test split untouched
         cfg = json.loads((d / "config.json").read_text())
         assert cfg["settings"]["val_split"] == PILOT_VAL_SPLIT and cfg["val_size"] > 0
         assert all("val_acc" in json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines())
     from cptsim.results import ResultsDB
 
     with ResultsDB() as db:  # conftest points CPTSIM_DB at a private file
-        assert {r["run_path"] for r in db.rows(source="pilot")} >= {str(d.resolve()) for d in keep.iterdir()}
+        assert {r["run_path"] for r in db.rows(source="pilot")} >= {str(d.resolve()) for d in runs}
 
 
 def test_pilot_pool_holds_different_families_and_the_static_and_cpt_contenders(cands):
