@@ -367,6 +367,14 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
                             augment=not no_augment, checkpoint_every=checkpoint_every, threads=threads,
                             eval_bits=eval_bits, recal_batches=recal_batches, val_split=val_split,
                             channels_last=channels_last, image_size=image_size, **keep)
+        # Cheap checks first, so that a typo is the only line the user sees (the banner below would precede it).
+        from cptsim.data import check_data_dir, dataset_info
+        from cptsim.models import model_info
+
+        T.validate(cfg)
+        model_info(model)
+        dataset_info(dataset, data_dir)
+        check_data_dir(dataset, data_dir)
         if out is None:
             out = _default_out(model, text)
         if progress:

@@ -74,6 +74,13 @@ def _check_dir(name: str, spec: _Spec, data_dir) -> Path:
     return path
 
 
+def check_data_dir(name: str, data_dir) -> None:
+    """Raise InputError when ``name`` reads files and ``data_dir`` is missing or not a directory (no file read)."""
+    spec = _spec(name)
+    if spec.needs_dir:
+        _check_dir(spec.info.name, spec, data_dir)
+
+
 def dataset_info(name: str, data_dir=None, image_size: int | None = None) -> DataInfo:
     """Shape, class count and split sizes without loading the data (imagefolder reads its class folders and the
     headers of a sample of its images: ``image_size``, see ``resolve_image_size``)."""
