@@ -15,6 +15,7 @@ What a quantized layer does at forward bits q and gradient bits g (CPT / SBM):
 from __future__ import annotations
 
 import fnmatch
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -112,7 +113,19 @@ class _QuantMixin:
         if bits == FULL_PRECISION:
             return x, self.weight
         lo, hi = self._input_range(x)
-        return _QuantInput.apply(x, lo, hi, bits), _QuantWeight.apply(self.weight, bits)
+        return _QuantInput.apply(x, lo, hi, bits), self._quantized_weight(bits)
+
+    def _quantized_weight(self, bits: int) -> torch.Tensor:
+        # Inside reuse_quantized_weights (an LSTM's hidden-to-hidden layer, called once per time step of one
+        # forward) the quantized weight is made once and reused while the weight's version counter and the bits
+        # stay the same; its straight-through gradient reaches the master weight once, summed over the calls.
+        cache = self.__dict__.get("_wq_cache")
+        if cache is None:
+            return _QuantWeight.apply(self.weight, bits)
+        key = (self.weight._version, bits, torch.is_grad_enabled())
+        if cache.get("key") != key:
+            cache["key"], cache["w"] = key, _QuantWeight.apply(self.weight, bits)
+        return cache["w"]
 
     def _quantize_error(self, y: torch.Tensor) -> torch.Tensor:
         g = self.precision.grad_bits
@@ -195,6 +208,25 @@ def quantize_model(
         module.__class__ = cls
         module._init_quant(precision)
     return precision
+
+
+@contextmanager
+def reuse_quantized_weights(*modules: nn.Module):
+    """Within the block, each quantized layer among ``modules`` quantizes its weight once, not once per call.
+
+    For a layer called many times in one forward (the LSTM's hidden-to-hidden GEMM, once per time step): the
+    result is the same (the quantizer is deterministic), the work is one quantization instead of T. The cache
+    lives only inside the block, so no autograd graph outlives its forward; it is keyed on the weight's version
+    counter and the bits, so an in-place update of the weight (opt.step) inside the block quantizes again.
+    """
+    layers = [m for m in modules if isinstance(m, _QuantMixin)]
+    for m in layers:
+        m.__dict__["_wq_cache"] = {}
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.__dict__.pop("_wq_cache", None)
 
 
 def quantized_layer_names(model: nn.Module) -> list[str]:

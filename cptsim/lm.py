@@ -43,7 +43,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .layers import ACT_MOMENTUM, PrecisionState, _QuantError, _QuantInput, register_quantized
+from .layers import (ACT_MOMENTUM, PrecisionState, _QuantError, _QuantInput, register_quantized,
+                     reuse_quantized_weights)
 from .quant import FULL_PRECISION
 
 __all__ = ["LSTMLayer", "Matmul", "QMatmul", "CausalSelfAttention", "TransformerBlock", "matmul_macs"]
@@ -76,14 +77,17 @@ class LSTMLayer(nn.Module):
         # sum of the T per-step GEMMs, as one call.
         x_gates = self.ih(x)
         outputs = []
-        for t in range(x.shape[0]):
-            # The order of RNN.cpp's LSTMCell: linear_hh(hx) + linear_ih(input), then the gate nonlinearities.
-            gates = self.hh(h) + x_gates[t]
-            i, f, g, o = gates.chunk(4, 1)
-            i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
-            c = f * c + i * g
-            h = o * c.tanh()
-            outputs.append(h)
+        # hh is called (and counted, and its input quantized) once per time step, but its weight is the same
+        # at every step: quantized once per forward (cptsim.layers.reuse_quantized_weights), not T times.
+        with reuse_quantized_weights(self.hh):
+            for t in range(x.shape[0]):
+                # The order of RNN.cpp's LSTMCell: linear_hh(hx) + linear_ih(input), then the gate nonlinearities.
+                gates = self.hh(h) + x_gates[t]
+                i, f, g, o = gates.chunk(4, 1)
+                i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+                c = f * c + i * g
+                h = o * c.tanh()
+                outputs.append(h)
         return torch.stack(outputs), (h, c)
 
 
