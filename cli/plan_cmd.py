@@ -175,8 +175,8 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
 
     def on_pilot(ev: dict) -> None:
         if show and ev["event"] == "done":
-            err.print(f"pilot round {ev['round'] + 1}: {ev['schedule']} {ev['steps']} steps -> validation acc "
-                      f"{100 * ev['val_acc']:.1f}% @ {ev['eval_bits']} bits ({ev['time_s']:.1f} s)", highlight=False)
+            err.print(f"pilot round {ev['round'] + 1}: {ev['schedule']} {ev['steps']} steps -> validation "
+                      f"{_pilot_figure(ev)} @ {ev['eval_bits']} bits ({ev['time_s']:.1f} s)", highlight=False)
 
     result = make_plan(workload, hardware, bud, space, prefer_cyclic=prefer_cyclic, top=top, pilot=pilot,
                        pilot_steps=pilot_steps, pilot_dir=pilot_dir, device=device, range_test=rt,
@@ -203,7 +203,15 @@ class _nothing:
         return False
 
 
-_RANKED_BY = {"pilot": "pilot runs (validation accuracy)", "db": "accuracy predicted from measured runs"}
+def _pilot_figure(rec: dict) -> str:
+    """A pilot run's ranking measure: perplexity for a language model (lower is better), else accuracy."""
+    if "val_ppl" in rec:
+        return f"ppl {rec['val_ppl']:.2f}" + (f" ({rec['val_bpc']:.3f} bpc)" if "val_bpc" in rec else "")
+    return f"acc {100 * rec['val_acc']:.1f}%"
+
+
+_RANKED_BY = {"pilot": "pilot runs (validation accuracy, or perplexity for a language model)",
+              "db": "accuracy predicted from measured runs"}
 
 
 def _pct(x: float | None) -> str:
@@ -261,7 +269,7 @@ def print_plan(p, doc: dict) -> None:
                   highlight=False)
     if p.pilot:
         for r in p.pilot["rounds"]:
-            accs = ", ".join(f"{x['schedule']} {100 * x['val_acc']:.1f}%" for x in r["runs"])
+            accs = ", ".join(f"{x['schedule']} {_pilot_figure(x)}" for x in r["runs"])
             out.print(f"pilot round {r['round'] + 1} ({r['steps']} steps): {accs}", highlight=False)
     for n in p.notes:
         out.print(f"[yellow]note:[/] {n}", highlight=False)

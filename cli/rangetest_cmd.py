@@ -35,7 +35,8 @@ Examples:
 @click.option("--g-bits", type=int, default=8, show_default=True, help="Gradient bits, fixed for the whole test.")
 @click.option("--steps-per-stage", type=int, default=None, help="SGD steps at each precision [default: one epoch].")
 @click.option("--threshold", type=float, default=0.05, show_default=True,
-              help="Training-accuracy improvement (absolute fraction) that marks q_min.")
+              help="Training-accuracy improvement (absolute fraction) that marks q_min; for a language model the "
+                   "relative fall of the validation loss (0.05 = 5%).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -88,20 +89,28 @@ def print_result(result) -> None:
     thr = f"{100 * result.threshold:g}"
     table = Table(title=f"precision range test: {s.model} on {s.dataset}", title_justify="left",
                   caption=f"{result.steps_per_stage} steps/precision, batch {s.batch_size}, lr {s.lr:g}, "
-                          f"g {s.g_bits} bits, threshold {thr} pts",
+                          f"g {s.g_bits} bits, threshold {thr}"
+                          + ("% of the validation loss" if result.measure == "val_loss" else " pts"),
                   caption_justify="left")
     table.add_column("bits", justify="right")
     table.add_column("steps", justify="right")
     table.add_column("train acc", justify="right")
     table.add_column("loss", justify="right")
+    lm = result.measure == "val_loss"  # a language model: the validation loss is the measure
+    if lm:
+        table.add_column("val loss", justify="right")
     table.add_column("gain", justify="right")
     table.add_column("", no_wrap=True)
-    table.add_row(str(s.q_start), "0", f"{100 * result.baseline_acc:.1f}%", "-", "", "untrained (eval mode)")
+    vl = [f"{result.baseline_val_loss:.3f}"] if lm else []
+    table.add_row(str(s.q_start), "0", f"{100 * result.baseline_acc:.1f}%", "-", *vl, "", "untrained (eval mode)")
     for r in result.rows:
         chosen = r.bits == result.suggested_q_min
-        mark = "<- q_min" if chosen else (f"> {thr} pts" if r.improvement > result.threshold else "")
+        unit = "%" if lm else " pts"
+        mark = "<- q_min" if chosen else (f"> {thr}{unit}" if r.improvement > result.threshold else "")
+        vl = ["nan" if r.val_loss is None else f"{r.val_loss:.3f}"] if lm else []
+        gain = f"{-100 * r.improvement:+.1f}% loss" if lm else f"{100 * r.improvement:+.1f} pts"
         table.add_row(str(r.bits), str(r.steps), f"{100 * r.train_acc:.1f}%",
-                      "nan" if r.loss is None else f"{r.loss:.3f}", f"{100 * r.improvement:+.1f} pts", mark,
+                      "nan" if r.loss is None else f"{r.loss:.3f}", *vl, gain, mark,
                       style="bold green" if chosen else None)
     out.print(table)
     style = "bold" if result.conclusive else "bold yellow"

@@ -225,21 +225,26 @@ def _print_runs(runs) -> None:
 
 def _print_report(rep: dict) -> None:
     ref = rep.get("cost_reference") or {}
+    lm = (rep.get("measure") or {}).get("key") == "ppl"  # a language model: perplexity, lower is better
+    m, what = ("ppl", "test perplexity (lower is better)") if lm else ("acc", "final test accuracy")
     t = Table(title=f"sweep report: workload {rep['workload_key']}, {rep['runs']} runs", title_justify="left",
-              caption=f"accuracy: final test accuracy (measured, at q_max), mean and std over seeds; cost: BitOPs as % "
+              caption=f"{m}: {what} (measured, at q_max), mean and std over seeds; cost: BitOPs as % "
                       f"of {ref.get('schedule', 'static q_max')}; score: {rep['score_name']}",
               caption_justify="left", box=None, header_style="bold underline", padding=(0, 1))
-    for c in ("schedule", "family", "seeds", "acc mean", "acc std", "cost", "score"):
+    for c in ("schedule", "family", "seeds", f"{m} mean", f"{m} std", "cost", "score"):
         t.add_column(c, justify="left" if c in ("schedule", "family") else "right", no_wrap=True)
     for s in rep["schedules"]:
-        t.add_row(s["schedule"], s["family"], str(s["n"]), f"{100 * s['acc_mean']:.2f}%", f"{100 * s['acc_std']:.2f}",
+        figs = (f"{s['ppl_mean']:.3f}", f"{s['ppl_std']:.3f}") if lm else \
+            (f"{100 * s['acc_mean']:.2f}%", f"{100 * s['acc_std']:.2f}")
+        t.add_row(s["schedule"], s["family"], str(s["n"]), *figs,
                   "-" if s["cost_rel"] is None else f"{100 * s['cost_rel']:.1f}%", f"{s['score']:.4f}")
-    print_table(t, drop=("family", "seeds", "score", "acc std"))
+    print_table(t, drop=("family", "seeds", "score", f"{m} std"))
     sp = rep["spearman"]
+    vs = "minus mean perplexity" if lm else "mean accuracy"
     if sp["rho"] is None:
-        out.print("Spearman rank correlation (score vs mean accuracy): n/a", highlight=False)
+        out.print(f"Spearman rank correlation (score vs {vs}): n/a", highlight=False)
     else:
-        line = (f"Spearman rank correlation, score vs mean accuracy over {sp['n_schedules']} schedules: "
+        line = (f"Spearman rank correlation, score vs {vs} over {sp['n_schedules']} schedules: "
                 f"rho = {sp['rho']:.3f} (p = {sp['p_value']:.3g})")
         if sp["per_seed_mean"] is not None:
             line += (f"; per seed {sp['per_seed_mean']:.3f} +- {sp['per_seed_std']:.3f} "

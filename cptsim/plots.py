@@ -313,10 +313,15 @@ _MARKERS = "osD^v<>phX*P8"
 def sweep_figure(report: dict) -> bytes:
     """PNG bytes of a sweep report (``cptsim.sweep.sweep_report``): left, mean test accuracy vs BitOPs relative to
     the static baseline, one point per schedule with its seed spread (mean +- std error bars), one marker and colour
-    per schedule family; right, mean accuracy vs the proxy score, with the Spearman rank correlation."""
+    per schedule family; right, mean accuracy vs the proxy score, with the Spearman rank correlation. A language
+    model's report (``measure`` ppl) plots test perplexity instead, lower is better."""
     plt = require_matplotlib()
 
     table = report["schedules"]
+    lm = (report.get("measure") or {}).get("key") == "ppl"
+
+    def fig_of(t):  # (y, error bar)
+        return (t["ppl_mean"], t["ppl_std"]) if lm else (100.0 * t["acc_mean"], 100.0 * t["acc_std"])
     fams = list(dict.fromkeys(t["family"] for t in table))
     style = {f: (f"C{i % 10}", _MARKERS[i % len(_MARKERS)]) for i, f in enumerate(fams)}
     fig, (ax_c, ax_s) = plt.subplots(1, 2, figsize=(13, 5.6))
@@ -332,23 +337,26 @@ def sweep_figure(report: dict) -> bytes:
                 continue
             color, marker = style[t["family"]]
             x = 100.0 * t[key] if key == "cost_rel" else t[key]
-            ax.errorbar([x], [100.0 * t["acc_mean"]], yerr=[100.0 * t["acc_std"]], fmt=marker, color=color,
+            y, err = fig_of(t)
+            ax.errorbar([x], [y], yerr=[err], fmt=marker, color=color,
                         ms=7, capsize=3, lw=1.2, label=None if t["family"] in seen else t["family"], zorder=3)
             seen.add(t["family"])
             if key == "cost_rel" and len(table) <= 24:
-                ax.annotate(t["schedule"], (x, 100.0 * t["acc_mean"]), textcoords="offset points", xytext=(5, 3),
+                ax.annotate(t["schedule"], (x, y), textcoords="offset points", xytext=(5, 3),
                             fontsize=7, color=color)
-        ax.set_ylabel("test accuracy (%), mean +- std over seeds")
+        ax.set_ylabel("test perplexity (lower is better), mean +- std over seeds" if lm else
+                      "test accuracy (%), mean +- std over seeds")
         ax.grid(alpha=0.3)
         ax.margins(x=0.1, y=0.15)
     ax_c.set_xlabel(f"BitOPs, % of {ref.get('schedule', 'static q_max')}")
-    ax_c.set_title("accuracy vs cost, by schedule family", fontsize=10)
+    ax_c.set_title(f"{'perplexity' if lm else 'accuracy'} vs cost, by schedule family", fontsize=10)
     ax_c.legend(fontsize=8, loc="best")
     sp = report["spearman"]
     if sp["rho"] is None:
         title = "Spearman rank correlation: n/a (fewer than 3 distinct schedules)"
     else:
-        title = f"Spearman rho = {sp['rho']:.2f} over {sp['n_schedules']} schedules"
+        vs = " (score vs -perplexity)" if lm else ""
+        title = f"Spearman rho{vs} = {sp['rho']:.2f} over {sp['n_schedules']} schedules"
         if sp.get("per_seed_mean") is not None:
             title += f"; per seed {sp['per_seed_mean']:.2f} +- {sp['per_seed_std']:.2f}"
     ax_s.set_title(title, fontsize=10)

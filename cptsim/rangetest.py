@@ -29,6 +29,13 @@ precision trains, the safe lower bound is the top one. `conclusive` says which c
 
 On the embedded digits workload (digits-cnn, batch 64, lr 0.05, one epoch per stage) 2-bit training already
 learns (12% untrained -> 23% over the 2-bit epoch -> 68% at 3 bits), so the test suggests q_min = 2.
+
+Language models (a text dataset, which has its own validation split): accuracy means little for them, so the
+measure is the validation loss instead - the per-token loss on the dataset's validation split, at the end of each
+stage, in eval mode at that stage's precision, the state carried along the text (``cptsim.text_data.evaluate_lm``);
+the baseline is the untrained model's at q_start. improvement(q) is the *relative* fall of the validation loss,
+(loss(q-1) - loss(q)) / loss(q-1), so the threshold is again a fraction: 0.05 = the loss falls by 5%. The model's
+gradient clipping (``cptsim_grad_clip``) applies as in training.
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ FORMAT = "cptsim.rangetest/1"
 DEFAULT_THRESHOLD = 0.05
 RULE = ("q_min = the first precision whose mean training accuracy improves on the previous stage "
         "(the untrained model for the first stage) by more than the threshold")
+RULE_LM = ("q_min = the first precision after whose stage the validation loss is lower than after the previous "
+           "stage (the untrained model for the first stage) by more than the threshold, as a fraction of it")
 
 
 @dataclass(frozen=True)
@@ -106,6 +115,7 @@ class StageRow:
     loss: float | None  # None when every step of the stage had a non-finite loss
     improvement: float
     skipped_steps: int = 0  # steps whose loss was not finite: no weight update
+    val_loss: float | None = None  # language models: per-token validation loss after the stage (the measure)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -123,6 +133,12 @@ class RangeTestResult:
     time_s: float = 0.0
     train_size: int = 0
     input_shape: list[int] = field(default_factory=list)
+    baseline_val_loss: float | None = None  # language models: the untrained model's validation loss
+
+    @property
+    def measure(self) -> str:
+        """What improvement is measured on: "train_acc", or "val_loss" for a language model."""
+        return "val_loss" if self.baseline_val_loss is not None else "train_acc"
 
     @property
     def threshold(self) -> float:
@@ -134,9 +150,11 @@ class RangeTestResult:
             "settings": asdict(self.settings),
             "steps_per_stage": self.steps_per_stage,
             "threshold": self.threshold,
-            "rule": RULE,
+            "measure": self.measure,
+            "rule": RULE_LM if self.measure == "val_loss" else RULE,
             "baseline": {"bits": self.settings.q_start, "acc": self.baseline_acc,
-                         "batches": self.settings.baseline_batches, "mode": "eval"},
+                         "batches": self.settings.baseline_batches, "mode": "eval"}
+            | ({"val_loss": self.baseline_val_loss} if self.measure == "val_loss" else {}),
             "stages": [r.to_json() for r in self.rows],
             "suggested_q_min": self.suggested_q_min,
             "conclusive": self.conclusive,
@@ -147,22 +165,26 @@ class RangeTestResult:
         }
 
 
-def suggest_q_min(rows: Sequence[StageRow], threshold: float) -> tuple[int, bool, str]:
-    """(q_min, conclusive, reason) from stage rows in increasing bits order (rule in the module docstring)."""
+def suggest_q_min(rows: Sequence[StageRow], threshold: float, measure: str = "train_acc") -> tuple[int, bool, str]:
+    """(q_min, conclusive, reason) from stage rows in increasing bits order (rule in the module docstring).
+    ``measure`` "val_loss" (a language model) words the reason for a relative fall of the validation loss."""
     if not rows:
         raise ValueError("no stages to choose from")
-    pts = f"{100 * threshold:g} points"
+    lm = measure == "val_loss"
+    what, pts = ("the validation loss", f"{100 * threshold:g}%") if lm else \
+        ("training accuracy", f"{100 * threshold:g} points")
+    verb, unit = ("falls", "%") if lm else ("improves", "")
     for r in rows:
         if r.improvement > threshold:
-            return r.bits, True, (f"first precision whose training accuracy improves by more than {pts} "
-                                  f"(+{100 * r.improvement:.1f})")
+            return r.bits, True, (f"first precision after which {what} {verb} by more than {pts} "
+                                  f"({'-' if lm else '+'}{100 * r.improvement:.1f}{unit})")
     best = max(rows, key=lambda r: (r.improvement, -r.bits))
     if best.improvement > 0:
-        return best.bits, False, (f"inconclusive: no precision improved training accuracy by more than {pts}; "
-                                  f"{best.bits} bits improved most (+{100 * best.improvement:.1f}) - "
-                                  "try more --steps-per-stage")
+        return best.bits, False, (f"inconclusive: no precision improved {what} by more than {pts}; "
+                                  f"{best.bits} bits improved most ({'-' if lm else '+'}{100 * best.improvement:.1f}"
+                                  f"{unit}) - try more --steps-per-stage")
     top = rows[-1].bits
-    return top, False, (f"inconclusive: training accuracy never improved; suggesting the top precision {top} "
+    return top, False, (f"inconclusive: {what} never improved; suggesting the top precision {top} "
                         "(no evidence that lower precision trains) - check --lr and --steps-per-stage")
 
 
@@ -183,6 +205,18 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
                       image_size=settings.image_size)
     w = build(cfg)
     model, device = w.model, settings.device
+    valid = getattr(w.train_set, "valid", None)  # a text dataset's own validation split: a language model
+    lm = valid is not None and getattr(valid, "is_text", False)
+    clip = getattr(model, "cptsim_grad_clip", None)
+
+    def val_loss() -> float:
+        from .text_data import evaluate_lm
+
+        model.eval()
+        try:
+            return evaluate_lm(model, valid, device)[0]
+        finally:
+            model.train()
     spe = settings.steps_per_stage or w.steps_per_epoch
     precisions = list(range(settings.q_start, settings.q_max + 1))
     total = spe * len(precisions)
@@ -207,12 +241,13 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
             correct += (model(x).argmax(1) == y).sum().item()
             seen += y.numel()
     baseline = correct / max(seen, 1)
+    baseline_loss = val_loss() if lm else None
 
     opt = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
                           weight_decay=settings.weight_decay)
     data = batches()
     rows: list[StageRow] = []
-    prev, done = baseline, 0
+    prev, done = baseline_loss if lm else baseline, 0
     model.train()
     for stage, bits in enumerate(precisions):
         w.precision.set(bits, settings.g_bits)
@@ -230,6 +265,8 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
             if math.isfinite(loss_v):
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
+                if clip is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
                 opt.step()
                 loss_sum += loss_v * n
                 loss_n += n
@@ -239,16 +276,22 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
             if progress is not None:
                 progress(done, total, {"bits": bits, "loss": loss_v, "stage": stage})
         acc = correct / max(seen, 1)
+        if lm:  # the relative fall of the validation loss (module docstring)
+            vl = val_loss()
+            gain = (prev - vl) / prev if math.isfinite(vl) and prev > 0 else -math.inf
+        else:
+            vl, gain = None, acc - prev
         rows.append(StageRow(bits=bits, steps=spe, samples=seen, train_acc=acc,
-                             loss=loss_sum / loss_n if loss_n else None, improvement=acc - prev,
-                             skipped_steps=skipped))
-        prev = acc
+                             loss=loss_sum / loss_n if loss_n else None, improvement=gain,
+                             skipped_steps=skipped, val_loss=vl))
+        prev = vl if lm else acc
         if any(not torch.isfinite(p).all() for p in model.parameters()):
             raise InputError(f"the range test diverged at {bits} bits (weights became non-finite); "
                              f"lower --lr (now {settings.lr})")
 
-    q_min, conclusive, reason = suggest_q_min(rows, settings.threshold)
+    q_min, conclusive, reason = suggest_q_min(rows, settings.threshold, "val_loss" if lm else "train_acc")
     return RangeTestResult(settings=settings, baseline_acc=baseline, rows=rows, suggested_q_min=q_min,
                            conclusive=conclusive, reason=reason, steps_per_stage=spe,
                            time_s=round(time.perf_counter() - t0, 3),
-                           train_size=len(w.train_set), input_shape=list(w.info.input_shape))
+                           train_size=len(w.train_set), input_shape=list(w.info.input_shape),
+                           baseline_val_loss=baseline_loss)

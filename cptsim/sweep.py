@@ -17,7 +17,9 @@ Each finished run's row goes into the results database (``cptsim.results``) as i
 
 ``sweep_report(rows)`` summarises rows of one workload: per schedule the mean and spread of accuracy over seeds,
 its cost relative to static q_max, the planner's proxy score, and the Spearman rank correlation between score and
-measured mean accuracy over schedules, with its seed spread (the correlation computed per seed).
+measured mean accuracy over schedules, with its seed spread (the correlation computed per seed). For a language
+model (rows whose extra holds test_ppl) the measure is test perplexity instead - lower is better, so the
+correlation is with minus the perplexity - and the report's ``measure`` says which.
 """
 
 from __future__ import annotations
@@ -558,6 +560,8 @@ def sweep_report(rows: list[dict], score_fn: Callable[[str, int], float] | None 
     by_sched: dict[str, list[dict]] = {}
     for r in rows:
         by_sched.setdefault(r["schedule"], []).append(r)
+    # A language model's measure is its test perplexity (lower is better; test_acc is next-token accuracy)
+    lm = all(isinstance((r.get("extra") or {}).get("test_ppl"), (int, float)) for r in rows)
     table = []
     for text, rs in by_sched.items():
         rs = sorted(rs, key=lambda r: r["seed"])
@@ -573,20 +577,28 @@ def sweep_report(rows: list[dict], score_fn: Callable[[str, int], float] | None 
             "score": float(score_fn(text, steps)),
             "runs": [r.get("run_path") for r in rs],
         })
+        if lm:
+            ppls = [float(r["extra"]["test_ppl"]) for r in rs]
+            table[-1].update({"ppl_mean": sum(ppls) / len(ppls), "ppl_std": _std(ppls), "ppls": ppls})
+            bpcs = [r["extra"].get("test_bpc") for r in rs]
+            if all(isinstance(b, (int, float)) for b in bpcs):
+                table[-1]["bpc_mean"] = sum(bpcs) / len(bpcs)
     table.sort(key=lambda t: (t["cost_rel"] if t["cost_rel"] is not None else math.inf, t["schedule"]))
 
-    rho, p = _spearman([t["score"] for t in table], [t["acc_mean"] for t in table])
+    # the correlation is with "better": accuracy, or minus the perplexity
+    mean_key, seeds_key, sign = ("ppl_mean", "ppls", -1.0) if lm else ("acc_mean", "accs", 1.0)
+    rho, p = _spearman([t["score"] for t in table], [sign * t[mean_key] for t in table])
     per_seed = {}
     for seed in sorted({s for t in table for s in t["seeds"]}):
-        pts = [(t["score"], t["accs"][t["seeds"].index(seed)]) for t in table if seed in t["seeds"]]
+        pts = [(t["score"], sign * t[seeds_key][t["seeds"].index(seed)]) for t in table if seed in t["seeds"]]
         r_s, _ = _spearman([a for a, _ in pts], [b for _, b in pts])
         if r_s is not None:
             per_seed[str(seed)] = r_s
     vals = list(per_seed.values())
     notes = []
     if rho is None:
-        notes.append("no rank correlation: it needs at least 3 schedules whose scores and accuracies are not all "
-                     "equal")
+        notes.append("no rank correlation: it needs at least 3 schedules whose scores and "
+                     f"{'perplexities' if lm else 'accuracies'} are not all equal")
     costs = [t["cost_rel"] for t in table if t["cost_rel"] is not None]
     return {
         "format": REPORT_FORMAT,
@@ -595,10 +607,14 @@ def sweep_report(rows: list[dict], score_fn: Callable[[str, int], float] | None 
         "cost_reference": ({"schedule": f"static:{ref[1]}:g{ref[2]}", "bitops": ref[0]} if ref else None),
         "cost_range": [min(costs), max(costs)] if costs else None,
         "score_name": score_name(),
+        "measure": ({"key": "ppl", "name": "test perplexity", "higher_is_better": False} if lm else
+                    {"key": "acc", "name": "test accuracy", "higher_is_better": True}),
         "spearman": {"rho": rho, "p_value": p, "n_schedules": len(table),
                      "per_seed": per_seed, "per_seed_mean": (sum(vals) / len(vals)) if vals else None,
                      "per_seed_std": _std(vals) if vals else None,
-                     "what": "Spearman rank correlation between the proxy score and the mean test accuracy over "
-                             "schedules; per seed: the same over the schedules run with that seed"},
+                     "what": "Spearman rank correlation between the proxy score and "
+                             + ("minus the mean test perplexity (a language model: lower is better)" if lm else
+                                "the mean test accuracy")
+                             + " over schedules; per seed: the same over the schedules run with that seed"},
         "notes": notes,
     }

@@ -7,7 +7,10 @@ space's nearest) when they fit the budget, up to K. Round r trains every survivo
 the workload's settings and the candidate's schedule laid over those s_r steps, holding out a fixed
 ``PILOT_VAL_SPLIT`` of the *training* data as a validation split (the test split is never looked at), and ranks by
 validation accuracy at q_max after BatchNorm re-estimation. The better half survives; s doubles; the last one
-standing wins. Runs go to a temporary directory (or ``pilot_dir``), never to the user's runs, and each finished
+standing wins. A language model (a text dataset: it has its own validation split, nothing is held out) is
+ranked by its validation perplexity instead - the per-token validation loss, lower is better - and a round
+separates when the loss gap exceeds twice loss / sqrt(validation tokens) (the per-token loss's spread taken as its
+mean; neighbouring tokens are correlated, so this is a lower bound on the error). Runs go to a temporary directory (or ``pilot_dir``), never to the user's runs, and each finished
 pilot run is recorded in the results database (source "pilot").
 
 How long is long enough: s_0 defaults to T/4 and at least two epochs of the training part -- measured on digits,
@@ -91,6 +94,7 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
         root.mkdir(parents=True, exist_ok=True)
     alive = list(range(len(pool)))
     rounds = []
+    lm = is_text(w)
     try:
         r = 0
         while len(alive) > 1:
@@ -108,24 +112,36 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
                 t0 = time.perf_counter()
                 run = train(cfg, str(out), progress=False)
                 metrics = run.read_metrics().records
-                acc = float(metrics[-1]["val_acc"]) if metrics else float("nan")
+                last = metrics[-1] if metrics else {}
+                acc = float(last.get("val_acc", float("nan")))
                 n_val = run.read_config().get("val_size", 0)
                 rec = {"schedule": s.to_text(), "proxy_rank": pos + 1, "proxy_score": float(cands.score[pool[pos]]),
                        "steps": steps, "val_acc": acc, "val_size": n_val, "eval_bits": s.q_max,
-                       "train_loss": float(metrics[-1]["train_loss"]) if metrics else None,
+                       "train_loss": float(last["train_loss"]) if metrics else None,
                        "time_s": round(time.perf_counter() - t0, 3),
                        "run_dir": str(out) if keep else None}
+                if lm:  # a language model: per-token validation loss and its perplexity (bits per character)
+                    rec["val_loss"] = float(last.get("val_loss", float("nan")))
+                    rec["val_ppl"] = float(last.get("val_ppl", float("nan")))
+                    if "val_bpc" in last:
+                        rec["val_bpc"] = float(last["val_bpc"])
+                    rec["val_tokens"] = n_val * int(w.input_shape[0])
                 _record(run, db, rec)
                 runs.append((pos, rec))
                 if on_event:
                     on_event({"event": "done", "round": r, **rec})
-            order = sorted(runs, key=lambda pr: (-(pr[1]["val_acc"] if math.isfinite(pr[1]["val_acc"]) else -1),
-                                                 pr[0]))
+            order = sorted(runs, key=lambda pr: (_badness(pr[1], lm), pr[0]))
             n_keep = math.ceil(len(order) / 2)
             alive = sorted(pos for pos, _ in order[:n_keep])
-            gap = order[n_keep - 1][1]["val_acc"] - order[n_keep][1]["val_acc"]
-            p, n = order[n_keep - 1][1]["val_acc"], max(order[0][1]["val_size"], 1)
-            se = math.sqrt(max(p * (1 - p), 1.0 / n) / n) if math.isfinite(p) else float("nan")
+            kept, dropped = order[n_keep - 1][1], order[n_keep][1]
+            if lm:  # lower is better; the per-token loss's spread is taken as its mean (an exponential-like NLL)
+                gap = dropped["val_loss"] - kept["val_loss"]
+                p, n = kept["val_loss"], max(order[0][1]["val_tokens"], 1)
+                se = p / math.sqrt(n) if math.isfinite(p) else float("nan")
+            else:
+                gap = kept["val_acc"] - dropped["val_acc"]
+                p, n = kept["val_acc"], max(order[0][1]["val_size"], 1)
+                se = math.sqrt(max(p * (1 - p), 1.0 / n) / n) if math.isfinite(p) else float("nan")
             rounds.append({"round": r, "steps": steps, "runs": [rec for _, rec in runs],
                            "kept": [cands.schedules[pool[p]].to_text() for p in alive],
                            "gap": gap, "two_se": 2 * se, "separated": bool(gap > 2 * se)})
@@ -136,7 +152,9 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
             shutil.rmtree(root, ignore_errors=True)
     winner = alive[0]
     doc = {"k": len(pool), "method": "successive halving",
-           "measure": f"validation accuracy at q_max after a short run ({PILOT_VAL_SPLIT:.0%} of the training data "
+           "measure": "validation perplexity (per-token loss, lower is better) at q_max after a short run (the text "
+                      "dataset's own validation split; the test split is not used)" if lm else
+                      f"validation accuracy at q_max after a short run ({PILOT_VAL_SPLIT:.0%} of the training data "
                       "held out; the test split is not used)",
            "pool": [cands.schedules[i].to_text() for i in pool],
            "separated": all(rd["separated"] for rd in rounds),
@@ -145,10 +163,24 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
     return winner, doc
 
 
+def is_text(w) -> bool:
+    """A language-model workload: a text dataset, which has its own validation split (nothing is held out)."""
+    from cptsim.text_data import TEXT_DATASETS
+
+    return w.dataset in TEXT_DATASETS
+
+
+def _badness(rec: dict, lm: bool) -> float:
+    """Sort key, best first: a language model's validation loss, else minus the validation accuracy; NaN last."""
+    v = rec["val_loss"] if lm else -rec["val_acc"]
+    return v if math.isfinite(v) else math.inf
+
+
 def default_steps(w) -> int:
     """The first round's length: T/4 and at least two epochs of the training part (capped at T)."""
     n = w.dataset_size
-    epoch = -(-int(n * (1 - PILOT_VAL_SPLIT)) // w.batch_size) if n else 0
+    held = 0.0 if is_text(w) else PILOT_VAL_SPLIT  # text: the dataset's own validation split, nothing held out
+    epoch = -(-int(n * (1 - held)) // w.batch_size) if n else 0
     return max(1, min(w.steps, max(w.steps // 4, 2 * epoch)))
 
 
