@@ -1,6 +1,7 @@
 """Language models: the quantized LSTM and attention layers, lstm-lm / transformer-lm, text datasets, perplexity."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from cptsim.lm import LSTMLayer, Matmul, QMatmul
 from cptsim.models import create_model, list_models
 from cptsim.profiler import MacCounter, profile_model
 from cptsim.text_data import TextStream
+from cli_util import one_line_error, run_cli
 
 TINY_LSTM = "lstm-lm:layers=2,hidden=24"
 TINY_GPT = "transformer-lm:layers=2,width=32,heads=4"
@@ -29,11 +31,6 @@ def _lm(name, vocab=40, T=12, bits=32, fp_layers=None):
     p = quantize_model(m, fp_layers=fp_layers)
     p.set(bits, bits if bits != 32 else 32)
     return m
-
-
-def _cptsim(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "cptsim.cli.main", *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd, env=dict(os.environ))
 
 
 # ------------------------------------------------------------------------------------------------ layers
@@ -230,9 +227,9 @@ def test_ptb_directory_trains_one_epoch_and_reports_perplexity(tmp_path):
     (tmp_path / "ptb").mkdir()
     d = _ptb_dir(tmp_path / "ptb")
     out = tmp_path / "run"
-    r = _cptsim(*TRAIN, "--model", "lstm-lm:layers=1,hidden=32", "--dataset", "ptb", "--data-dir", str(d),
+    r = run_cli(*TRAIN, "--model", "lstm-lm:layers=1,hidden=32", "--dataset", "ptb", "--data-dir", str(d),
                 "--epochs", "1", "--schedule", "cpt:5-8:g8:n2", "--out", str(out))
-    assert r.returncode == 0, r.stderr
+    assert r.exit_code == 0, r.output
     rec = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
     for k in ("val_loss", "val_ppl", "test_loss", "test_ppl", "train_ppl"):
         assert k in rec
@@ -241,17 +238,18 @@ def test_ptb_directory_trains_one_epoch_and_reports_perplexity(tmp_path):
 
 
 def test_lm_resume_continues_exactly(tmp_path):
-    args = [*TRAIN, "--model", "lstm-lm:layers=1,hidden=16", "--dataset", "pydoc-chars", "--steps", "6",
+    # the reference and the resumed run in-process; only the killed one needs a process of its own
+    args = [*TRAIN, "--model", "lstm-lm:layers=1,hidden=16", "--dataset", "pydoc-chars", "--steps", "4",
             "--schedule", "cpt:5-8:g8:n2", "--checkpoint-every", "2"]
     ref = tmp_path / "ref"
-    assert _cptsim(*args, "--out", str(ref)).returncode == 0
+    assert run_cli(*args, "--out", ref).exit_code == 0
     cut = tmp_path / "cut"
     env = dict(os.environ, CPTSIM_FAULT_KILL_AT_STEP="3")
     r = subprocess.run([sys.executable, "-m", "cptsim.cli.main", *args, "--out", str(cut)], capture_output=True,
                        text=True, env=env, timeout=300)
     assert r.returncode != 0
-    r = _cptsim("train", "--resume", str(cut), "--quiet")
-    assert r.returncode == 0, r.stderr
+    r = run_cli("train", "--resume", cut, "--quiet")
+    assert r.exit_code == 0, r.output
 
     def losses(run):
         return [json.loads(line)["loss"] for line in (run / "trace.jsonl").read_text().splitlines()]
@@ -262,19 +260,17 @@ def test_lm_resume_continues_exactly(tmp_path):
 def test_vocabulary_change_on_resume_is_refused(tmp_path):
     d = _ptb_dir(tmp_path)
     out = tmp_path / "run"
-    r = _cptsim(*TRAIN, "--model", "lstm-lm:layers=1,hidden=8", "--dataset", "ptb", "--data-dir", str(d),
+    r = run_cli(*TRAIN, "--model", "lstm-lm:layers=1,hidden=8", "--dataset", "ptb", "--data-dir", str(d),
                 "--steps", "2", "--schedule", "static:8:g8", "--out", str(out))
-    assert r.returncode == 0, r.stderr
+    assert r.exit_code == 0, r.output
     with open(d / "ptb.train.txt", "a") as f:
         f.write("zebra quagga\n")
-    r = _cptsim("train", "--resume", str(out), "--quiet")
-    assert r.returncode == 2 and "vocabulary" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "vocabulary" in one_line_error(run_cli("train", "--resume", out, "--quiet"))
 
 
 def test_image_model_on_text_is_exit_2(tmp_path):
-    r = _cptsim("train", "--model", "resnet20", "--dataset", "pydoc-chars", "--steps", "1", "--out",
-                str(tmp_path / "r"))
-    assert r.returncode == 2 and "language model" in r.stderr
+    r = run_cli("train", "--model", "resnet20", "--dataset", "pydoc-chars", "--steps", "1", "--out", tmp_path / "r")
+    assert r.exit_code == 2 and "language model" in r.stderr.strip().splitlines()[-1]
 
 
 def test_cost_reproduces_cpts_lstm_saving_without_the_files():
@@ -288,3 +284,108 @@ def test_cost_reproduces_cpts_lstm_saving_without_the_files():
     base = w.estimate(parse_schedule("static:8:g8"), hw)
     saving = 1 - est.bitops["total"] / base.bitops["total"]
     assert abs(saving - 0.232) < 0.005  # CPT (ICLR 2021), Table: LSTM on PTB, CPT 5-8/8 vs static 8/8
+
+
+# ------------------------------------------------------------------------------------------------ speed, ranking
+
+
+def test_hh_weight_is_quantized_once_per_forward_with_the_same_result(monkeypatch):
+    """reuse_quantized_weights: one weight quantization per LSTM layer's hh per forward (not T), the profiler still
+    sees T calls, and the output and every gradient equal those of quantizing at each call."""
+    import contextlib
+
+    import cptsim.lm
+
+    T, B = 12, 3
+    x, y = torch.randint(40, (B, T)), torch.randint(40, (B, T))
+
+    def step(cached):
+        if not cached:
+            monkeypatch.setattr(cptsim.lm, "reuse_quantized_weights", lambda *m: contextlib.nullcontext())
+        calls = []
+        real = cptsim.layers.quantize_weight
+        monkeypatch.setattr(cptsim.layers, "quantize_weight", lambda w, b: calls.append(w.shape) or real(w, b))
+        m = _lm(TINY_LSTM, T=T, bits=6)
+        m.train()
+        torch.manual_seed(5)  # the same error rounding noise in both
+        out = m(x)
+        nn.functional.cross_entropy(out, y).backward()
+        monkeypatch.undo()
+        return out, [p.grad for p in m.parameters()], len(calls)
+
+    out, grads, n = step(cached=True)
+    out0, grads0, n0 = step(cached=False)
+    assert torch.equal(out, out0) and all(torch.equal(a, b) for a, b in zip(grads, grads0))
+    assert n == 2 * 2 and n0 == 2 * (1 + T)  # two layers: ih and hh once each, against hh at every step
+    m = _lm(TINY_LSTM, T=T, bits=6)
+    prof = {r.name: r for r in profile_model(m, (T,), batch_size=B).layers}
+    assert prof["layers.0.hh"].calls == T
+    assert "_wq_cache" not in vars(m.layers[0].hh)  # nothing outlives the forward
+
+
+def _lm_rows():
+    ppls = {"static:4:g8": [9.0, 9.2], "cos-rep:3-8:g8:n2": [7.0, 7.4], "static:8:g8": [6.0, 6.1]}
+    bitops = {"static:4:g8": 1e9, "cos-rep:3-8:g8:n2": 2e9, "static:8:g8": 10e9}
+    rows = []
+    for text, ps in ppls.items():
+        q = int(text.split(":")[1].split("-")[-1])
+        for seed, p in enumerate(ps):
+            rows.append({"workload_key": "k", "workload": {"model": "lstm-lm", "dataset": "pydoc-chars", "steps": 4,
+                                                          "batch_size": 8},
+                         "schedule": text, "family": text.split(":")[0], "q_max": q, "g_max": 8, "seed": seed,
+                         "steps": 4, "bitops": bitops[text], "bitops_static": 10e9 if q == 8 else 5e9,
+                         "test_acc": 0.3, "eval_bits": q, "run_path": f"/r/{text}-{seed}",
+                         "extra": {"test_ppl": p, "test_bpc": 1.0}})
+    return rows
+
+
+def test_sweep_report_of_a_language_model_is_perplexity_lower_better():
+    from cptsim import sweep as SW
+    from cptsim.plots import sweep_figure
+
+    scores = {"static:4:g8": 0.1, "cos-rep:3-8:g8:n2": 0.2, "static:8:g8": 0.3}  # rank = lower perplexity
+    rep = SW.sweep_report(_lm_rows(), score_fn=lambda text, steps: scores[text])
+    assert rep["measure"]["key"] == "ppl" and rep["measure"]["higher_is_better"] is False
+    by = {t["schedule"]: t for t in rep["schedules"]}
+    assert by["cos-rep:3-8:g8:n2"]["ppl_mean"] == pytest.approx(7.2)
+    assert by["static:4:g8"]["ppl_std"] == pytest.approx(0.1414, abs=1e-3)
+    assert rep["spearman"]["rho"] == pytest.approx(1.0)  # score vs minus perplexity
+    assert "perplexity" in rep["spearman"]["what"]
+    pytest.importorskip("matplotlib")
+    assert sweep_figure(rep)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_range_test_of_a_language_model_uses_validation_loss():
+    from cptsim.rangetest import RangeTestSettings, run_range_test, suggest_q_min
+
+    s = RangeTestSettings(model="lstm-lm:layers=1,hidden=16,dropout=0", dataset="pydoc-chars", batch_size=8,
+                          lr=1.0, momentum=0.0, weight_decay=0.0, q_start=6, q_max=7, steps_per_stage=2,
+                          baseline_batches=1)
+    r = run_range_test(s)
+    assert r.measure == "val_loss" and r.baseline_val_loss > 0
+    prev = r.baseline_val_loss
+    for row in r.rows:
+        assert row.val_loss > 0 and row.improvement == pytest.approx((prev - row.val_loss) / prev)
+        prev = row.val_loss
+    doc = r.to_json()
+    assert doc["measure"] == "val_loss" and "validation loss" in doc["rule"] and "val_loss" in doc["baseline"]
+    assert (r.suggested_q_min, r.conclusive, r.reason) == suggest_q_min(r.rows, r.threshold, "val_loss")
+
+
+def test_pilot_ranks_language_models_by_validation_perplexity(tmp_path):
+    from cptsim.planner.evaluate import evaluate
+    from cptsim.planner.pilot import default_steps, is_text, run_pilot
+    from cptsim.planner.workload import Workload
+    from cptsim.schedules import parse_schedule
+
+    w = Workload.build(model="lstm-lm:layers=1,hidden=16,dropout=0", dataset="pydoc-chars", batch_size=8, steps=3,
+                       lr=1.0, momentum=0.0, weight_decay=0.0)
+    assert is_text(w) and default_steps(w) == 3  # nothing held out of a text dataset
+    cands = evaluate(w, "bitfusion")
+    pool = [cands.index(parse_schedule(t)) for t in ("static:8:g8", "cpt:5-8:g8:n1")]
+    winner, doc = run_pilot(cands, pool, 2, str(tmp_path / "p"), db=False)
+    (rnd,) = doc["rounds"]
+    assert "perplexity" in doc["measure"]
+    assert all(r["val_ppl"] == pytest.approx(math.exp(r["val_loss"])) and r["val_tokens"] > 0 for r in rnd["runs"])
+    best = min(rnd["runs"], key=lambda r: (r["val_loss"], r["proxy_rank"]))
+    assert doc["winner"] == best["schedule"] and rnd["gap"] >= 0 and rnd["two_se"] > 0
