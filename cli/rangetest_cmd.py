@@ -108,7 +108,7 @@ def print_result(result) -> None:
         unit = "%" if lm else " pts"
         mark = "<- q_min" if chosen else (f"> {thr}{unit}" if r.improvement > result.threshold else "")
         vl = ["nan" if r.val_loss is None else f"{r.val_loss:.3f}"] if lm else []
-        gain = f"{-100 * r.improvement:+.1f}% loss" if lm else f"{100 * r.improvement:+.1f} pts"
+        gain = f"{-100 * r.improvement:+.1f}%" if lm else f"{100 * r.improvement:+.1f} pts"
         table.add_row(str(r.bits), str(r.steps), f"{100 * r.train_acc:.1f}%",
                       "nan" if r.loss is None else f"{r.loss:.3f}", *vl, gain, mark,
                       style="bold green" if chosen else None)
