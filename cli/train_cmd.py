@@ -368,13 +368,23 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
                             eval_bits=eval_bits, recal_batches=recal_batches, val_split=val_split,
                             channels_last=channels_last, image_size=image_size, **keep)
         # Cheap checks first, so that a typo is the only line the user sees (the banner below would precede it).
+        import torch
+
         from cptsim.data import check_data_dir, dataset_info
-        from cptsim.models import model_info
+        from cptsim.errors import InputError
+        from cptsim.models import create_model
 
         T.validate(cfg)
-        model_info(model)
-        dataset_info(dataset, data_dir)
+        info = dataset_info(dataset, data_dir, image_size)
         check_data_dir(dataset, data_dir)
+        try:  # on the meta device: no weights are made, only the name and the model/data pairing are checked
+            with torch.device("meta"):
+                create_model(model, num_classes=info.num_classes, in_channels=info.input_shape[0],
+                             input_shape=tuple(info.input_shape))
+        except InputError:
+            raise
+        except Exception:  # noqa: BLE001 - a model that cannot be built on meta is checked by the real build
+            pass
         if out is None:
             out = _default_out(model, text)
         if progress:
