@@ -31,14 +31,19 @@ def _no_automatic_host_measurement():
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _private_results_db(tmp_path_factory):
-    """Runs that record themselves (pilots, sweeps) must never write the user's own results database."""
+def _private_user_state(tmp_path_factory):
+    """The suite neither reads nor writes the user's own cptsim state: runs that record themselves (pilots, sweeps)
+    go to a private results database, and hardware profiles the user (or an earlier auto-calibration on this
+    machine) saved under ~/.config/cptsim are not seen (CI runs on a developer's machine)."""
     import os
 
-    before = os.environ.get("CPTSIM_DB")
-    os.environ["CPTSIM_DB"] = str(tmp_path_factory.mktemp("resultsdb") / "results.db")
+    keys = {"CPTSIM_DB": str(tmp_path_factory.mktemp("resultsdb") / "results.db"),
+            "CPTSIM_HOME": str(tmp_path_factory.mktemp("cptsim-home"))}
+    before = {k: os.environ.get(k) for k in keys}
+    os.environ.update(keys)
     yield
-    if before is None:
-        os.environ.pop("CPTSIM_DB", None)
-    else:
-        os.environ["CPTSIM_DB"] = before
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
