@@ -1,0 +1,362 @@
+"""The common part of every hardware profile: the base class, the kind registry, TOML checking, argument checks.
+
+A profile is one TOML file (``hw_profiles/NAME.toml``, or any path a user gives) of one *kind*; the kind says which
+cost formula applies and which numbers it needs. Each kind is one module of this package (gpu, bit_fusion,
+bit_serial, fixed_int, host) holding its formula -- small pure functions, vectorized over numpy arrays because the
+planner costs thousands of schedules at once -- and its profile class, which only holds the numbers and passes them
+in. A class decorated with ``@register`` is the class of its ``KIND``: adding a kind is adding one module.
+
+Common conventions for every kind:
+
+* ``macs``: multiply-accumulates executed (a FLOP counter's FLOPs / 2).
+* ``b1``, ``b2``: operand widths in bits, integers 1..32; 32 means full precision (FP32). The formulas are symmetric in
+  (b1, b2) except ``bit-serial``, where ``b2`` is the operand streamed one bit per cycle.
+* ``bytes_moved``: DRAM traffic of the phase, computed by the caller from tensor sizes and widths.
+* Rates in the TOML files are in the units their key names say (``_gb_s`` = 1e9 B/s, ``_mhz``, ``_pj``...);
+  ``throughput_macs_per_s`` and ``gemm_cost`` speak SI (MAC/s, s, J).
+* ``[calibration]`` holds factors that measured runs fit: ``compute_efficiency`` and ``memory_efficiency`` scale the
+  peak compute rate and bandwidth (1.0 = the published peak, so time is a lower bound until fitted).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import InputError
+
+MIN_BITS, MAX_BITS = 1, 32
+FULL_PRECISION_BITS = 32
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def check_profile_file_name(path, flag: str) -> None:
+    """A profile file's stem is its name: refuse one that could not be loaded back by name, before any work."""
+    stem = Path(path).stem
+    if not _NAME_RE.match(stem):
+        raise InputError(f"{flag} {str(path)!r}: a profile's file name is its name and must match "
+                         f"[A-Za-z0-9][A-Za-z0-9._-]* (got {stem!r})")
+
+
+_PJ = 1e-12
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Formulas shared by several kinds: pure, vectorized, no profile objects.
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def roofline_time(macs, mac_rate, bytes_moved, bandwidth):
+    """Time of a phase whose compute and DRAM traffic overlap (double-buffered): ``max(macs / rate, bytes / bw)``.
+
+    The roofline bound (Williams et al., CACM 2009); DESIGN.md "Cost model" for gpu and the accelerators.
+    """
+    return np.maximum(macs / mac_rate, bytes_moved / bandwidth)
+
+
+def traffic_energy_j(bytes_moved, dram_pj_per_bit, sram_pj_per_dram_bit=0.0):
+    """Energy of the DRAM traffic and of the on-chip buffer accesses it causes: ``bytes * 8 * (dram + sram) pJ``.
+
+    DRAM: Horowitz, ISSCC 2014, 1300-2600 pJ per 64-bit access (20-41 pJ/bit). The SRAM term charges each bit
+    moved from/to DRAM for its buffer accesses (a write on fill plus a read out; a lower bound on buffer traffic).
+    """
+    return np.asarray(bytes_moved, dtype=np.float64) * 8.0 * (dram_pj_per_bit + sram_pj_per_dram_bit) * _PJ
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Validation of a parsed TOML document: every error names the file, the key, and what was expected.
+# ----------------------------------------------------------------------------------------------------------------------
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Field:
+    """One key of a profile table: its check, default (``_MISSING`` = required) and what it means (for messages)."""
+
+    key: str
+    check: str  # a key of _EXPECT
+    doc: str
+    default: Any = _MISSING
+
+
+_EXPECT = {
+    "positive": "a positive number",
+    "nonneg": "a number >= 0",
+    "fraction": "a number in (0, 1]",
+    "count": "a positive integer",
+    "bits": f"an integer width in bits, {MIN_BITS}..{MAX_BITS}",
+    "string": "a string",
+    "bool": "true or false",
+    "list": "a non-empty list",
+}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _passes(check: str, v: Any) -> bool:
+    if check == "positive":
+        return _is_number(v) and v > 0
+    if check == "nonneg":
+        return _is_number(v) and v >= 0
+    if check == "fraction":
+        return _is_number(v) and 0 < v <= 1
+    if check == "count":
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+    if check == "bits":
+        return isinstance(v, int) and not isinstance(v, bool) and MIN_BITS <= v <= MAX_BITS
+    if check == "string":
+        return isinstance(v, str) and v.strip() != ""
+    if check == "bool":
+        return isinstance(v, bool)
+    if check == "list":
+        return isinstance(v, list) and len(v) > 0
+    raise AssertionError(check)
+
+
+class _Checker:
+    """Reads one parsed TOML document, raising InputError('<file>: <key> must be <expected>, got <value>')."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def fail(self, msg: str) -> None:
+        raise InputError(f"{self.label}: {msg}")
+
+    def table(self, doc: dict, key: str, what: str) -> dict:
+        if key not in doc:
+            self.fail(f"missing table [{key}] ({what})")
+        if not isinstance(doc[key], dict):
+            self.fail(f"{key} must be a table [{key}], got {doc[key]!r}")
+        return doc[key]
+
+    def fields(self, table: dict, fields: tuple[Field, ...], where: str, nested: tuple[str, ...] = ()) -> dict:
+        """Check ``table`` against ``fields``; keys in ``nested`` are the caller's to check, any other is an error."""
+        known = {f.key for f in fields}
+        for k in table:
+            if k not in known and k not in nested:
+                self.unknown(k, known | set(nested), where)
+        out = {}
+        for f in fields:
+            path = f"{where}.{f.key}" if where else f.key
+            if f.key not in table:
+                if f.default is _MISSING:
+                    self.fail(f"missing key '{path}' ({_EXPECT[f.check]}: {f.doc})")
+                out[f.key] = f.default
+                continue
+            v = table[f.key]
+            if not _passes(f.check, v):
+                self.fail(f"{path} must be {_EXPECT[f.check]} ({f.doc}), got {v!r}")
+            out[f.key] = v
+        return out
+
+    def unknown(self, key: str, known: set[str], where: str) -> None:
+        path = f"{where}.{key}" if where else key
+        self.fail(f"unknown key '{path}' (expected one of: {', '.join(sorted(known))})")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Profiles
+# ----------------------------------------------------------------------------------------------------------------------
+
+_CAL_COMPUTE = Field("compute_efficiency", "fraction", "achieved / peak compute rate, fitted from measured runs", 1.0)
+_CAL_MEMORY = Field("memory_efficiency", "fraction", "achieved / peak DRAM bandwidth", 1.0)
+
+
+@dataclass
+class HardwareProfile:
+    """One machine: its numbers (``params``, as in the TOML file) and the cost formula of its kind.
+
+    Subclasses, one per kind, declare ``PARAMS`` (the keys of the kind's table) and ``CALIBRATION`` and implement
+    ``_cost`` / ``_throughput`` / ``describe_bits`` by calling their module's pure functions;
+    ``@register`` makes a subclass the class of its ``KIND``.
+    """
+
+    name: str
+    kind: str
+    description: str
+    sources: list[str]
+    path: str
+    content_hash: str
+    params: dict
+    calibration: dict
+    notes: list[str] = field(default_factory=list)
+
+    KIND: ClassVar[str] = ""
+    PARAMS: ClassVar[tuple[Field, ...]] = ()
+    CALIBRATION: ClassVar[tuple[Field, ...]] = (_CAL_COMPUTE, _CAL_MEMORY)
+
+    # -- construction -------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def parse_params(cls, chk: _Checker, table: dict) -> dict:
+        """Validate the kind's table; subclasses with nested structures (gpu tiers) extend this."""
+        return chk.fields(table, cls.PARAMS, cls.KIND)
+
+    def __post_init__(self) -> None:
+        self._derive()
+
+    def _derive(self) -> None:
+        """Precompute SI quantities from ``params`` (subclasses)."""
+
+    # -- the public API -----------------------------------------------------------------------------------------------
+
+    def gemm_cost(self, macs, b1, b2, bytes_moved, quant_elems=0) -> tuple[np.ndarray, np.ndarray]:
+        """(time s, energy J) of GEMM phases: ``macs`` MACs with operand widths b1, b2 moving ``bytes_moved`` bytes.
+
+        Vectorized: all arguments broadcast together (arrays of one shape, or scalars). ``quant_elems`` (element-wise
+        quantizer element-passes) only costs time on the ``host`` kind. See the kind's class for the formula.
+        """
+        macs, b1, b2, bytes_moved, quant_elems = _gemm_args(macs, b1, b2, bytes_moved, quant_elems)
+        return self._cost(macs, b1, b2, bytes_moved, quant_elems)
+
+    def throughput_macs_per_s(self, b1, b2) -> np.ndarray:
+        """Compute rate at widths (b1, b2): the peak at those widths x ``compute_efficiency``, in MAC/s."""
+        b1, b2 = np.broadcast_arrays(_bits(b1, "b1"), _bits(b2, "b2"))
+        return self._throughput(b1, b2)
+
+    def describe_bits(self, b1: int, b2: int) -> str:
+        """How a (b1, b2) GEMM runs here, in a few words (the GPU tier, the passes...)."""
+        return ""
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "description": self.description,
+            "sources": list(self.sources),
+            "path": self.path,
+            "hash": self.content_hash,
+            "params": copy.deepcopy(self.params),
+            "calibration": dict(self.calibration),
+            "notes": list(self.notes),
+        }
+
+    # -- for subclasses -----------------------------------------------------------------------------------------------
+
+    def _cost(self, macs, b1, b2, bytes_moved, quant_elems):
+        raise NotImplementedError
+
+    def _throughput(self, b1, b2):
+        raise NotImplementedError
+
+    @property
+    def _ceff(self) -> float:
+        return float(self.calibration["compute_efficiency"])
+
+    @property
+    def _meff(self) -> float:
+        return float(self.calibration["memory_efficiency"])
+
+
+_KIND_CLASSES: dict[str, type[HardwareProfile]] = {}
+
+
+def register(cls: type[HardwareProfile]) -> type[HardwareProfile]:
+    """Class decorator: ``cls`` is the profile class of files with ``kind = cls.KIND``."""
+    if not cls.KIND:
+        raise ValueError(f"{cls.__name__} has no KIND")
+    if _KIND_CLASSES.get(cls.KIND, cls) is not cls:
+        raise ValueError(f"kind {cls.KIND!r} is registered twice ({_KIND_CLASSES[cls.KIND].__name__}, {cls.__name__})")
+    _KIND_CLASSES[cls.KIND] = cls
+    return cls
+
+
+def kinds() -> tuple[str, ...]:
+    """The registered kinds, in the order their modules were imported."""
+    return tuple(_KIND_CLASSES)
+
+
+def kind_class(kind: str) -> type[HardwareProfile] | None:
+    """The profile class of ``kind``, or None when no module registered it."""
+    return _KIND_CLASSES.get(kind)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Shared by the accelerator kinds (bit_fusion, bit_serial, fixed_int)
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class _AcceleratorProfile(HardwareProfile):
+    """Shared by the three 45 nm accelerator models: a core energy per cycle plus DRAM/SRAM traffic and leakage.
+
+    time   = max(compute cycles / (frequency x compute_efficiency), bytes / (bandwidth x memory_efficiency))
+    energy = core dynamic energy of the cycles the work occupies + traffic_energy_j(bytes) + static_power_w x time
+
+    Idle units are assumed clock-gated: compute_efficiency stretches time (and so leakage), not dynamic energy.
+    """
+
+    COMMON = (
+        Field("frequency_mhz", "positive", "clock in MHz"),
+        Field("bandwidth_gb_s", "positive", "DRAM bandwidth in GB/s (1e9 bytes/s)"),
+        Field("dram_pj_per_bit", "nonneg", "DRAM access energy in pJ per bit"),
+        Field("sram_pj_per_dram_bit", "nonneg", "on-chip buffer energy charged per bit moved to/from DRAM, pJ", 0.0),
+        Field("static_power_w", "nonneg", "leakage power of the compute array in W", 0.0),
+    )
+
+    def _derive(self) -> None:
+        self._freq = self.params["frequency_mhz"] * 1e6
+        self._bandwidth = self.params["bandwidth_gb_s"] * 1e9
+
+    def _macs_per_cycle(self, b1, b2):
+        raise NotImplementedError
+
+    def _core_energy_j(self, macs, b1, b2):
+        raise NotImplementedError
+
+    def _throughput(self, b1, b2):
+        return self._macs_per_cycle(b1, b2) * self._freq * self._ceff
+
+    def _cost(self, macs, b1, b2, bytes_moved, quant_elems):
+        p = self.params
+        t = roofline_time(macs, self._throughput(b1, b2), bytes_moved, self._bandwidth * self._meff)
+        e = (self._core_energy_j(macs, b1, b2)
+             + traffic_energy_j(bytes_moved, p["dram_pj_per_bit"], p["sram_pj_per_dram_bit"])
+             + p["static_power_w"] * t)
+        return t, e
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Argument checks for the vectorized calls
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _bits(b, name: str) -> np.ndarray:
+    try:
+        a = np.asarray(b, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be integer bit widths {MIN_BITS}..{MAX_BITS}, got {b!r}") from None
+    if a.size and not (np.all(a == np.rint(a)) and a.min() >= MIN_BITS and a.max() <= MAX_BITS):
+        bad = a[~((a == np.rint(a)) & (a >= MIN_BITS) & (a <= MAX_BITS))].flat[0]
+        raise InputError(f"{name} must be integer bit widths {MIN_BITS}..{MAX_BITS} (32 = full precision), got {bad:g}")
+    return a
+
+
+def _amount(x, name: str) -> np.ndarray:
+    try:
+        a = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be numbers >= 0, got {x!r}") from None
+    if a.size and not (np.all(np.isfinite(a)) and a.min() >= 0):
+        bad = a[~(np.isfinite(a) & (a >= 0))].flat[0]
+        raise InputError(f"{name} must be finite numbers >= 0, got {bad:g}")
+    return a
+
+
+def _gemm_args(macs, b1, b2, bytes_moved, quant_elems):
+    args = (_amount(macs, "macs"), _bits(b1, "b1"), _bits(b2, "b2"), _amount(bytes_moved, "bytes_moved"),
+            _amount(quant_elems, "quant_elems"))
+    try:
+        return np.broadcast_arrays(*args)
+    except ValueError:
+        shapes = ", ".join(str(np.shape(a)) for a in args)
+        raise InputError(f"gemm_cost arguments must have one shape (or be scalars), got shapes {shapes}") from None
