@@ -47,7 +47,8 @@ __all__ = [
 
 PHASES = ("fwd", "dgrad", "wgrad")
 NUMEL_KEYS = ("weight", "input", "output")
-PROFILE_FORMAT = "cptsim.profile/1"
+PROFILE_FORMAT = "cptsim.profile/2"  # /2 adds "ops": every op of the step (cptsim.opcount)
+READABLE_FORMATS = ("cptsim.profile/1", PROFILE_FORMAT)
 
 
 # ------------------------------------------------------------------------------------------------ counting functions
@@ -130,6 +131,7 @@ class ProfileArrays:
     quantized: np.ndarray
     numel: np.ndarray
     calls: np.ndarray
+    ops: Any = None  # the step's other ops (cptsim.opcount.OpProfile), when the profile has them
 
     def __len__(self) -> int:
         return len(self.names)
@@ -152,18 +154,22 @@ class LayerProfile:
     model: str
     input_shape: list[int]
     layers: list[LayerRecord] = field(default_factory=list)
+    ops: Any = None  # cptsim.opcount.OpProfile: every op of the step (format /2); None in /1 files
 
     def to_json(self) -> dict:
-        return {"format": PROFILE_FORMAT, "model": self.model, "input_shape": [int(s) for s in self.input_shape],
-                "layers": [r.to_json() for r in self.layers]}
+        d = {"format": PROFILE_FORMAT, "model": self.model, "input_shape": [int(s) for s in self.input_shape],
+             "layers": [r.to_json() for r in self.layers]}
+        if self.ops is not None:
+            d["ops"] = self.ops.to_json()
+        return d
 
     @classmethod
     def from_json(cls, d: Any) -> "LayerProfile":
         if not isinstance(d, dict):
             raise _bad(f"expected a JSON object with \"format\": {PROFILE_FORMAT!r}, got {type(d).__name__}")
         fmt = d.get("format")
-        if fmt != PROFILE_FORMAT:
-            raise _bad(f"format must be {PROFILE_FORMAT!r}, got {fmt!r}")
+        if fmt not in READABLE_FORMATS:
+            raise _bad(f"format must be {PROFILE_FORMAT!r} (or the older {READABLE_FORMATS[0]!r}), got {fmt!r}")
         for key in ("model", "input_shape", "layers"):
             if key not in d:
                 raise _bad(f"missing key {key!r}")
@@ -197,7 +203,12 @@ class LayerProfile:
         model = d["model"]
         if not isinstance(model, str):
             raise _bad(f"model must be a string, got {model!r}")
-        return cls(model=model, input_shape=list(shape), layers=layers)
+        ops = None
+        if d.get("ops") is not None:
+            from .opcount import OpProfile
+
+            ops = OpProfile.from_json(d["ops"])
+        return cls(model=model, input_shape=list(shape), layers=layers, ops=ops)
 
     def totals(self) -> dict[str, int]:
         """Per-phase MACs per sample, summed over layers."""
@@ -210,6 +221,7 @@ class LayerProfile:
             quantized=np.array([r.quantized for r in self.layers], dtype=bool),
             numel=np.array([[r.numel[k] for k in NUMEL_KEYS] for r in self.layers], dtype=np.float64).reshape(-1, 3),
             calls=np.array([r.calls for r in self.layers], dtype=np.float64),
+            ops=self.ops,
         )
 
 
@@ -387,6 +399,10 @@ def profile_model(model: nn.Module, example_batch_or_input_shape: Any, batch_siz
             loss = nn.functional.cross_entropy(out.float(), labels)
             if loss.requires_grad:
                 loss.backward()
-            return counter.layer_profile(batch_size, shape)
+            prof = counter.layer_profile(batch_size, shape)
         finally:
             counter.close()
+        from .opcount import count_step_ops
+
+        prof.ops = count_step_ops(model, x)  # the step's other ops, on fresh copies (the MACs above are untouched)
+        return prof

@@ -207,7 +207,7 @@ def test_profile_json_round_trip_and_validation():
     model = create_model("digits-cnn", 10, 1)
     prof = profile_model(model, (1, 8, 8), model_name="digits-cnn")
     doc = prof.to_json()
-    assert doc["format"] == PROFILE_FORMAT == "cptsim.profile/1"
+    assert doc["format"] == PROFILE_FORMAT == "cptsim.profile/2"
     assert {"format", "model", "input_shape", "layers"} <= set(doc)
     for layer in doc["layers"]:
         assert {"name", "type", "quantized", "macs", "numel"} <= set(layer)
@@ -218,7 +218,7 @@ def test_profile_json_round_trip_and_validation():
     assert a.macs.shape == (4, 3) and a.quantized.shape == (4,) and a.numel.shape == (4, 3)
     assert a.macs.sum() == sum(prof.totals().values())
 
-    for bad in ({**doc, "format": "cptsim.profile/2"}, {k: v for k, v in doc.items() if k != "layers"},
+    for bad in ({**doc, "format": "cptsim.profile/3"}, {k: v for k, v in doc.items() if k != "layers"},
                 {**doc, "layers": [{**doc["layers"][0], "macs": {"fwd": -1, "dgrad": 0, "wgrad": 0}}]},
                 {**doc, "layers": [{k: v for k, v in doc["layers"][0].items() if k != "numel"}]},
                 {**doc, "input_shape": "3x32x32"}, [1, 2]):
