@@ -47,6 +47,7 @@ schedule means q_min = q_max = Q. For `static` a range is an error and `:nCYCLES
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from dataclasses import dataclass
@@ -213,10 +214,16 @@ def cycle_position(total_steps: int, cycles: int) -> tuple[np.ndarray, np.ndarra
     """
     T = _check_steps(total_steps)
     n = _check_cycles(cycles)
+    k, r = _cycle_index(T, n)
+    return k, r.astype(np.float64) / T
+
+
+def _cycle_index(T: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(k, r) per step, both int64: cycle index and r = t·n − k·T = (t·n) mod T, so z = r / T."""
     starts = -(-np.arange(n + 1, dtype=np.int64) * T // n)  # ceil(j·T/n) for j = 0..n
     k = np.repeat(np.arange(n, dtype=np.int64), np.diff(starts))
     r = np.arange(T, dtype=np.int64) * n - k * T
-    return k, r.astype(np.float64) / T
+    return k, r
 
 
 # ---------------------------------------------------------------------------------------------- validation
@@ -315,9 +322,30 @@ class Schedule:
         T = _check_steps(total_steps)
         if lo == hi or self.name == "static":
             return np.full(T, hi, dtype=np.int64)
-        k, z = cycle_position(T, self.cycles)
-        frac = profile_fn(self.name)(z, k)
-        return np.rint(lo + (hi - lo) * frac).astype(np.int64)
+        # A step's bits depend only on r = (t·n) mod T (and, for -tri, the parity of its cycle k); r is a multiple
+        # of g = gcd(n, T), so the profile is evaluated once on the T/g distinct positions z = r/T -- the very
+        # floats cycle_position gives -- and every step looks its bits up. When n divides T that table is one
+        # cycle, tiled n times: no per-step transcendental, no per-step division.
+        n = self.cycles
+        g = math.gcd(n, T)
+        z = (np.arange(T // g, dtype=np.int64) * g).astype(np.float64) / T
+        entry = _REGISTRY[self.name]
+
+        def table(fn):
+            return np.rint(lo + (hi - lo) * fn(z)).astype(np.int64)
+
+        up = table(entry.up)
+        down = table(entry.down) if entry.kind == "triangular" else None
+        if g == n:  # every cycle has length T/n and starts at r = 0
+            if down is None:
+                return np.tile(up, n)
+            out = np.tile(np.concatenate((down, up)), n // 2)
+            return np.concatenate((out, down)) if n % 2 else out
+        k, r = _cycle_index(T, n)
+        idx = r // g
+        if down is None:
+            return up[idx]
+        return np.where(k % 2 == 0, down[idx], up[idx])
 
     def bits(self, total_steps: int) -> np.ndarray:
         """Forward bits (weights and activations) for each step 0..total_steps-1, int64."""

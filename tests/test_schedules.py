@@ -340,3 +340,15 @@ def test_cycle_position_is_exact_integer_division(T, n):
     k, z = cycle_position(T, n)
     kk, rr = np.divmod(np.arange(T, dtype=np.int64) * n, T)
     assert np.array_equal(k, kk) and np.array_equal(z, rr / T)
+
+
+@pytest.mark.parametrize("T, n", [(100_000, 32), (20, 6), (7, 10), (64_001, 64), (345, 32), (1, 1), (5, 5), (99, 3)])
+@pytest.mark.parametrize("name", ["cos-rep", "rex-rep", "cos-tri", "exp-tri-h", "rex-tri-v"])
+def test_bits_equal_the_per_step_definition_whether_cycles_divide_the_run_or_not(T, n, name):
+    # bits() evaluates one cycle (or the distinct positions) and tiles/gathers; it must equal the formula per step
+    from cptsim.schedules import cycle_position, profile_fn
+
+    s = make_schedule(name, q_min=2, q_max=9, cycles=n)
+    k, z = cycle_position(T, n)
+    expected = np.rint(2 + 7 * profile_fn(name)(z, k)).astype(np.int64)
+    assert s.bits(T).dtype == np.int64 and np.array_equal(s.bits(T), expected)
