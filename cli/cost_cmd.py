@@ -69,13 +69,14 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
     if info is not None:
         dataset_size, size_from = epoch_size(info.name, data_dir, dataset_size)
     if epochs is not None and dataset_size is None:
-        raise InputError("--epochs needs the epoch size: give --dataset or --dataset-size")
+        raise InputError("--epochs needs the epoch size: give --dataset-size"
+                         + (f" (or --data-dir holding the {dataset} data)" if dataset else " or --dataset"))
     with err.status(f"profiling {model}: one training step on input {tuple(shape)} ..."):
         prof = build_profile(model, shape, classes, fp_layers)
     costs = [estimate(prof, sched, p, steps=steps, epochs=epochs, batch_size=batch_size, dataset_size=dataset_size,
                       per_layer=False) for p in profiles]
     first = costs[0]
-    workload = {"model": model, "dataset": info.name if info is not None else None, "input_shape": list(shape),
+    workload = {"model": model, "dataset": info.name if info is not None else dataset, "input_shape": list(shape),
                 "num_classes": classes, "schedule": sched.to_text(), "steps": first.steps, "samples": first.samples,
                 "batch_size": batch_size, "dataset_size": dataset_size,
                 "dataset_size_from": size_from, "static_bits": sched.q_max}

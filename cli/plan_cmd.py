@@ -71,7 +71,8 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
               help="What a % budget is a fraction of [default: bitops; an absolute unit picks its own metric].")
 @click.option("--hw", "--hardware", "hw", default=DEFAULT_HW, show_default=True,
               help="Target hardware profile (name or .toml path) for energy and latency.")
-@click.option("--model", default="digits-cnn", show_default=True, help="Model name ('cptsim train --list-models').")
+@click.option("--model", default="digits-cnn", show_default=True,
+              help="Model name ('cptsim train --list-models'), or torchvision:NAME / timm:NAME (any classifier there).")
 @click.option("--dataset", default="digits", show_default=True,
               help="Dataset (shapes and epoch size only; nothing is loaded unless --pilot or --min-bits auto).")
 @click.option("--data-dir", default=None,

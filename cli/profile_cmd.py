@@ -38,7 +38,8 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
 def workload_options(f):
     """The options that say which model on which input: shared by `profile` and `cost`."""
     opts = [
-        click.option("--model", default="digits-cnn", show_default=True, help="Model name ('cptsim train --list-models')."),
+        click.option("--model", default="digits-cnn", show_default=True,
+                     help="Model name ('cptsim train --list-models'), or torchvision:NAME / timm:NAME."),
         click.option("--dataset", default=None,
                      help="Dataset the shapes (and, for `cost`, the epoch size) come from; nothing is loaded. "
                           "Default digits, unless --input-shape is given."),
@@ -60,11 +61,18 @@ def workload_options(f):
 def resolve_workload(model: str, dataset: str | None, data_dir: str | None, input_shape: str | None,
                      num_classes: int | None, image_size: int | None = None):
     """(input shape, num_classes, DataInfo or None) from the flags, without loading any data."""
-    from cptsim.data import dataset_info
+    from cptsim.data import dataset_info, needs_data_dir
 
     shape = parse_shape(input_shape)
     info = None
-    if dataset is not None or shape is None:
+    if shape is not None and dataset is not None and not data_dir and needs_data_dir(dataset):
+        # The shape is given and nothing is loaded, so the folder is not needed: only its class count is.
+        if num_classes is None:
+            raise InputError(f"--dataset {dataset} with --input-shape and no --data-dir: give --num-classes "
+                             "(or --data-dir, whose class folders are counted)")
+        if image_size is not None:
+            raise InputError("--image-size reads the images in --data-dir; --input-shape gives the shape itself")
+    elif dataset is not None or shape is None:
         info = dataset_info(dataset or "digits", data_dir, image_size)
     elif image_size is not None:
         raise InputError("--image-size goes with --dataset imagefolder; --input-shape gives the shape itself")

@@ -25,7 +25,8 @@ Examples:
 
 @click.command("range-test", epilog=_EPILOG,
                short_help="CPT's precision range test: short training at rising bits, suggests q_min.")
-@click.option("--model", default="digits-cnn", show_default=True, help="Model name ('cptsim train --list-models').")
+@click.option("--model", default="digits-cnn", show_default=True,
+              help="Model name ('cptsim train --list-models'), or torchvision:NAME / timm:NAME (any classifier there).")
 @click.option("--dataset", default="digits", show_default=True, help="Dataset name (digits is embedded).")
 @click.option("--data-dir", default=None, help="Folder holding the dataset (never downloaded).")
 @click.option("--batch-size", type=int, default=64, show_default=True)

@@ -59,7 +59,8 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 @click.option("--q-max", default=None, help="With --top: q_max range to search.")
 @click.option("--g-bits", default=None, help="With --top: gradient bits to search.")
 # the workload: the flags (and defaults) of `cptsim train`
-@click.option("--model", default="digits-cnn", show_default=True)
+@click.option("--model", default="digits-cnn", show_default=True,
+              help="Model name ('cptsim train --list-models'), or torchvision:NAME / timm:NAME.")
 @click.option("--dataset", default="digits", show_default=True)
 @click.option("--data-dir", default=None, help="Folder holding the dataset (never downloaded).")
 @click.option("--epochs", type=int, default=15, show_default=True)

@@ -226,7 +226,8 @@ def _tensorboard(cfg):
 
 
 @click.command("train", epilog=_EPILOG)
-@click.option("--model", default="digits-cnn", show_default=True, help="Model name ('cptsim train --list-models').")
+@click.option("--model", default="digits-cnn", show_default=True,
+              help="Model name ('cptsim train --list-models'), or torchvision:NAME / timm:NAME (any classifier there).")
 @click.option("--dataset", default="digits", show_default=True,
               help="digits (embedded), cifar10, cifar100, mnist, fashion-mnist, imagefolder, or "
                    "synthetic:C,H,W:K[:N] (random tensors of that shape, K classes, N samples, seeded; for "
@@ -309,6 +310,8 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
         from cptsim.models import list_models as names
 
         click.echo("\n".join(names()))
+        click.echo("torchvision:NAME  any classifier in torchvision.models (random init)\n"
+                   "timm:NAME         any timm architecture (random init; pip install 'cptsim[timm]')")
         return
     t0 = time.perf_counter()
     progress = not (quiet or as_json)

@@ -81,6 +81,11 @@ def check_data_dir(name: str, data_dir) -> None:
         _check_dir(spec.info.name, spec, data_dir)
 
 
+def needs_data_dir(name: str) -> bool:
+    """Whether ``name``'s data (and so its class count and size) is read from a --data-dir (imagefolder, text)."""
+    return bool(_spec(name).needs_dir)
+
+
 def dataset_info(name: str, data_dir=None, image_size: int | None = None) -> DataInfo:
     """Shape, class count and split sizes without loading the data (imagefolder reads its class folders and the
     headers of a sample of its images: ``image_size``, see ``resolve_image_size``)."""

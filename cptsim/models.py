@@ -398,7 +398,14 @@ def _resolve(name: str) -> _Entry:
         from .lm_models import LM_FAMILIES
 
         return LM_FAMILIES[base](key, opts)
-    raise InputError(f"unknown model {name!r}; choose from: {', '.join(list_models())} (or resnetD for any D = 6n+2)")
+    if colon and base in ("torchvision", "timm"):  # any classifier of those libraries, by its own (case-kept) name
+        from .external_models import resolve as resolve_external
+
+        ext = name.strip().partition(":")[2].strip()
+        builder, description, canonical = resolve_external(base, ext, FP_LAYERS_ATTR)
+        return _Entry(canonical, builder, family=base, input="imagenet", description=description)
+    raise InputError(f"unknown model {name!r}; choose from: {', '.join(list_models())} (or resnetD for any D = 6n+2, "
+                     "torchvision:NAME, timm:NAME)")
 
 
 def create_model(name: str, num_classes: int = 10, in_channels: int = 3, input_shape=None) -> nn.Module:
