@@ -312,6 +312,15 @@ class Schedule:
                              ("g_min", g_min), ("g_max", g_max), ("cycles", cycles)):
             object.__setattr__(self, field, value)
 
+    @classmethod
+    def _trusted(cls, name: str, q_min: int, q_max: int, g_min: int, g_max: int, cycles: int) -> "Schedule":
+        """A Schedule from fields that are already valid and normalised (canonical name, a static schedule's
+        q_min == q_max and cycles == 1), without re-checking them: the planner's search space checks its ranges
+        once and builds thousands of candidates (validating each one was ~20 us, most of a planning call)."""
+        s = object.__new__(cls)
+        s.__dict__.update(name=name, q_min=q_min, q_max=q_max, g_min=g_min, g_max=g_max, cycles=cycles)
+        return s
+
     # -- bits per step
 
     @property

@@ -170,8 +170,8 @@ class SearchSpace:
 
     def candidates(self) -> list[Schedule]:
         """Every candidate schedule, validated, deduplicated, in schedule-name order."""
-        return [Schedule(name=c[0], q_min=c[1], q_max=c[2], g_min=c[3], g_max=c[4], cycles=c[5])
-                for c in self._combos(self.min_bits, self.max_bits)]
+        # __post_init__ checked the names and every range these combinations draw from
+        return [Schedule._trusted(*c) for c in self._combos(self.min_bits, self.max_bits)]
 
     def _why_empty(self) -> str:
         """Name the constraint that left no candidate (called only when the space is empty)."""

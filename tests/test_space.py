@@ -104,3 +104,12 @@ def test_from_json_rejects_malformed_input():
         SearchSpace.from_json({"q_min_range": [2]})
     with pytest.raises(InputError):
         SearchSpace.from_json({"schedules": "cpt"})
+
+
+def test_candidates_are_the_schedules_the_validating_constructor_builds():
+    # candidates() skips per-candidate validation (the space checked its ranges); the result must be identical
+    from cptsim.schedules import Schedule
+
+    for space in (SearchSpace(), SearchSpace(g_bits=((6, 8), 8, 32), cycles=(1, 3, 7), q_min_range=(1, 5))):
+        for s in space.candidates():
+            assert s == Schedule(**s.to_json()) and hash(s) == hash(Schedule(**s.to_json()))
