@@ -8,7 +8,7 @@ from rich.table import Table
 from cptsim.errors import InputError
 
 from .common import emit_json, err, json_option, out, print_table, si, wide_option
-from .profile_cmd import build_profile, resolve_workload, workload_options
+from .profile_cmd import build_profile, resolve_workload, throughput, workload_options
 
 DEFAULT_HW = "h100,a100,bitfusion,stripes,int8-systolic"
 
@@ -87,7 +87,8 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
             d = c.to_json()
             d.pop("per_layer")
             rows.append({"hardware": p.name, "kind": p.kind, **d,
-                         "saving_vs_static": {k: 1.0 - v for k, v in c.vs_static.items()}})
+                         "saving_vs_static": {k: 1.0 - v for k, v in c.vs_static.items()},
+                         "throughput": throughput(c.samples, c.latency_s["total"], dataset_size)})
         emit_json({"workload": workload, "profiles": rows})
         return
 
@@ -106,6 +107,17 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
     print_table(t, drop=("vs FP32", "kind", "vs static", "energy", "latency"))
     out.print("saving = 1 - cost / static q_max cost on the same hardware; BitOPs are hardware-independent.",
               highlight=False)
+    s = Table(title=f"throughput: {sched.to_text()}, batch {batch_size}", title_justify="left")
+    s.add_column("hardware", no_wrap=True, min_width=max(len(p.name) for p in profiles))
+    for col in ("samples/s", "time/step", "time/epoch", "run time", "avg power"):
+        s.add_column(col, justify="right")
+    for p, c in zip(profiles, costs):
+        speed = throughput(c.samples, c.latency_s["total"], dataset_size)
+        t_run = c.latency_s["total"]
+        s.add_row(p.name, f"{speed['samples_per_s']:,.0f}", si(t_run / c.steps, "s"),
+                  si(speed["epoch_s"], "s") if speed["epoch_s"] is not None else "-", si(t_run, "s"),
+                  si(c.energy_j["total"] / t_run, "W") if t_run > 0 else "-")
+    print_table(s, drop=("avg power", "run time", "time/step"))
     for p in profiles:
         for n in p.notes:
             err.print(f"[yellow]note ({p.name}):[/yellow] {n}", highlight=False)

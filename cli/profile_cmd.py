@@ -100,6 +100,29 @@ def build_profile(model: str, shape: tuple[int, ...], num_classes: int, fp_layer
     return profile_model(torch_model, shape, batch_size=2, model_name=model)
 
 
+def _epoch_samples(info, data_dir) -> int | None:
+    if info is None:
+        return None
+    from cptsim.data import epoch_size
+
+    return epoch_size(info.name, data_dir)[0]
+
+
+def throughput(samples: float, seconds: float, epoch_samples: int | None) -> dict:
+    """{"samples_per_s", "epoch_samples", "epoch_s"} of work that takes ``seconds`` for ``samples`` samples
+    (epoch_s None without an epoch size)."""
+    rate = samples / seconds if seconds > 0 else float("inf")
+    return {"samples_per_s": rate, "epoch_samples": epoch_samples,
+            "epoch_s": epoch_samples / rate if epoch_samples and rate > 0 else None}
+
+
+def speed_text(speed: dict) -> str:
+    txt = f"{speed['samples_per_s']:,.0f} samples/s"
+    if speed["epoch_s"] is not None:
+        txt += f", {si(speed['epoch_s'], 's')} per epoch of {speed['epoch_samples']:,} samples"
+    return txt
+
+
 @click.command("profile", epilog=_EPILOG)
 @workload_options
 @click.option("--batch-size", type=int, default=128, show_default=True, help="Samples per step for the step costs.")
@@ -121,11 +144,12 @@ def profile(model, dataset, data_dir, image_size, input_shape, num_classes, fp_l
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
     hardware = load_profile(hw)
-    shape, classes, _ = resolve_workload(model, dataset, data_dir, input_shape, num_classes, image_size)
+    shape, classes, info = resolve_workload(model, dataset, data_dir, input_shape, num_classes, image_size)
     with err.status(f"profiling {model}: one training step on input {tuple(shape)} ..."):
         prof = build_profile(model, shape, classes, fp_layers)
     step = {"batch_size": [batch_size], "bits": [bits], "grad_bits": [grad_bits]}
     cost = estimate(prof, step, hardware)
+    speed = throughput(batch_size, cost.latency_s["total"], _epoch_samples(info, data_dir))
     totals = prof.totals()
     grand = sum(totals.values())
 
@@ -141,7 +165,7 @@ def profile(model, dataset, data_dir, image_size, input_shape, num_classes, fp_l
                        "macs": {**exact["macs"], "total": sum(exact["macs"].values())},
                        "bitops": {**exact["bitops"], "total": sum(exact["bitops"].values())},
                        "energy_j": cost.energy_j, "latency_s": cost.latency_s,
-                       "relative_to_fp32": cost.relative_to_fp32}
+                       "relative_to_fp32": cost.relative_to_fp32, "throughput": speed}
         emit_json(doc)
         return
 
@@ -158,6 +182,11 @@ def profile(model, dataset, data_dir, image_size, input_shape, num_classes, fp_l
         t.add_row(rec.name, rec.type, "yes" if rec.quantized else "fp32",
                   *(si(rec.macs[p]) for p in ("fwd", "dgrad", "wgrad")), f"{100 * share:.1f}%",
                   si(row["bitops"]["total"]), si(row["energy_j"]["total"], "J"), si(row["latency_s"]["total"], "s"))
+    other_t = cost.latency_s["total"] - sum(r["latency_s"]["total"] for r in cost.per_layer)
+    if prof.ops is not None and other_t > 0:  # a GPU costs the step's other ops and kernel launches too
+        other_e = cost.energy_j["total"] - sum(r["energy_j"]["total"] for r in cost.per_layer)
+        t.add_row(f"other ops ({int(prof.ops.totals()['launches'])} kernels)", "", "", "", "", "", "", "",
+                  si(other_e, "J"), si(other_t, "s"))
     t.add_section()
     t.add_row("total", "", f"{sum(r.quantized for r in prof.layers)}/{len(prof.layers)}",
               *(si(totals[p]) for p in ("fwd", "dgrad", "wgrad")), "100%", si(cost.bitops["total"]),
@@ -165,5 +194,6 @@ def profile(model, dataset, data_dir, image_size, input_shape, num_classes, fp_l
     out.print(t)
     out.print(f"BitOPs relative to FP32: {100 * cost.relative_to_fp32:.2f}%  "
               f"(quant = quantized at {bits}/{grad_bits} bits; fp32 layers count at 32 bits)", highlight=False)
+    out.print(f"throughput on {hardware.name}: {speed_text(speed)}", highlight=False)
     for n in hardware.notes:
         err.print(f"[yellow]note:[/yellow] {n}", highlight=False)

@@ -21,6 +21,10 @@ Bytes moved per layer-phase (DRAM traffic; a simple, stated model -- no cache re
     dgrad  read error  (O·batch) at b_g,     read weight (W·calls) at b_w,      write input grad (I·batch) at 32
     wgrad  read error  (O·batch) at b_g,     read input  (I·batch) at b_a,      write weight grad (W·calls) at 32
 
+A GPU's FP16 GEMMs (AMP) write the forward output and the input gradient at 16 bits (``storage_bits(gpu).output``;
+int and FP32/TF32 GEMMs at 32, as for every kind). On a GPU, the step's other ops (batch norm,
+activations, optimizer...) and its kernel launches come from the profile's op list (``step_ops_cost``).
+
 W = weight elements, I / O = input / output elements per sample (summed over the layer's calls). A phase with
 0 MACs moves 0 bytes. Narrow operands are stored in the container the hardware computes them in
 (``storage_bits``): a GPU stores a b-bit tensor at its tier's width (5 bits -> int8 -> 1 byte; A100's int4 tier
@@ -61,6 +65,7 @@ __all__ = [
     "estimate",
     "relative_to_static",
     "bits_histogram",
+    "step_ops_cost",
 ]
 
 FP = FULL_PRECISION
@@ -128,8 +133,13 @@ def bytes_moved(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray, q, g
     w = numel[:, 0] * calls
     i = numel[:, 1] * n
     o = numel[:, 2] * n
-    bits = np.stack((w * s_w + i * s_a + o * FP,
-                     o * s_g + w * s_w + i * FP,
+    # Outputs (activations, input gradients) at 32 bits, unless the storage says the hardware writes them at the
+    # width its GEMM computes in (``store.output``: a GPU writes FP16 outputs under AMP); weight gradients at 32.
+    out = getattr(store, "output", None)
+    o_fwd = FP if out is None else out(np.maximum(b_w, b_a))
+    i_dgrad = FP if out is None else out(np.maximum(b_g, b_w))
+    bits = np.stack((w * s_w + i * s_a + o * o_fwd,
+                     o * s_g + w * s_w + i * i_dgrad,
                      o * s_g + i * s_a + w * FP), axis=-1)
     return np.where(np.asarray(macs) > 0, bits / 8.0, 0.0)
 
@@ -157,7 +167,16 @@ def storage_bits(hardware) -> Any:
     kind = hardware.kind
     if kind == "gpu":
         tier_bits = np.array([t["bits"] for t in hardware.params["tiers"]], dtype=np.int64)
-        return lambda b: tier_bits[hardware.tier_index(b, b)]
+
+        def gpu_store(b):
+            return tier_bits[hardware.tier_index(b, b)]
+
+        def gpu_output(b):  # an FP16 GEMM (AMP) writes FP16 outputs; int and FP32/TF32 GEMMs write 32-bit ones
+            t = gpu_store(b)
+            return np.where(t == 16, 16, FP)
+
+        gpu_store.output = gpu_output
+        return gpu_store
     if kind == "fixed-int":
         w = int(hardware.params["width_bits"])
         return lambda b: np.ceil(np.asarray(b) / w) * w
@@ -343,7 +362,21 @@ def _aggregate(a: ProfileArrays, h: _Hist, hw) -> _Totals:
         qe = quant_elems(a.numel, a.macs, a.quantized, h.q, h.g, h.samples, a.calls)
         t, e = hw.gemm_cost(macs_k, b1, b2, nbytes, qe)
         latency, energy = weigh(t), weigh(e)
+        extra = step_ops_cost(a, hw, h.q, h.g, h.samples)
+        if extra is not None:  # the step's other ops: one more row, summed into the phases, in no layer's row
+            latency, energy = np.vstack((latency, c @ extra[0])), np.vstack((energy, c @ extra[1]))
     return _Totals(weigh(macs_k), weigh(bops), energy, latency)
+
+
+def step_ops_cost(a: ProfileArrays, hw, q, g, samples):
+    """(time s, energy J), each (K, 3) per step kind (q, g, samples) and phase, of everything in a step besides
+    the layers' GEMMs -- the memory-bound ops and kernel launches of the profile's op list (``cptsim.opcount``) --
+    on hardware whose kind models them (``gpu``); None when the kind does not or the profile has no op list."""
+    if getattr(a, "ops", None) is None or not hasattr(hw, "step_ops_cost"):
+        return None
+    q, g = np.atleast_1d(np.asarray(q)), np.atleast_1d(np.asarray(g))
+    n = np.broadcast_to(np.asarray(samples, dtype=np.float64), q.shape)
+    return hw.step_ops_cost(a.ops, q, g, n)
 
 
 def _phase_dict(x: np.ndarray) -> dict[str, float]:

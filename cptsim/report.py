@@ -22,6 +22,7 @@ epoch and in total, with the host profile's modelled energy (its power x its mod
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,6 +177,11 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
             plan_prof = LayerProfile.from_json(plan["profile"])
         except InputError:
             plan_prof = prof
+    if prof.ops is None and plan_prof.ops is not None:
+        # The run records per-layer MACs only; the step's other ops (GPU time) depend on the model and input, not on
+        # what ran, so the plan's op list costs both sides and executed == planned stays a comparison of the runs.
+        prof = dataclasses.replace(prof, ops=plan_prof.ops)
+        arrays = prof.arrays()
     models_ragged, plan_est = _planned_estimate(plan, plan_prof, sched, planned_steps, batch, train_size)
     exe = estimate(prof, steps, None)
     trace_sum = _trace_bitops(steps)

@@ -77,9 +77,12 @@ def _brute_force(profile: LayerProfile, qs, gs, batches, hw):
             bg = g if r.quantized else 32
             W, I, O = r.numel["weight"] * r.calls, r.numel["input"] * n, r.numel["output"] * n
             sw, sa, sg = (float(store(np.array(b))) for b in (bw, ba, bg))
+            out = getattr(store, "output", None)  # a GPU writes outputs at its compute width (AMP: FP16)
+            so_f, so_d = (32.0, 32.0) if out is None else (float(out(np.array(max(bw, ba)))),
+                                                          float(out(np.array(max(bg, bw)))))
             phases = [
-                ("fwd", (bw, ba), W * sw + I * sa + O * 32, (I + W) if (r.quantized and q < 32) else 0),
-                ("dgrad", (bg, bw), O * sg + W * sw + I * 32, O if (r.quantized and g < 32) else 0),
+                ("fwd", (bw, ba), W * sw + I * sa + O * so_f, (I + W) if (r.quantized and q < 32) else 0),
+                ("dgrad", (bg, bw), O * sg + W * sw + I * so_d, O if (r.quantized and g < 32) else 0),
                 ("wgrad", (bg, ba), O * sg + I * sa + W * 32,
                  O if (r.quantized and g < 32 and r.macs["dgrad"] == 0) else 0),
             ]

@@ -1,4 +1,24 @@
-"""The ``gpu`` kind: precision tiers with published dense peak rates."""
+"""The ``gpu`` kind: precision tiers with published dense peak rates, and the time of a whole training step.
+
+A training step on a GPU is not only its GEMMs. The time model (``GPUProfile.step_ops_cost`` with the GEMMs of ``gemm_cost``, used by ``cptsim.cost`` when
+the layer profile carries the step's op list, ``cptsim.opcount``) is the sum of
+
+* the GEMMs, per layer and phase: a roofline of their MACs at the tier's peak x the tier's ``efficiency`` against
+  their own DRAM bytes at bandwidth x ``memory_efficiency``;
+* every other op (batch norm, activations, residual adds, pooling, loss, optimizer update), all memory-bound:
+  their bytes at bandwidth x ``memory_efficiency``. Tensors that scale with the batch are stored at the float
+  width the step computes in: 32 bits on the FP32/TF32 tier, 16 when the GEMMs run on FP16 (AMP) or an int tier;
+  master weights, gradients and optimizer state (the fixed part of the traffic) stay FP32;
+* ``kernel_overhead_us`` per kernel launched (launch latency, ramp-up and tail of each kernel), which is what a
+  step of small kernels -- a tiny model or a small batch -- is made of.
+
+The per-tier efficiencies, memory efficiency and overhead are fitted to measured training throughput (see the
+shipped TOML files and benchmarks/bench_gpu_throughput.py); they are the same for every network.
+
+Energy (a model until NVML measurements calibrate it): average power between idle and board power by
+utilisation. While a kernel runs the GPU is busy and draws ``power_w x power_fraction``; during per-kernel
+overhead it is waiting and draws ``idle_power_w``; so energy = busy time x P_busy + overhead time x P_idle.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +59,8 @@ class GPUProfile(HardwareProfile):
     PARAMS = (
         Field("bandwidth_gb_s", "positive", "DRAM bandwidth in GB/s (1e9 bytes/s)"),
         Field("power_w", "positive", "board power (TDP) in W"),
+        Field("idle_power_w", "nonneg", "power while idle (between kernels) in W; default: power_w (no idle "
+              "model)", None),
         Field("fp32_tier", "string", "name of the tier that runs FP32 GEMMs", None),
     )
     TIER = (
@@ -46,11 +68,13 @@ class GPUProfile(HardwareProfile):
         Field("bits", "bits", "widest operand the tier takes"),
         Field("peak_ops", "positive", "dense peak rate in the tier's unit (1e12 ops/s; 1 MAC = 2 ops)"),
         Field("unit", "string", '"TOPS" or "TFLOPS"'),
+        Field("efficiency", "fraction", "achieved / peak rate of this tier's training GEMMs (fitted)", 1.0),
     )
     CALIBRATION = (
         _CAL_COMPUTE,
         _CAL_MEMORY,
-        Field("power_fraction", "fraction", "average power / TDP while training (1.0 = TDP, an upper bound)", 1.0),
+        Field("power_fraction", "fraction", "power while busy / TDP (1.0 = TDP, an upper bound)", 1.0),
+        Field("kernel_overhead_us", "nonneg", "fixed time per kernel launched, in microseconds", 0.0),
     )
 
     @classmethod
@@ -96,6 +120,8 @@ class GPUProfile(HardwareProfile):
         tiers = self.params["tiers"]
         self._tier_names = [t["name"] for t in tiers]
         self._tier_mac_rate = np.array([t["peak_ops"] * 1e12 / 2.0 for t in tiers])
+        self._tier_eff = np.array([t.get("efficiency", 1.0) for t in tiers])
+        self._tier_bits = np.array([t["bits"] for t in tiers], dtype=np.int64)
         order = sorted((t["bits"], i) for i, t in enumerate(tiers) if t["bits"] < FULL_PRECISION_BITS)
         self._narrow_bits = np.array([b for b, _ in order], dtype=np.int64)
         self._narrow_index = np.array([i for _, i in order], dtype=np.int64)
@@ -106,11 +132,63 @@ class GPUProfile(HardwareProfile):
         return gpu_tier_index(np.maximum(b1, b2), self._narrow_bits, self._narrow_index, self._fp32_index)
 
     def _throughput(self, b1, b2):
-        return self._tier_mac_rate[self.tier_index(b1, b2)] * self._ceff
+        i = self.tier_index(b1, b2)
+        return self._tier_mac_rate[i] * self._tier_eff[i] * self._ceff
+
+    @property
+    def busy_power_w(self) -> float:
+        return self.params["power_w"] * self.calibration["power_fraction"]
+
+    @property
+    def idle_power_w(self) -> float:
+        idle = self.params.get("idle_power_w")
+        return self.busy_power_w if idle is None else min(float(idle), self.busy_power_w)
+
+    @property
+    def kernel_overhead_s(self) -> float:
+        return self.calibration.get("kernel_overhead_us", 0.0) * 1e-6
+
+    def compute_bits(self, b) -> np.ndarray:
+        """The float width of a step whose GEMMs have operands up to ``b`` bits, which its activations and errors
+        are stored in: 16 when the GEMMs run on a tier of 16 bits or less (AMP; an int pipeline keeps its
+        non-GEMM ops in FP16 too), 32 on the FP32/TF32 tier."""
+        return np.where(self._tier_bits[self.tier_index(b, b)] <= 16, 16, 32)
 
     def _cost(self, macs, b1, b2, bytes_moved, quant_elems):
+        # A GEMM keeps the GPU busy: board power (x power_fraction) for its whole time. Its launch is counted with
+        # the step's other launches (step_ops_cost). Quantizer passes are not costed here (``quant_elems``): an int
+        # tier is costed as a native int pipeline, as the cost model always has.
         t = roofline_time(macs, self._throughput(b1, b2), bytes_moved, self._bandwidth * self._meff)
-        return t, self.params["power_w"] * self.calibration["power_fraction"] * t
+        return t, self.busy_power_w * t
+
+    def step_ops_cost(self, ops, q, g, samples) -> tuple[np.ndarray, np.ndarray]:
+        """(time s, energy J), each (K, 3) for K step kinds x the phases (fwd, dgrad, wgrad), of everything in a
+        step besides the layers' GEMMs: the memory-bound ops of ``ops`` (a ``cptsim.opcount.OpProfile``) and
+        every kernel launch. Forward ops are charged to fwd, backward ops to dgrad, the optimizer to wgrad."""
+        return gpu_step_ops_cost(ops.summary(), ops.element_bits, self.compute_bits(np.asarray(q)),
+                                 self.compute_bits(np.maximum(q, g)), samples, self._bandwidth * self._meff,
+                                 self.kernel_overhead_s, self.busy_power_w, self.idle_power_w)
 
     def describe_bits(self, b1: int, b2: int) -> str:
         return self._tier_names[int(self.tier_index(b1, b2))]
+
+
+def gpu_step_ops_cost(summary, element_bits, fwd_bits, bwd_bits, samples, bandwidth, overhead_s, busy_w, idle_w):
+    """Seconds and joules, (K, 3), of a step's non-GEMM ops per step kind (fwd, bwd -> dgrad, opt -> wgrad).
+
+    ``summary``: ``OpProfile.summary()`` (bytes per sample and fixed, launches, per op phase) measured with
+    ``element_bits`` wide tensors; ``fwd_bits`` / ``bwd_bits`` (K,): the width the forward / backward computes in,
+    which scales the per-sample (activation and error) bytes; the fixed bytes (weights, gradients, optimizer state:
+    FP32 master copies) do not scale. time = bytes / bandwidth + launches x overhead (every launch, GEMMs too).
+    """
+    n = np.asarray(samples, dtype=np.float64)
+    scale = {"fwd": np.asarray(fwd_bits, dtype=np.float64) / element_bits,
+             "bwd": np.asarray(bwd_bits, dtype=np.float64) / element_bits, "opt": np.ones_like(n)}
+    busy, over = [], []
+    for phase in ("fwd", "bwd", "opt"):
+        s = summary[phase]
+        nbytes = s["bytes_per_sample"] * n * np.minimum(scale[phase], 1.0) + s["bytes_fixed"]
+        busy.append(nbytes / bandwidth)
+        over.append(np.full(n.shape, s["launches"] * overhead_s))
+    busy, over = np.stack(busy, axis=-1), np.stack(over, axis=-1)
+    return busy + over, busy * busy_w + over * idle_w

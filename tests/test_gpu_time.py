@@ -1,0 +1,114 @@
+"""The GPU time and energy model (issue 11): per-op step time calibrated on published training throughput."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cptsim.cost import estimate, step_ops_cost
+from cptsim.gpu_calibration import ROWS, modelled_throughput, resnet50_profile
+from cptsim.hardware import load_profile
+from cptsim.profiler import LayerProfile
+from cptsim.schedules import parse_schedule
+
+DATA = Path(__file__).parent / "data" / "imagenet-resnet50-profile.json"
+GPUS = ["a100", "v100", "h100", "t4", "rtx4090"]
+
+
+@pytest.fixture(scope="module")
+def r50():
+    return resnet50_profile(DATA)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r.hardware}-{r.precision}-{r.batch_size}")
+def test_published_resnet50_throughput_is_rederived_from_the_shipped_profiles(r50, row):
+    got = modelled_throughput(r50, row.hardware, row)
+    assert got == pytest.approx(row.published_img_s, rel=0.15)
+
+
+@pytest.mark.parametrize("name", GPUS)
+def test_gpu_parameters_are_physically_plausible(name):
+    p = load_profile(name)
+    assert all(0 < t["efficiency"] <= 1 for t in p.params["tiers"])
+    assert 0 < p.calibration["memory_efficiency"] <= 1
+    assert 0.5 <= p.calibration["kernel_overhead_us"] <= 50  # microseconds, not ms
+    assert 0 < p.idle_power_w < p.busy_power_w
+
+
+def test_no_per_model_factor_the_same_profile_costs_every_network(r50):
+    # Only the profile's numbers enter: two workloads on one GPU share every parameter, and a step's time is the
+    # sum of GEMMs, memory-bound ops and launches, each growing with the work.
+    a100 = load_profile("a100")
+    sched = parse_schedule("static:16")
+    small = estimate(r50, sched, a100, steps=1, batch_size=32).latency_s["total"]
+    big = estimate(r50, sched, a100, steps=1, batch_size=256).latency_s["total"]
+    assert 4 < big / small < 8  # sub-linear: launches and fixed traffic do not grow with the batch
+
+
+def test_the_op_list_adds_memory_bound_work_and_launches_to_the_gemms(r50):
+    a100 = load_profile("a100")
+    old = LayerProfile.from_json({**{k: v for k, v in r50.to_json().items() if k != "ops"},
+                                  "format": "cptsim.profile/1"})
+    sched = parse_schedule("static:32")
+    gemms = estimate(old, sched, a100, steps=1, batch_size=256).latency_s["total"]
+    whole = estimate(r50, sched, a100, steps=1, batch_size=256).latency_s["total"]
+    t, _ = step_ops_cost(r50.arrays(), a100, 32, 8, 256)
+    assert whole == pytest.approx(gemms + t.sum(), rel=1e-9)
+    assert 0.2 < t.sum() / whole < 0.6  # ResNet-50's BN/ReLU/adds are a large share of a step (gpu-throughput.md)
+
+
+def test_amp_stores_activations_at_16_bits_and_fp32_master_weights():
+    a100 = load_profile("a100")
+    ops = resnet50_profile(DATA).ops
+    s = ops.summary()
+    t32, _ = a100.step_ops_cost(ops, np.array([32]), np.array([8]), np.array([1000.0]))
+    t16, _ = a100.step_ops_cost(ops, np.array([16]), np.array([8]), np.array([1000.0]))
+    bw = a100.params["bandwidth_gb_s"] * 1e9 * a100.calibration["memory_efficiency"]
+    want = (s["fwd"]["bytes_per_sample"] * 1000 / 2 + s["fwd"]["bytes_fixed"]) / bw + \
+        s["fwd"]["launches"] * a100.kernel_overhead_s
+    assert t16[0, 0] == pytest.approx(want, rel=1e-12)
+    assert t16[0, 2] == t32[0, 2]  # the optimizer's traffic is FP32 master weights either way
+
+
+def test_tiny_model_step_is_launch_bound_on_an_h100():
+    from cptsim.cli.profile_cmd import build_profile
+
+    prof = build_profile("digits-cnn", (1, 8, 8), 10, None)
+    h100 = load_profile("h100")
+    c = estimate(prof, parse_schedule("cpt"), h100, steps=345, batch_size=64)
+    launches = prof.ops.totals()["launches"]
+    per_step = c.latency_s["total"] / 345
+    assert per_step >= launches * h100.kernel_overhead_s
+    assert per_step < 2 * launches * h100.kernel_overhead_s  # the kernels themselves are tiny
+
+
+def test_gpu_energy_lies_between_idle_and_board_power(r50):
+    for name in ("a100", "h100"):
+        p = load_profile(name)
+        c = estimate(r50, parse_schedule("static:16"), p, steps=2, batch_size=64)
+        t, e = c.latency_s["total"], c.energy_j["total"]
+        assert p.idle_power_w * t < e < p.busy_power_w * t
+    # a launch-bound step spends most of its time waiting: its average power is close to idle
+    from cptsim.cli.profile_cmd import build_profile
+
+    prof = build_profile("digits-cnn", (1, 8, 8), 10, None)
+    h = load_profile("h100")
+    c = estimate(prof, parse_schedule("static:16"), h, steps=10, batch_size=8)
+    assert c.energy_j["total"] / c.latency_s["total"] < 0.5 * (h.idle_power_w + h.busy_power_w)
+
+
+def test_planner_step_tables_include_the_gpu_op_time(r50):
+    from cptsim.planner.evaluate import step_cost_tables
+
+    a100 = load_profile("a100")
+    tables = step_cost_tables(r50.arrays(), a100, [4, 8], [8], [64])
+    for q in (4, 8):
+        c = estimate(r50, {"batch_size": [64], "bits": [q], "grad_bits": [8]}, a100)
+        assert tables["latency_s"][0, q, 8] == pytest.approx(c.latency_s["total"], rel=1e-9)
+        assert tables["energy_j"][0, q, 8] == pytest.approx(c.energy_j["total"], rel=1e-9)
+
+
+def test_shipped_profile_fixture_is_format_2_with_ops():
+    d = json.loads(DATA.read_text())
+    assert d["format"] == "cptsim.profile/2" and d["ops"]["records"]
