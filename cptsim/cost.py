@@ -30,7 +30,9 @@ W = weight elements, I / O = input / output elements per sample (summed over the
 (``storage_bits``): a GPU stores a b-bit tensor at its tier's width (5 bits -> int8 -> 1 byte; A100's int4 tier
 packs 4-bit operands at 4 bits; FP32 GEMMs at 32), a fixed-width integer array at multiples of its width, the host
 (fake quantization) always at 32, Bit Fusion and the bit-serial array packed at the operand width. Without a
-hardware profile the operands are packed at their width.
+hardware profile the operands are packed at their width. An accelerator writes outputs (activations, input
+gradients) at its profile's ``output_bits``: 32 on Bit Fusion (its simulator's oprec), 16 on Stripes (its 16-bit
+neuron storage), or "operand" -- the width the next GEMM reads them at (``storage_bits(...).output``).
 
 Quantizer element-passes (costed only by the ``host`` kind, where fake quantization is real work):
 
@@ -179,10 +181,25 @@ def storage_bits(hardware) -> Any:
         return gpu_store
     if kind == "fixed-int":
         w = int(hardware.params["width_bits"])
-        return lambda b: np.ceil(np.asarray(b) / w) * w
+        return _with_output_bits(hardware, lambda b: np.ceil(np.asarray(b) / w) * w)
     if kind == "host":
         return lambda b: np.full(np.shape(b), FP)
-    return _identity_bits
+    return _with_output_bits(hardware, _identity_bits)
+
+
+def _with_output_bits(hardware, store):
+    """``store`` with the width an accelerator writes GEMM outputs at (its profile's ``output_bits``: a width, or
+    "operand" = the width the next GEMM reads them at) as ``.output``; ``store`` itself without that key."""
+    out = hardware.params.get("output_bits")
+    if out is None:
+        return store
+
+    def accel_store(b):
+        return store(b)
+
+    accel_store.output = (lambda b: np.asarray(b, dtype=np.float64)) if out == "operand" \
+        else (lambda b: np.full(np.shape(b), float(out)))
+    return accel_store
 
 
 # ------------------------------------------------------------------------------------------------ input checks

@@ -80,9 +80,10 @@ def _mark_fp_layers(model: nn.Module, attr: str) -> nn.Module:
 
 
 def resolve(source: str, name: str, fp_attr: str) -> tuple[Callable[..., nn.Module], str, str]:
-    """(builder(num_classes, in_channels, input_shape), description, canonical name) for ``source:name``; InputError when the
-    name is not one of the source's classification models. ``fp_attr``: the attribute for the full-precision
-    layer names."""
+    """(builder(num_classes, in_channels, input_shape), description, canonical name) for ``source:name``.
+
+    InputError when the name is not one of the source's classification models. ``fp_attr``: the attribute that
+    holds the full-precision layer names."""
     label = f"{source}:{name}"
     if not name:
         raise InputError(f"{source}:NAME needs a model name after the colon (e.g. {source}:resnet50)")

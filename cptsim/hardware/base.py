@@ -96,6 +96,7 @@ _EXPECT = {
     "string": "a string",
     "bool": "true or false",
     "list": "a non-empty list",
+    "store": f'an integer width in bits, {MIN_BITS}..{MAX_BITS}, or "operand"',
 }
 
 
@@ -120,6 +121,8 @@ def _passes(check: str, v: Any) -> bool:
         return isinstance(v, bool)
     if check == "list":
         return isinstance(v, list) and len(v) > 0
+    if check == "store":
+        return v == "operand" or _passes("bits", v)
     raise AssertionError(check)
 
 
@@ -302,6 +305,15 @@ class _AcceleratorProfile(HardwareProfile):
         Field("sram_pj_per_dram_bit", "nonneg", "on-chip buffer energy charged per bit moved to/from DRAM, pJ", 0.0),
         Field("static_power_w", "nonneg", "leakage power of the compute array in W", 0.0),
     )
+
+    @staticmethod
+    def output_bits_field(default, why: str) -> Field:
+        """``output_bits``: the width at which a GEMM's output -- the forward activation, the backward error --
+        is written to DRAM: a fixed width in bits, or "operand" (already quantized to the width the next GEMM
+        reads it at, which needs a quantizer at the array's output). ``why``: where the kind's default comes from.
+        Read by ``cptsim.cost.storage_bits``; weight gradients are written at 32 bits whatever this says."""
+        return Field("output_bits", "store", 'width of activations / errors written to DRAM: bits, or "operand" '
+                     f"(default {default}: {why})", default)
 
     def _derive(self) -> None:
         self._freq = self.params["frequency_mhz"] * 1e6

@@ -46,6 +46,10 @@ class BitFusionProfile(_AcceleratorProfile):
         Field("high_bits", "count", "widest operand one fused unit takes in one pass", 8),
         Field("low_bits", "count", "BitBrick width", 2),
         Field("core_pj_per_unit_cycle", "positive", "dynamic energy of one Fusion Unit per busy cycle, pJ"),
+        # The authors' simulator reads activations and weights from DRAM at their operand widths (iprec, wprec)
+        # but writes outputs at oprec = 32 (github.com/hsharma35/bitfusion, bitfusion/src/optimizer/optimizer.py,
+        # get_stats_fast).
+        _AcceleratorProfile.output_bits_field(32, "the Bit Fusion simulator writes outputs at oprec = 32"),
     ) + _AcceleratorProfile.COMMON
 
     @classmethod

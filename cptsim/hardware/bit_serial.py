@@ -39,6 +39,10 @@ class BitSerialProfile(_AcceleratorProfile):
         Field("parallel_bits", "count", "width of each lane's parallel operand", 16),
         Field("serial_bits_per_cycle", "count", "bits of the serial operand a lane consumes per cycle", 1),
         Field("pj_per_lane_cycle", "positive", "dynamic energy of one lane per busy cycle, pJ"),
+        # Stripes keeps its bit-parallel baseline's (DaDianNao's) 16-bit fixed-point neuron storage: precision
+        # changes its compute time, not what memory holds (Judd et al., MICRO 2016; storing at the reduced precision
+        # is their separate Proteus, ICS 2016).
+        _AcceleratorProfile.output_bits_field(16, "Stripes stores neurons as 16-bit fixed point"),
     ) + _AcceleratorProfile.COMMON
 
     def _lane_cycles(self, b1, b2):

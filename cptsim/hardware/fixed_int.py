@@ -31,6 +31,7 @@ class FixedIntProfile(_AcceleratorProfile):
         Field("mac_units", "count", "MAC units in the array"),
         Field("width_bits", "count", "operand width of the MAC units", 8),
         Field("pj_per_mac", "positive", "dynamic energy of one width_bits x width_bits MAC, pJ"),
+        _AcceleratorProfile.output_bits_field(32, "32-bit accumulators written back, as Bit Fusion's simulator does"),
     ) + _AcceleratorProfile.COMMON
 
     def _passes(self, b1, b2):
