@@ -112,3 +112,26 @@ def test_planner_step_tables_include_the_gpu_op_time(r50):
 def test_shipped_profile_fixture_is_format_2_with_ops():
     d = json.loads(DATA.read_text())
     assert d["format"] == "cptsim.profile/2" and d["ops"]["records"]
+
+
+def test_cost_and_profile_show_samples_per_second_and_time_per_epoch():
+    from cli_util import run_cli
+
+    r = run_cli("cost", "--schedule", "static:16", "--epochs", "2", "--batch-size", "64", "--hw", "h100,bitfusion",
+                "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    n = doc["workload"]["dataset_size"]
+    for row in doc["profiles"]:
+        s = row["throughput"]
+        assert s["samples_per_s"] == pytest.approx(row["samples"] / row["latency_s"]["total"])
+        assert s["epoch_samples"] == n and s["epoch_s"] == pytest.approx(n / s["samples_per_s"])
+    table = run_cli("cost", "--schedule", "static:16", "--steps", "10", "--hw", "h100,a100")
+    assert table.exit_code == 0 and "samples/s" in table.stdout and "time/epoch" in table.stdout
+
+    r = run_cli("profile", "--hw", "a100", "--batch-size", "32", "--json")
+    assert r.exit_code == 0, r.output
+    step = json.loads(r.stdout)["step"]
+    assert step["throughput"]["samples_per_s"] == pytest.approx(32 / step["latency_s"]["total"])
+    assert step["throughput"]["epoch_s"] > 0
+    assert "samples/s" in run_cli("profile", "--hw", "a100").stdout
