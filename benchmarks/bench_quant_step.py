@@ -6,6 +6,10 @@ Two copies of the same model (one swapped to quantized layers at 8/8 bits, one p
 SGD steps on the same batch; the figure is median(quantized step) / median(FP32 step). Alternating the two
 keeps a noisy shared machine from favouring either. A breakdown splits the quantized step's extra time
 down by op: torch.profiler self-CPU time per aten op, quantized step minus FP32 step.
+
+Peak memory (``--memory-pairs N``, default 3; 0 skips it): each of FP32 and quantized runs one training step in a
+fresh process of its own (1 thread), and the figure is its max RSS above the RSS just before the step (model,
+optimizer and batch already built); pairs alternate, medians reported, plus the quantized / FP32 ratio.
 """
 
 from __future__ import annotations
@@ -54,6 +58,47 @@ def _breakdown(fp, opt_fp, q, opt_q, x, y, top: int = 8) -> dict[str, float]:
     return {op: round(ms, 2) for op, ms in ranked}
 
 
+def _memory_child(model: str, batch_size: int, bits: int, grad_bits: int, quantized: bool) -> None:
+    """In a fresh process: one training step; prints the max RSS above the pre-step RSS, in MB."""
+    import resource
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    shape = (1, 8, 8) if model == "digits-cnn" else (3, 32, 32)
+    m = create_model(model, num_classes=10, in_channels=shape[0], input_shape=shape)
+    if quantized:
+        quantize_model(m).set(bits, grad_bits)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(batch_size, *shape)
+    y = torch.randint(0, 10, (batch_size,))
+    with open("/proc/self/statm") as f:
+        base = int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    _step(m, opt, x, y)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
+    print(json.dumps({"extra_mb": peak - base}))
+
+
+def _memory(a, pairs: int) -> dict:
+    import subprocess
+    import sys
+
+    def run(quantized: bool) -> float:
+        out = subprocess.run([sys.executable, __file__, "--model", a.model, "--batch-size", str(a.batch_size),
+                              "--bits", str(a.bits), "--grad-bits", str(a.grad_bits),
+                              "--memory-child", "quant" if quantized else "fp32"],
+                             check=True, capture_output=True, text=True).stdout
+        return json.loads(out.strip().splitlines()[-1])["extra_mb"]
+
+    fp, q = [], []
+    for i in range(pairs):
+        for quantized in ((False, True) if i % 2 == 0 else (True, False)):
+            (q if quantized else fp).append(run(quantized))
+    mf, mq = statistics.median(fp), statistics.median(q)
+    return {"pairs": pairs, "fp32_extra_mb": [round(v, 1) for v in fp], "quant_extra_mb": [round(v, 1) for v in q],
+            "fp32_extra_mb_median": round(mf, 1), "quant_extra_mb_median": round(mq, 1),
+            "ratio": round(mq / mf, 3), "extra_pct": round(100 * (mq / mf - 1), 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="resnet20")
@@ -61,8 +106,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--bits", type=int, default=8)
     ap.add_argument("--grad-bits", type=int, default=8)
+    ap.add_argument("--memory-pairs", type=int, default=3)
+    ap.add_argument("--memory-child", choices=("fp32", "quant"), help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    if a.memory_child:
+        _memory_child(a.model, a.batch_size, a.bits, a.grad_bits, a.memory_child == "quant")
+        return
 
     torch.manual_seed(0)
     shape = (1, 8, 8) if a.model == "digits-cnn" else (3, 32, 32)
@@ -90,6 +140,8 @@ def main() -> None:
         "ratio": round(med_q / med_fp, 3),
         "extra_ms_by_op": _breakdown(fp, opt_fp, q, opt_q, x, y),
     }
+    if a.memory_pairs > 0:
+        res["peak_memory"] = _memory(a, a.memory_pairs)
     if a.json:
         print(json.dumps(res, indent=2))
         return
@@ -104,6 +156,11 @@ def main() -> None:
     t.add_row("[bold]ratio quantized / FP32", f"[bold]{res['ratio']:.3f}x")
     for k, v in res["extra_ms_by_op"].items():
         t.add_row(f"  extra time in {k}", f"{v:+.1f} ms")
+    if "peak_memory" in res:
+        pm = res["peak_memory"]
+        t.add_row("FP32 step: max RSS above pre-step (median)", f"{pm['fp32_extra_mb_median']:.0f} MB")
+        t.add_row("quantized step: max RSS above pre-step (median)", f"{pm['quant_extra_mb_median']:.0f} MB")
+        t.add_row("[bold]extra peak memory, quantized over FP32", f"[bold]{pm['extra_pct']:+.1f}%")
     Console().print(t)
 
 

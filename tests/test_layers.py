@@ -145,3 +145,20 @@ def test_inplace_activation_after_a_quantized_layer_trains():
     quantize_model(net).set(4, 6)
     net(torch.randn(3, 4)).sum().backward()
     assert torch.isfinite(net[0].weight.grad).all() and net[0].weight.grad.abs().sum() > 0
+
+
+def test_the_quantized_input_is_recomputed_for_backward_not_kept():
+    """The conv saves x and its range, not Qa(x) (an activation-sized tensor per layer); what backward gets back is
+    Qa(x) bit for bit, and an in-place change of x before backward is an error, not a silently wrong gradient."""
+    torch.manual_seed(0)
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3))
+    quantize_model(conv, fp_layers=[]).set(5, 8)
+    x = torch.randn(2, 3, 8, 8)
+    y = conv(x)
+    lo, hi = torch.aminmax(x)
+    assert torch.equal(y.grad_fn._saved_input, fake_quant_per_tensor(x, lo, hi, 5))
+    y.sum().backward()
+    y = conv(x)
+    x.mul_(2)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        y.sum().backward()
