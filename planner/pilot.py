@@ -187,8 +187,6 @@ def default_steps(w) -> int:
 def _record(run, db, rec: dict) -> None:
     """Put a finished pilot run into the results database; a database that cannot be written costs a note,
     not the plan."""
-    if db is False:
-        return
     try:
         from cptsim.results import ResultsDB, record_run
 

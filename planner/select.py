@@ -215,7 +215,7 @@ class Plan:
             "score": score_json(),
             "ranking": self.ranking,
             "quality": self.quality,
-            "evaluation": evaluation_json(self.schedule),
+            "evaluation": evaluation_json(self.schedule, self.workload.steps),
             "schedule": self.schedule.to_json() | {"text": self.schedule.to_text()},
             "estimate": est,
             "baseline": base,
@@ -229,7 +229,7 @@ class Plan:
         }
 
 
-def evaluation_json(schedule: Schedule) -> dict:
+def evaluation_json(schedule: Schedule, steps: int) -> dict:
     """How a run of this plan is evaluated (``cptsim.train.evaluate``): at q_max, after BatchNorm statistics and
     activation ranges are re-estimated at q_max. The statistics a model carries belong to the precision it last
     trained at, so a schedule that ends below q_max (one-cycle or odd-cycle triangular) would otherwise be scored
@@ -237,7 +237,7 @@ def evaluation_json(schedule: Schedule) -> dict:
     from cptsim.train import TrainConfig
 
     cfg = TrainConfig()
-    return {"bits": schedule.q_max, "final_bits": int(schedule.bits(max(schedule.cycles, 1) * 8)[-1]),
+    return {"bits": schedule.q_max, "final_bits": int(schedule.bits(steps)[-1]),
             "recal_batches": cfg.recal_batches,
             "why": "BatchNorm statistics and activation ranges are re-estimated at the evaluation bits before "
                    "every evaluation, so the final precision of the schedule does not leak into its score"}

@@ -189,6 +189,7 @@ def test_the_mnist_shaped_workload_gets_a_pick_evaluated_at_its_own_precision():
     cfg = TrainConfig.from_plan(doc)
     assert cfg.recal_batches == ev["recal_batches"] and cfg.eval_bits in (None, p.schedule.q_max)
     final = int(p.schedule.bits(w.steps)[-1])
+    assert ev["final_bits"] == final  # the run's own last step, not a stand-in length
     # either the pick ends at the precision it is evaluated at, or its statistics are re-estimated there
     assert final == ev["bits"] or cfg.recal_batches > 0
     assert doc["estimate"]["bitops"]["total"] <= budget
