@@ -1,10 +1,14 @@
 """Quantized training step vs FP32 training step, side by side in one process.
 
-    python benchmarks/bench_quant_step.py [--model resnet20] [--batch-size 128] [--rounds 15] [--json]
+    python benchmarks/bench_quant_step.py [--model resnet20] [--batch-size 128] [--rounds 15] [--threads N]
+                                          [--no-eager] [--memory-pairs 3] [--json]
 
-Two copies of the same model (one swapped to quantized layers at 8/8 bits, one plain FP32) take alternating
-SGD steps on the same batch; the figure is median(quantized step) / median(FP32 step). Alternating the two
-keeps a noisy shared machine from favouring either. A breakdown splits the quantized step's extra time
+Copies of the same model (one swapped to quantized layers at 8/8 bits, one plain FP32) take alternating SGD steps
+on the same batch; the figure is median(quantized step) / median(FP32 step), and beside it the median of the
+rounds' own ratios. Alternating them keeps a noisy shared machine from favouring either. The quantized model runs
+cptsim's CPU quantizer kernels (cptsim.ckernels) when they are built, which the output says; unless --no-eager, a
+third copy runs the eager PyTorch quantizers (CPTSIM_CKERNELS=0 during its steps) in the same rounds, so the
+kernels' gain is measured side by side too. A breakdown splits the quantized step's extra time
 down by op: torch.profiler self-CPU time per aten op, quantized step minus FP32 step.
 
 Peak memory (``--memory-pairs N``, default 3; 0 skips it): each of FP32 and quantized runs one training step in a
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -61,6 +66,9 @@ def _breakdown(fp, opt_fp, q, opt_q, x, y, top: int = 8) -> dict[str, float]:
 def _memory_child(model: str, batch_size: int, bits: int, grad_bits: int, quantized: bool) -> None:
     """In a fresh process: one training step; prints the max RSS above the pre-step RSS, in MB."""
     torch.set_num_threads(1)
+    from cptsim import ckernels
+
+    ckernels.library()  # build/load the kernels before the baseline, as a training run has by its first step
     torch.manual_seed(0)
     shape = (1, 8, 8) if model == "digits-cnn" else (3, 32, 32)
     m = create_model(model, num_classes=10, in_channels=shape[0], input_shape=shape)
@@ -111,8 +119,12 @@ def main() -> None:
     ap.add_argument("--grad-bits", type=int, default=8)
     ap.add_argument("--memory-pairs", type=int, default=3)
     ap.add_argument("--memory-child", choices=("fp32", "quant"), help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--no-eager", action="store_true", help="skip the eager-quantizer copy")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     if a.memory_child:
         _memory_child(a.model, a.batch_size, a.bits, a.grad_bits, a.memory_child == "quant")
         return
@@ -125,24 +137,49 @@ def main() -> None:
     quantize_model(q).set(a.bits, a.grad_bits)
     opt_fp = torch.optim.SGD(fp.parameters(), lr=0.01, momentum=0.9)
     opt_q = torch.optim.SGD(q.parameters(), lr=0.01, momentum=0.9)
+    e = create_model(a.model, num_classes=10, in_channels=shape[0], input_shape=shape)
+    e.load_state_dict(fp.state_dict())
+    quantize_model(e).set(a.bits, a.grad_bits)
+    opt_e = torch.optim.SGD(e.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(a.batch_size, *shape)
     y = torch.randint(0, 10, (a.batch_size,))
+    from cptsim import ckernels
+
+    kern = ckernels.status()
+
+    def eager_step() -> float:
+        os.environ["CPTSIM_CKERNELS"] = "0"
+        try:
+            return _step(e, opt_e, x, y)
+        finally:
+            os.environ.pop("CPTSIM_CKERNELS")
 
     for _ in range(3):  # warm-up: allocator, oneDNN primitive caches
         _step(fp, opt_fp, x, y)
         _step(q, opt_q, x, y)
-    t_fp, t_q = [], []
+        if not a.no_eager:
+            eager_step()
+    t_fp, t_q, t_e = [], [], []
     for _ in range(a.rounds):
         t_fp.append(_step(fp, opt_fp, x, y))
         t_q.append(_step(q, opt_q, x, y))
+        if not a.no_eager:
+            t_e.append(eager_step())
     med_fp, med_q = statistics.median(t_fp), statistics.median(t_q)
     res = {
         "model": a.model, "batch_size": a.batch_size, "bits": a.bits, "grad_bits": a.grad_bits,
         "threads": torch.get_num_threads(), "rounds": a.rounds,
+        "quantizers": "C kernels (cptsim.ckernels)" if kern["in_use"] else f"eager ({kern['why_not']})",
         "fp32_step_ms": round(med_fp * 1e3, 2), "quant_step_ms": round(med_q * 1e3, 2),
         "ratio": round(med_q / med_fp, 3),
-        "extra_ms_by_op": _breakdown(fp, opt_fp, q, opt_q, x, y),
+        "ratio_paired_median": round(statistics.median(q_ / f_ for f_, q_ in zip(t_fp, t_q)), 3),
+        "ratio_spread": [round(min(q_ / f_ for f_, q_ in zip(t_fp, t_q)), 3),
+                         round(max(q_ / f_ for f_, q_ in zip(t_fp, t_q)), 3)],
     }
+    if t_e:
+        res["eager_quant_step_ms"] = round(statistics.median(t_e) * 1e3, 2)
+        res["ratio_eager"] = round(statistics.median(t_e) / med_fp, 3)
+    res["extra_ms_by_op"] = _breakdown(fp, opt_fp, q, opt_q, x, y)
     if a.memory_pairs > 0:
         res["peak_memory"] = _memory(a, a.memory_pairs)
     if a.json:
@@ -156,7 +193,13 @@ def main() -> None:
     t.add_column("value", justify="right")
     t.add_row("FP32 step (median)", f"{res['fp32_step_ms']:.1f} ms")
     t.add_row("quantized step (median)", f"{res['quant_step_ms']:.1f} ms")
+    t.add_row("quantizers", res["quantizers"])
     t.add_row("[bold]ratio quantized / FP32", f"[bold]{res['ratio']:.3f}x")
+    t.add_row("  median of the rounds' ratios (min..max)",
+              f"{res['ratio_paired_median']:.3f}x ({res['ratio_spread'][0]:.2f}..{res['ratio_spread'][1]:.2f})")
+    if "ratio_eager" in res:
+        t.add_row("eager quantizers' step (median), same rounds", f"{res['eager_quant_step_ms']:.1f} ms")
+        t.add_row("ratio eager quantized / FP32", f"{res['ratio_eager']:.3f}x")
     for k, v in res["extra_ms_by_op"].items():
         t.add_row(f"  extra time in {k}", f"{v:+.1f} ms")
     if "peak_memory" in res:

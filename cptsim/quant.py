@@ -211,28 +211,56 @@ def fused_status() -> dict:
     return {"enabled": fusion_enabled(), **{q.name: q.failed for q in (_FQ, _FQ_CHANNEL, _SR)}}
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# The quantizers the layers call. CUDA: the fused (compiled) forms above. CPU: the one-pass C kernels of
+# cptsim.ckernels where they are built and usable (dense float32, no dispatch mode tracing), else the eager functions.
+# The C kernels compute the quantization parameters as choose_qparams does (the same float32 operations), so
+# round-to-nearest is bit-identical either way and stochastic rounding is the same formula on other uniform bytes.
+
+
+def _cpu_kernel(x: torch.Tensor) -> bool:
+    from . import ckernels
+
+    return ckernels.usable(x)
+
+
 def quantize_activation(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bits: int) -> torch.Tensor:
-    """Per-tensor round-to-nearest fake quantization: fused on CUDA, ``fake_quant_per_tensor`` elsewhere."""
+    """Per-tensor round-to-nearest fake quantization: fused on CUDA, one C pass on a CPU, else
+    ``fake_quant_per_tensor``."""
     if _FQ.usable(x):
         out = _FQ(x, lo, hi, qrange(bits)[1])
         if out is not None:
             return out
+    if lo.dim() == 0 and _cpu_kernel(x):
+        from . import ckernels
+
+        return ckernels.fake_quant_rtn(x, lo, hi, qrange(bits)[1])
     return fake_quant_per_tensor(x, lo, hi, bits)
 
 
 def quantize_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
-    """Per-output-channel round-to-nearest fake quantization: fused on CUDA, ``fake_quant_per_channel`` elsewhere."""
+    """Per-output-channel round-to-nearest fake quantization: fused on CUDA, one C call on a CPU, else
+    ``fake_quant_per_channel``."""
     if _FQ_CHANNEL.usable(w):
         out = _FQ_CHANNEL(w, qrange(bits)[1])
         if out is not None:
             return out
+    if w.dim() >= 1 and _cpu_kernel(w):
+        from . import ckernels
+
+        return ckernels.fake_quant_rtn_channels(w, qrange(bits)[1])
     return fake_quant_per_channel(w, bits, axis=0)
 
 
 def quantize_error(g: torch.Tensor, bits: int) -> torch.Tensor:
-    """Per-tensor stochastic-rounding fake quantization: fused on CUDA, ``fake_quant_stochastic`` elsewhere."""
+    """Per-tensor stochastic-rounding fake quantization: fused on CUDA, one C pass with Philox bytes on a CPU, else
+    ``fake_quant_stochastic``."""
     if _SR.usable(g):
         out = _SR(g, qrange(bits)[1])
         if out is not None:
             return out
+    if _cpu_kernel(g):
+        from . import ckernels
+
+        return ckernels.fake_quant_sr(g, qrange(bits)[1])
     return fake_quant_stochastic(g, bits)

@@ -16,7 +16,7 @@ from cptsim.layers import (
     quantize_model,
     quantized_layer_names,
 )
-from cptsim.quant import fake_quant_per_channel, fake_quant_per_tensor, fake_quant_stochastic
+from cptsim.quant import fake_quant_per_channel, fake_quant_per_tensor, fake_quant_stochastic, quantize_error
 
 
 def _net():
@@ -65,8 +65,15 @@ def test_swap_keeps_the_same_parameter_objects_and_state_dict_keys():
     assert keys <= set(net.state_dict())
 
 
-def test_forward_is_conv_of_quantized_operands_and_backward_uses_quantized_error():
-    """Second implementation: F.conv2d on Qa(x), Qw(W); dgrad / wgrad from torch.nn.grad with SR-quantized error."""
+@pytest.mark.parametrize("kernels", ["1", "0"])
+def test_forward_is_conv_of_quantized_operands_and_backward_uses_quantized_error(kernels, monkeypatch):
+    """Second implementation: F.conv2d on Qa(x), Qw(W); dgrad / wgrad from torch.nn.grad with SR-quantized error.
+
+    With the C kernels (cptsim.ckernels) and without them (CPTSIM_CKERNELS=0, the eager quantizers): the kernels'
+    stochastic rounding draws other random bytes than fake_quant_stochastic, so the expected error is the one
+    quant.quantize_error (what the layer calls) gives under the same seed; that it equals the eager formula in
+    distribution is tests/test_ckernels.py's business, and with kernels off it is fake_quant_stochastic itself."""
+    monkeypatch.setenv("CPTSIM_CKERNELS", kernels)
     torch.manual_seed(1)
     conv = nn.Conv2d(3, 4, 3, padding=1, stride=2)
     w0, b0 = conv.weight.detach().clone(), conv.bias.detach().clone()
@@ -86,7 +93,7 @@ def test_forward_is_conv_of_quantized_operands_and_backward_uses_quantized_error
     y.backward(grad_out)
 
     torch.manual_seed(7)  # the same random draws as the layer's backward
-    err = fake_quant_stochastic(grad_out, g)
+    err = fake_quant_stochastic(grad_out, g) if kernels == "0" else quantize_error(grad_out, g)
     assert torch.unique(err).numel() <= 2**g
     dgrad = torch.nn.grad.conv2d_input(x.shape, wq, err, stride=2, padding=1)  # STE: through Qa unchanged
     wgrad = torch.nn.grad.conv2d_weight(xq, w0.shape, err, stride=2, padding=1)  # STE: through Qw unchanged

@@ -1,0 +1,189 @@
+/* cptsim's CPU quantizer kernels: one pass over the tensor where the eager PyTorch form takes six to nine.
+ *
+ * Built on first use by cptsim/ckernels.py (cc -O3 -march=native -fopenmp -ffp-contract=off -fno-math-errno -fno-trapping-math; no fast-math, which would
+ * change results) and called through
+ * ctypes on the raw float32 storage of dense CPU tensors. No PyTorch headers: the file compiles in a fraction of a
+ * second with the system C compiler, and the OpenMP runtime it links (libgomp.so.1) is the one torch has already
+ * loaded, so the threads are torch's.
+ *
+ * The arithmetic is the eager quantizers' (cptsim/quant.py), operation for operation in float32 and in the same
+ * order, so round-to-nearest is bit-identical to fake_quant and stochastic rounding computes the same formula on
+ * different random bytes:
+ *   cpt_fq_rtn, cpt_fq_rtn_rows: out = (clamp(round_half_even(x * inv + zp), 0, qmax) - zp) * scale
+ *   cpt_fq_sr:  out = (clamp(floor((x * mulk + byte + addc) * invk), 0, qmax) - zp) * scale
+ *               with mulk = 256/scale, addc = 256*zp + 1/2, invk = 1/256 and byte uniform on 0..255,
+ * scale, zp and inv = 1/scale from the range as quant.choose_qparams computes them.
+ * The bytes come from Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11; the
+ * generator of cuRAND and of PyTorch on CUDA), counter = the index of a 16-byte block, key = 64 bits drawn from
+ * torch's generator per call: every element's byte is a function of (key, index) alone, so the result does not
+ * depend on the thread count and a run resumed from torch's RNG state draws the same bytes.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PAR_MIN 32768 /* below this many elements one thread is faster than waking the team */
+
+static inline void philox_round(uint32_t c[4], const uint32_t k[2]) {
+    uint64_t p0 = (uint64_t)0xD2511F53u * c[0];
+    uint64_t p1 = (uint64_t)0xCD9E8D57u * c[2];
+    uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
+    uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+    uint32_t n0 = hi1 ^ c[1] ^ k[0], n2 = hi0 ^ c[3] ^ k[1];
+    c[0] = n0; c[1] = lo1; c[2] = n2; c[3] = lo0;
+}
+
+static inline void philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
+    uint32_t c[4] = {ctr[0], ctr[1], ctr[2], ctr[3]};
+    uint32_t k[2] = {key[0], key[1]};
+    for (int r = 0; r < 10; r++) {
+        if (r) { k[0] += 0x9E3779B9u; k[1] += 0xBB67AE85u; }
+        philox_round(c, k);
+    }
+    memcpy(out, c, sizeof c);
+}
+
+/* Exposed for the known-answer test (Random123's kat_vectors). */
+void cpt_philox4x32_10(const uint32_t *ctr, const uint32_t *key, uint32_t *out) { philox4x32_10(ctr, key, out); }
+
+/* Philox4x32-10 of 64 consecutive blocks at once, written lane by lane so the compiler vectorises across blocks
+ * (32x32->64 multiplies, vpmuludq on AVX2). Chunk c (1024 elements) takes blocks 64c..64c+63, counter (b low,
+ * b high, 0, 0); its 256 words are W[64*j + l] = word j of block 64c+l, and element 256*t + w of the chunk takes
+ * byte t (bits 8t..8t+7) of W[w]: four planes of 256 elements, so the element loop is shifts, masks and int->float
+ * conversions that vectorise. This layout is the definition of the stream; cpt_uniform_bytes and cpt_fq_sr share it.
+ */
+#define LANES 64
+#define CHUNK (16 * LANES)
+
+static void chunk_words(int64_t chunk, const uint32_t key[2], uint32_t w[CHUNK / 4]) {
+    uint32_t c0[LANES], c1[LANES], c2[LANES], c3[LANES];
+    const uint64_t b0 = (uint64_t)chunk * LANES;
+    for (int l = 0; l < LANES; l++) {
+        uint64_t b = b0 + (uint64_t)l;
+        c0[l] = (uint32_t)b; c1[l] = (uint32_t)(b >> 32); c2[l] = 0u; c3[l] = 0u;
+    }
+    uint32_t k0 = key[0], k1 = key[1];
+    for (int r = 0; r < 10; r++) {
+        if (r) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
+        for (int l = 0; l < LANES; l++) {
+            uint64_t p0 = (uint64_t)0xD2511F53u * c0[l];
+            uint64_t p1 = (uint64_t)0xCD9E8D57u * c2[l];
+            uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1[l] ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3[l] ^ k1;
+            c1[l] = (uint32_t)p1; c3[l] = (uint32_t)p0; c0[l] = n0; c2[l] = n2;
+        }
+    }
+    memcpy(w + 0 * LANES, c0, sizeof c0);
+    memcpy(w + 1 * LANES, c1, sizeof c1);
+    memcpy(w + 2 * LANES, c2, sizeof c2);
+    memcpy(w + 3 * LANES, c3, sizeof c3);
+}
+
+/* The bytes cpt_fq_sr adds, element by element (for the tests' uniformity and independence checks). */
+void cpt_uniform_bytes(uint8_t *out, int64_t n, uint32_t k0, uint32_t k1) {
+    const uint32_t key[2] = {k0, k1};
+    const int64_t nc = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+    for (int64_t c = 0; c < nc; c++) {
+        uint32_t w[CHUNK / 4];
+        chunk_words(c, key, w);
+        for (int64_t e = c * CHUNK; e < n && e < (c + 1) * CHUNK; e++) {
+            int64_t k = e - c * CHUNK;
+            out[e] = (uint8_t)(w[k % (CHUNK / 4)] >> (8 * (k / (CHUNK / 4))));
+        }
+    }
+}
+
+static inline float clampf(float v, float hi) { return v < 0.0f ? 0.0f : (v > hi ? hi : v); } /* NaN stays NaN */
+
+/* quant.choose_qparams, in the same float32 operations: the range widened to hold 0, scale = (hi - lo) / qmax (at
+ * least 1e-12), zp = clamp(round(-lo / scale), 0, qmax); inv = 1 / scale as fake_quant's scale.reciprocal(). */
+static inline void qparams(float lo, float hi, float qmax, float *inv, float *zp, float *scale) {
+    lo = lo > 0.0f ? 0.0f : lo; /* torch.clamp(lo, max=0) and (hi, min=0); a NaN range stays NaN */
+    hi = hi < 0.0f ? 0.0f : hi;
+    float s = (hi - lo) / qmax;
+    s = s < 1e-12f ? 1e-12f : s;
+    float z = nearbyintf(-lo / s);
+    *zp = clampf(z, qmax);
+    *scale = s;
+    *inv = 1.0f / s;
+}
+
+static inline void rtn_span(const float *restrict x, float *restrict out, int64_t len, float inv, float zp, float qmax,
+                            float scale) {
+    for (int64_t i = 0; i < len; i++) {
+        float v = x[i] * inv;
+        v = v + zp;
+        v = nearbyintf(v);
+        v = clampf(v, qmax);
+        v = v - zp;
+        out[i] = v * scale;
+    }
+}
+
+/* Round-to-nearest with one range [lo, hi] (quant.fake_quant_per_tensor). */
+void cpt_fq_rtn(const float *x, float *out, int64_t n, float lo, float hi, float qmax, int threads) {
+    float inv, zp, scale;
+    qparams(lo, hi, qmax, &inv, &zp, &scale);
+    const int64_t chunk = 4096, nc = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) num_threads(threads) if (n >= PAR_MIN)
+    for (int64_t c = 0; c < nc; c++) {
+        int64_t i0 = c * chunk, len = n - i0 < chunk ? n - i0 : chunk;
+        rtn_span(x + i0, out + i0, len, inv, zp, qmax, scale);
+    }
+}
+
+/* Round-to-nearest with one min/max range per row of a (rows, len) tensor: a weight's output channels
+ * (quant.fake_quant_per_channel with axis 0). */
+void cpt_fq_rtn_rows(const float *x, float *out, int64_t rows, int64_t len, float qmax, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * len >= PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * len;
+        float lo = xr[0], hi = xr[0];
+        for (int64_t i = 1; i < len; i++) { /* torch.aminmax: a NaN anywhere makes the range NaN */
+            float v = xr[i];
+            if (v != v) { lo = hi = v; break; }
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
+        float inv, zp, scale;
+        qparams(lo, hi, qmax, &inv, &zp, &scale);
+        rtn_span(xr, out + r * len, len, inv, zp, qmax, scale);
+    }
+}
+
+static inline void sr_span(const float *restrict x, float *restrict out, const uint32_t *restrict w, int64_t len,
+                           int sh, float mulk, float addc, float invk, float qmax, float zp, float scale) {
+    for (int64_t j = 0; j < len; j++) {
+        float v = x[j] * mulk;
+        v = v + (float)(int32_t)((w[j] >> sh) & 255u);
+        v = v + addc;
+        v = v * invk;
+        v = floorf(v);
+        v = clampf(v, qmax);
+        v = v - zp;
+        out[j] = v * scale;
+    }
+}
+
+/* Stochastic rounding with one range [lo, hi] (quant.fake_quant_stochastic: the error's own min/max). */
+void cpt_fq_sr(const float *x, float *out, int64_t n, float lo, float hi, float qmax, uint32_t k0, uint32_t k1,
+               int threads) {
+    float inv, zp, scale;
+    qparams(lo, hi, qmax, &inv, &zp, &scale);
+    (void)inv;
+    const float k = 256.0f, mulk = k / scale, addc = zp * k + 0.5f, invk = 1.0f / k;
+    const uint32_t key[2] = {k0, k1};
+    const int64_t nc = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for schedule(static) num_threads(threads) if (n >= PAR_MIN)
+    for (int64_t c = 0; c < nc; c++) {
+        uint32_t w[CHUNK / 4];
+        chunk_words(c, key, w);
+        const int64_t i0 = c * CHUNK, m = n - i0 < CHUNK ? n - i0 : CHUNK;
+        for (int t = 0; t < 4; t++) {
+            const int64_t p0 = (int64_t)t * (CHUNK / 4);
+            if (p0 >= m) break;
+            const int64_t len = m - p0 < CHUNK / 4 ? m - p0 : CHUNK / 4;
+            sr_span(x + i0 + p0, out + i0 + p0, w, len, 8 * t, mulk, addc, invk, qmax, zp, scale);
+        }
+    }
+}

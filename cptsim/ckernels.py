@@ -1,0 +1,202 @@
+"""The CPU quantizers as compiled one-pass kernels (``cptsim/_qkernels.c``), with the eager ones as the fallback.
+
+Why: on a CPU each in-place pass of the eager quantizers (``cptsim.quant.fake_quant``: multiply, add, round,
+clamp, subtract, multiply; stochastic rounding nine passes and torch's Mersenne-Twister draws) reads and writes
+the whole activation or error tensor. A quantized resnet20 step ran 1.37-1.39x an FP32 step that way (issue 13);
+one fused pass per quantizer is what brings it near the convolutions' own time.
+
+How: the C file is compiled on first use with the system C compiler (``$CC``, else ``cc``), into
+``$CPTSIM_HOME/kernels`` (else ``$XDG_CACHE_HOME/cptsim/kernels``, else ``~/.cache/cptsim/kernels``), under a name
+that hashes the source, the compiler and the CPU, and loaded with ctypes (which releases the GIL during the call).
+Compiling takes well under a second. The kernels are used for dense float32 CPU tensors only, and never while a
+``TorchDispatchMode`` (``cptsim.opcount``, ``FlopCounterMode``) or ``torch.compile`` is tracing, nor for an input
+that needs autograd to see the op: those take the eager functions, as does everything when ``CPTSIM_CKERNELS=0``
+or when no compiler is found or the build fails (``status()`` says why; nothing is printed).
+
+What they compute (tests/test_ckernels.py checks both against the eager functions and Random123's answers):
+
+* round-to-nearest: the eager formula operation for operation in float32, so the result is bit-identical;
+* stochastic rounding: the eager formula, with the uniform bytes from Philox4x32-10 keyed by 64 bits drawn from
+  torch's CPU generator per call -- deterministic under ``torch.manual_seed``, resumable from torch's RNG state,
+  independent of the thread count; the same distribution as the eager path, not the same draws.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("_qkernels.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_why_not: str | None = None  # why the kernels are not in use (None: loaded, or not tried yet)
+_tried = False
+
+
+def enabled() -> bool:
+    return os.environ.get("CPTSIM_CKERNELS", "1") != "0"
+
+
+def _cache_dir() -> Path:
+    home = os.environ.get("CPTSIM_HOME")
+    if home:
+        return Path(home) / "kernels"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cptsim" / "kernels"
+
+
+def _cpu_id() -> str:
+    try:  # -march=native: a build is only good for CPUs with the same features
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), platform.processor())
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC") or "cc"
+    return shutil.which(cc)
+
+
+def _build() -> ctypes.CDLL:
+    cc = _compiler()
+    if cc is None:
+        raise OSError(f"no C compiler ({os.environ.get('CC') or 'cc'} not found)")
+    src = SOURCE.read_bytes()
+    tag = hashlib.sha256(src + " ".join([cc, *FLAGS, _cpu_id(), platform.machine()]).encode()).hexdigest()[:16]
+    out = _cache_dir() / f"qkernels-{tag}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # compile to a private name and rename: processes building at once never load a half-written library
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        try:
+            r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+                               timeout=120)
+            if r.returncode != 0:
+                raise OSError(f"{Path(cc).name} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(out))
+    f, i64, u32, i32, p = ctypes.c_float, ctypes.c_int64, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p
+    lib.cpt_fq_rtn.argtypes = [p, p, i64, f, f, f, i32]
+    lib.cpt_fq_rtn_rows.argtypes = [p, p, i64, i64, f, i32]
+    lib.cpt_fq_sr.argtypes = [p, p, i64, f, f, f, u32, u32, i32]
+    lib.cpt_uniform_bytes.argtypes = [p, i64, u32, u32]
+    lib.cpt_philox4x32_10.argtypes = [p, p, p]
+    for fn in (lib.cpt_fq_rtn, lib.cpt_fq_rtn_rows, lib.cpt_fq_sr, lib.cpt_uniform_bytes, lib.cpt_philox4x32_10):
+        fn.restype = None
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, building them on first use; None when disabled or unavailable (see ``status``)."""
+    global _lib, _why_not, _tried
+    if not enabled():
+        return None
+    if _tried:
+        return _lib
+    with _lock:
+        if not _tried:
+            try:
+                _lib = _build()
+            except Exception as e:  # no compiler, a failed build, an unloadable library: the eager path it is
+                _why_not = f"{type(e).__name__}: {e}"
+            _tried = True
+    return _lib
+
+
+def status() -> dict:
+    """Whether the CPU quantizers run compiled, and if not, why."""
+    if not enabled():
+        return {"in_use": False, "why_not": "CPTSIM_CKERNELS=0"}
+    lib = library()
+    return {"in_use": lib is not None, "why_not": _why_not}
+
+
+def _dense(t: torch.Tensor) -> bool:
+    return t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last))
+
+
+def usable(x: torch.Tensor) -> bool:
+    """The kernels can stand in for the eager quantizer on this tensor, here and now."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.numel() == 0 or not enabled():
+        return False
+    if torch.is_grad_enabled() and x.requires_grad:
+        return False  # autograd must see the op (callers inside an autograd.Function or a hook never get here)
+    if torch.compiler.is_compiling() or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
+        return False
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    if _get_current_dispatch_mode() is not None:
+        return False  # a dispatch mode (op counting, FlopCounterMode) must see every aten op
+    return library() is not None
+
+
+def _range(lo: torch.Tensor, hi: torch.Tensor) -> tuple[float, float]:
+    lo_f, hi_f = torch.stack([lo.detach().float(), hi.detach().float()]).tolist()  # one host read for both
+    return lo_f, hi_f
+
+
+def fake_quant_rtn(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, qmax: int) -> torch.Tensor:
+    """``quant.fake_quant_per_tensor`` in one pass: out = (clamp(round(x / s + zp), 0, qmax) - zp) * s."""
+    x = x if _dense(x) else x.contiguous()
+    out = torch.empty_like(x)  # same strides as a dense x: the kernel walks both in storage order
+    lo_f, hi_f = _range(lo, hi)
+    _lib.cpt_fq_rtn(x.data_ptr(), out.data_ptr(), x.numel(), lo_f, hi_f, float(qmax), torch.get_num_threads())
+    return out
+
+
+def fake_quant_rtn_channels(w: torch.Tensor, qmax: int) -> torch.Tensor:
+    """``quant.fake_quant_per_channel`` (axis 0) in one call: each output channel's min/max range, then the pass."""
+    w = w.detach().contiguous()
+    out = torch.empty_like(w)
+    rows = w.shape[0]
+    _lib.cpt_fq_rtn_rows(w.data_ptr(), out.data_ptr(), rows, w.numel() // rows, float(qmax), torch.get_num_threads())
+    return out
+
+
+def fake_quant_sr(x: torch.Tensor, qmax: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``quant.fake_quant_stochastic`` in one pass after torch's min/max, with Philox4x32-10 bytes."""
+    x = x if _dense(x) else x.contiguous()
+    out = torch.empty_like(x)
+    lo_f, hi_f = _range(*torch.aminmax(x.detach()))
+    k0, k1 = draw_key(generator)
+    _lib.cpt_fq_sr(x.data_ptr(), out.data_ptr(), x.numel(), lo_f, hi_f, float(qmax), k0, k1, torch.get_num_threads())
+    return out
+
+
+def draw_key(generator: torch.Generator | None = None) -> tuple[int, int]:
+    """64 bits from torch's CPU generator: the Philox key of one call."""
+    w = torch.empty(2, dtype=torch.int64).random_(generator=generator)  # two draws on [0, 2**63)
+    a, b = (int(v) for v in w.tolist())
+    return a & 0xFFFFFFFF, b & 0xFFFFFFFF
+
+
+def uniform_bytes(n: int, key: tuple[int, int]) -> torch.Tensor:
+    """The n bytes ``fake_quant_sr`` adds under this key (for the tests)."""
+    out = torch.empty(n, dtype=torch.uint8)
+    _lib.cpt_uniform_bytes(out.data_ptr(), n, key[0], key[1])
+    return out
+
+
+def philox4x32_10(ctr: tuple[int, int, int, int], key: tuple[int, int]) -> tuple[int, ...]:
+    """One Philox4x32-10 block (for the known-answer test)."""
+    c = (ctr_t := ctypes.c_uint32 * 4)(*ctr)
+    k = (ctypes.c_uint32 * 2)(*key)
+    o = ctr_t()
+    _lib.cpt_philox4x32_10(ctypes.addressof(c), ctypes.addressof(k), ctypes.addressof(o))
+    return tuple(o)

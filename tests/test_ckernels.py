@@ -1,0 +1,192 @@
+"""The CPU quantizer kernels (cptsim/_qkernels.c via cptsim.ckernels) against independent truth: the eager PyTorch
+quantizers (bit for bit where the formula is deterministic), Random123's published Philox answers, the SR
+formula written again in torch ops on the kernel's own bytes, and the statistics of the bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cptsim import ckernels, quant
+from cptsim.quant import (
+    SR_RANDOM_BITS,
+    choose_qparams,
+    fake_quant_per_channel,
+    fake_quant_per_tensor,
+    quantize_activation,
+    quantize_error,
+    quantize_weight,
+)
+
+pytestmark = pytest.mark.skipif(ckernels.library() is None, reason=f"CPU kernels unavailable: {ckernels.status()}")
+
+
+@pytest.fixture(autouse=True)
+def _kernels_on(monkeypatch):
+    monkeypatch.delenv("CPTSIM_CKERNELS", raising=False)
+
+
+# Random123 1.14, tests/kat_vectors: "philox4x32 10" counter[4] key[2] -> output[4]
+PHILOX_KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+]
+
+
+@pytest.mark.parametrize("ctr,key,want", PHILOX_KAT)
+def test_philox_matches_random123_known_answers(ctr, key, want):
+    assert ckernels.philox4x32_10(ctr, key) == want
+
+
+def test_uniform_bytes_are_the_philox_words_in_the_documented_layout():
+    """Element 256*t + w of chunk 0 is byte t of word w, W[64*j + l] = word j of block l (counter (l, 0, 0, 0))."""
+    key = (0x12345678, 0x9ABCDEF0)
+    got = ckernels.uniform_bytes(1024, key)
+    for w_idx in (0, 1, 63, 64, 130, 255):
+        j, lane = divmod(w_idx, 64)
+        word = ckernels.philox4x32_10((lane, 0, 0, 0), key)[j]
+        for t in range(4):
+            assert got[256 * t + w_idx].item() == (word >> (8 * t)) & 255
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 8, 12, 16])
+def test_round_to_nearest_is_bit_identical_to_the_eager_quantizer(bits):
+    torch.manual_seed(bits)
+    x = torch.randn(8, 16, 20, 20) * 3 + 0.5  # above the kernel's threshold for threads
+    lo, hi = torch.aminmax(x)
+    assert torch.equal(quantize_activation(x, lo, hi, bits), fake_quant_per_tensor(x, lo, hi, bits))
+    # a running range narrower than the data (eval): clamping at both ends
+    lo2, hi2 = lo * 0.3, hi * 0.4
+    assert torch.equal(quantize_activation(x, lo2, hi2, bits), fake_quant_per_tensor(x, lo2, hi2, bits))
+    # all positive (ReLU output: lo widened to 0), and a degenerate all-zero range
+    r = x.relu()
+    assert torch.equal(quantize_activation(r, r.min(), r.max(), bits), fake_quant_per_tensor(r, r.min(), r.max(), bits))
+    z = torch.zeros(5000)
+    assert torch.equal(quantize_activation(z, z.min(), z.max(), bits), fake_quant_per_tensor(z, z.min(), z.max(), bits))
+
+
+def test_round_to_nearest_keeps_layout_and_handles_strided_and_nan_inputs():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, 6, 6).contiguous(memory_format=torch.channels_last)
+    lo, hi = torch.aminmax(x)
+    got = quantize_activation(x, lo, hi, 4)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(got, fake_quant_per_tensor(x, lo, hi, 4))
+    t = torch.randn(30, 40).t()  # not dense in either layout order
+    assert torch.equal(quantize_activation(t, t.min(), t.max(), 5), fake_quant_per_tensor(t, t.min(), t.max(), 5))
+    n = torch.tensor([0.5, float("nan"), -1.0])
+    got = quantize_activation(n, torch.tensor(-1.0), torch.tensor(1.0), 8)
+    want = fake_quant_per_tensor(n, torch.tensor(-1.0), torch.tensor(1.0), 8)
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~got.isnan()], want[~want.isnan()])
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8, 16])
+def test_per_channel_weights_are_bit_identical_to_the_eager_quantizer(bits):
+    torch.manual_seed(bits)
+    w = torch.randn(32, 16, 3, 3) * torch.rand(32, 1, 1, 1)
+    w[3] = 0.0  # a dead channel
+    w[5] = w[5].abs()  # an all-positive one
+    w[7] = -w[7].abs()
+    assert torch.equal(quantize_weight(w, bits), fake_quant_per_channel(w, bits))
+    lin = torch.randn(10, 7)
+    assert torch.equal(quantize_weight(lin, bits), fake_quant_per_channel(lin, bits))
+
+
+def _sr_formula(x: torch.Tensor, bits: int, noise: torch.Tensor) -> torch.Tensor:
+    """quant.fake_quant_stochastic's formula, written out in torch ops, on given uniform bytes."""
+    qmin, qmax = quant.qrange(bits)
+    lo, hi = torch.aminmax(x)
+    scale, zp = choose_qparams(lo, hi, bits)
+    k = 1 << SR_RANDOM_BITS
+    out = x * (k / scale) + noise.float() + (zp * k + 0.5)
+    return (torch.floor(out * (1.0 / k)).clamp(qmin, qmax) - zp) * scale
+
+
+@pytest.mark.parametrize("bits", [2, 5, 8])
+def test_stochastic_rounding_is_the_eager_formula_on_the_kernel_bytes(bits):
+    torch.manual_seed(3)
+    x = torch.randn(3, 5000) * 0.01
+    torch.manual_seed(11)
+    got = quantize_error(x, bits)
+    torch.manual_seed(11)
+    key = ckernels.draw_key()  # the key the call drew from torch's generator
+    noise = ckernels.uniform_bytes(x.numel(), key).view_as(x)
+    assert torch.equal(got, _sr_formula(x, bits, noise))
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_kernel_stochastic_rounding_is_unbiased(bits):
+    """tests/test_quant.py's unbiasedness check, on the kernel path."""
+    torch.manual_seed(0)
+    vals = torch.tensor([0.013, 0.21, 0.377, 0.5, 0.61, 0.999])
+    n = 200_000
+    x = torch.cat([torch.tensor([0.0, 1.0]), vals.repeat_interleave(n)])
+    q = quantize_error(x, bits)[2:].view(len(vals), n)
+    step = 1.0 / (2**bits - 1)
+    tol = step * 2.0 ** -(SR_RANDOM_BITS + 1) + 5 * step * 0.5 / n**0.5
+    assert ((q.mean(1) - vals).abs() <= tol).all()
+    assert ((q - vals[:, None]).abs() <= step * (1 + 1e-4)).all()
+
+
+def test_kernel_bytes_are_uniform_and_independent():
+    key = ckernels.draw_key(torch.Generator().manual_seed(5))
+    b = ckernels.uniform_bytes(1 << 20, key).long()
+    expected = b.numel() / 256
+    chi2 = ((torch.bincount(b, minlength=256) - expected) ** 2 / expected).sum().item()
+    assert chi2 < 255 + 5 * (2 * 255) ** 0.5  # 255 degrees of freedom, 5 sigma
+    # neighbours (same word, and across planes) carry no information about each other: pairs of high nibbles
+    for a, c in ((b[:-1], b[1:]), (b[:-256], b[256:])):
+        pairs = (a >> 4) * 16 + (c >> 4)
+        e = pairs.numel() / 256
+        chi2 = ((torch.bincount(pairs, minlength=256) - e) ** 2 / e).sum().item()
+        assert chi2 < 255 + 5 * (2 * 255) ** 0.5
+    other = ckernels.uniform_bytes(1 << 20, (key[0] ^ 1, key[1])).float()
+    corr = torch.corrcoef(torch.stack([b.float(), other]))[0, 1].item()
+    assert abs(corr) < 5 / (1 << 10)  # 5 sigma of a correlation over 2**20 pairs
+
+
+def test_stochastic_rounding_is_deterministic_under_the_seed_and_independent_of_threads():
+    x = torch.randn(64, 32, 16, 16)  # several chunks, above the threads' threshold
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 1):
+            torch.set_num_threads(threads)
+            torch.manual_seed(42)
+            outs.append(quantize_error(x, 8))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    torch.manual_seed(43)
+    assert not torch.equal(quantize_error(x, 8), outs[0])
+
+
+def test_off_switch_and_missing_compiler_fall_back_to_the_eager_quantizers(monkeypatch, tmp_path):
+    x = torch.randn(1000)
+    monkeypatch.setenv("CPTSIM_CKERNELS", "0")
+    assert ckernels.status() == {"in_use": False, "why_not": "CPTSIM_CKERNELS=0"}
+    assert not ckernels.usable(x)
+    monkeypatch.delenv("CPTSIM_CKERNELS")
+    monkeypatch.setattr(ckernels, "_lib", None)
+    monkeypatch.setattr(ckernels, "_tried", False)
+    monkeypatch.setattr(ckernels, "_why_not", None)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("CPTSIM_HOME", str(tmp_path))
+    st = ckernels.status()
+    assert st["in_use"] is False and "no C compiler" in st["why_not"]
+    torch.manual_seed(0)
+    got = quantize_error(x, 4)  # the eager function, same draws
+    torch.manual_seed(0)
+    assert torch.equal(got, quant.fake_quant_stochastic(x, 4))
+
+
+def test_autograd_and_dispatch_modes_see_the_eager_ops():
+    x = torch.randn(100, requires_grad=True)
+    y = quantize_activation(x, torch.tensor(-1.0), torch.tensor(1.0), 4)
+    assert y.grad_fn is not None  # differentiable eager ops, not a kernel autograd cannot see
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False):
+        assert not ckernels.usable(torch.randn(100))
