@@ -68,6 +68,9 @@ __all__ = [
     "relative_to_static",
     "bits_histogram",
     "step_ops_cost",
+    "StepCosts",
+    "kinds_from_counts",
+    "step_key",
 ]
 
 FP = FULL_PRECISION
@@ -295,23 +298,59 @@ def bits_histogram(q: np.ndarray, g: np.ndarray, batch_size: int, dataset_size: 
     q = np.asarray(q, dtype=np.int64)
     g = np.broadcast_to(np.asarray(g, dtype=np.int64), q.shape)
     keys = q * _KEY + g
-    counts = np.bincount(keys, minlength=_NKEYS)
+    ragged = _ragged_steps(q.size, batch_size, dataset_size)
+    return _kinds(np.bincount(keys, minlength=_NKEYS),
+                  None if ragged is None else np.bincount(keys[ragged[0]], minlength=_NKEYS),
+                  batch_size, None if ragged is None else ragged[1])
+
+
+def _ragged_steps(steps: int, batch_size: int, dataset_size: int | None) -> tuple[np.ndarray, int] | None:
+    """(the steps that are an epoch's short last batch, its samples), or None when every batch is full."""
+    if dataset_size is None:
+        return None
+    spe = -(-dataset_size // batch_size)
+    last = dataset_size - (spe - 1) * batch_size
+    if last == batch_size:
+        return None
+    return np.arange(spe - 1, steps, spe, dtype=np.int64), last
+
+
+def _kinds(counts: np.ndarray, ragged: np.ndarray | None, batch_size: int, last: int | None):
+    """(q, g, samples, count) from the step counts per (q, g) key (``step_key``) of all steps and of the ragged
+    ones (None: every batch is full)."""
     parts = []
-    if dataset_size is not None:
-        spe = -(-dataset_size // batch_size)
-        last = dataset_size - (spe - 1) * batch_size
-        if last != batch_size:
-            ragged = np.bincount(keys[spe - 1::spe], minlength=_NKEYS)
-            counts = counts - ragged
-            parts.append(_pairs(keys, ragged, last))
-    parts.insert(0, _pairs(keys, counts, batch_size))
+    if ragged is not None:
+        counts = counts - ragged
+        parts.append(_pairs(None, ragged, last))
+    parts.insert(0, _pairs(None, counts, batch_size))
     return tuple(np.concatenate(cols) for cols in zip(*parts))
+
+
+def step_key(q: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """The key of step kind (q, g) in the counts ``kinds_from_counts`` takes: q * 33 + g (0..1088)."""
+    return q * _KEY + g
+
+
+_step_key = step_key
+
+
+def kinds_from_counts(full: np.ndarray, ragged: np.ndarray | None, batch_size: int, last: int | None) -> tuple:
+    """(q, g, samples, count) arrays in ``bits_histogram``'s form from step counts per ``step_key`` (length 1089):
+    ``full`` of the steps with ``batch_size`` samples, ``ragged`` of the steps with ``last`` samples (None: none)."""
+    full = np.asarray(full, dtype=np.int64)
+    return _kinds(full if ragged is None else full + ragged, None if ragged is None else
+                  np.asarray(ragged, dtype=np.int64), batch_size, last)
 
 
 @functools.lru_cache(maxsize=256)
 def _schedule_hist(schedule: Schedule, steps: int, batch_size: int, dataset_size: int | None) -> _Hist:
-    # Cached: the planner and `cptsim cost` cost one schedule on several profiles; bits(T) dominates the time.
-    q, g, s, c = bits_histogram(schedule.bits(steps), schedule.grad_bits(steps), batch_size, dataset_size)
+    # The same arrays as bits_histogram(schedule.bits(steps), schedule.grad_bits(steps), ...), from the schedule's
+    # per-position tables instead of its T steps (``Schedule.step_kinds``); cached: the planner and `cptsim cost`
+    # cost one schedule on several profiles.
+    ragged = _ragged_steps(steps, batch_size, dataset_size)
+    counts, at = schedule.step_kinds(steps, _step_key, _NKEYS, None if ragged is None else ragged[0])
+    q, g, s, c = _kinds(counts, None if ragged is None else np.bincount(at, minlength=_NKEYS), batch_size,
+                        None if ragged is None else ragged[1])
     for a in (q, g, s, c):
         a.setflags(write=False)
     return _Hist(q, g, s, c)
@@ -364,24 +403,73 @@ class _Totals:
     latency: np.ndarray | None
 
 
-def _aggregate(a: ProfileArrays, h: _Hist, hw) -> _Totals:
-    """Sum over step kinds of count x (one step's cost), per layer and phase."""
-    s = h.samples.astype(np.float64)[:, None, None]
-    c = h.count.astype(np.float64)
+def _kind_costs(a: ProfileArrays, hw, q: np.ndarray, g: np.ndarray, samples: np.ndarray) -> tuple:
+    """ONE step of each of K kinds (q, g, samples): MACs, BitOPs, time and energy per layer and phase (K, L, 3),
+    and the step's other ops (time, energy), each (K, 3); the hardware's entries None without a hardware (or, for
+    the other ops, where its kind does not model them). Every formula is element-wise over the kinds, so a kind's
+    numbers do not depend on the others computed with it."""
+    s = samples.astype(np.float64)[:, None, None]
     macs_k = a.macs[None] * s                                          # (K, L, 3)
-    b1, b2 = phase_operands(a.quantized, h.q, h.g)                     # (K, L, 3)
+    b1, b2 = phase_operands(a.quantized, q, g)                         # (K, L, 3)
+    bops = macs_k * b1 * b2
+    t = e = xt = xe = None
+    if hw is not None:
+        nbytes = bytes_moved(a.numel, a.macs, a.quantized, q, g, samples, a.calls, storage_bits(hw))
+        qe = quant_elems(a.numel, a.macs, a.quantized, q, g, samples, a.calls)
+        t, e = hw.gemm_cost(macs_k, b1, b2, nbytes, qe)
+        extra = step_ops_cost(a, hw, q, g, samples)
+        if extra is not None:
+            xt, xe = extra
+    return macs_k, bops, t, e, xt, xe
+
+
+class StepCosts:
+    """The cost of one step of each kind (q, g, samples) of one layer profile on one hardware (None: BitOPs only),
+    per layer and phase (``_kind_costs``): computed once per kind, a batch of new kinds at a time, and looked up by
+    every ``estimate`` given this object -- the planner costs a dozen schedules and their baselines on one workload
+    and hardware, whose steps are of a few dozen kinds in all. A kind's numbers are the same whichever kinds were
+    computed with it (``_kind_costs`` is element-wise over kinds), so a shared StepCosts changes no result."""
+
+    def __init__(self, layer_profile, hardware=None):
+        self.source = layer_profile
+        self.arrays = _arrays(layer_profile)
+        self.hardware = _hardware(hardware)
+        self._row: dict[tuple[int, int, int], int] = {}
+        self._data: list | None = None
+
+    def rows(self, q: np.ndarray, g: np.ndarray, samples: np.ndarray) -> np.ndarray:
+        """Row indices of these kinds (computing the ones not seen before)."""
+        kinds = list(zip(q.tolist(), g.tolist(), samples.tolist()))
+        new = [k for k in dict.fromkeys(kinds) if k not in self._row]
+        if new:
+            nq, ng, ns = (np.array(col, dtype=np.int64) for col in zip(*new))
+            fresh = _kind_costs(self.arrays, self.hardware, nq, ng, ns)
+            self._data = list(fresh) if self._data is None else \
+                [None if d is None else np.concatenate((d, f)) for d, f in zip(self._data, fresh)]
+            base = len(self._row)
+            self._row.update((k, base + i) for i, k in enumerate(new))
+        return np.array([self._row[k] for k in kinds], dtype=np.int64)
+
+    def take(self, q: np.ndarray, g: np.ndarray, samples: np.ndarray) -> tuple:
+        """``_kind_costs(arrays, hardware, q, g, samples)``, from the computed kinds."""
+        idx = self.rows(q, g, samples)
+        return tuple(None if d is None else d[idx] for d in self._data)
+
+
+def _aggregate(a: ProfileArrays, h: _Hist, hw, costs: StepCosts | None = None) -> _Totals:
+    """Sum over step kinds of count x (one step's cost), per layer and phase."""
+    c = h.count.astype(np.float64)
+    if costs is None:
+        macs_k, bops, t, e, xt, xe = _kind_costs(a, hw, h.q, h.g, h.samples)
+    else:
+        macs_k, bops, t, e, xt, xe = costs.take(h.q, h.g, h.samples)
     L = len(a)
     weigh = lambda x: (c @ x.reshape(len(c), -1)).reshape(L, 3)        # noqa: E731
-    bops = macs_k * b1 * b2
     energy = latency = None
     if hw is not None:
-        nbytes = bytes_moved(a.numel, a.macs, a.quantized, h.q, h.g, h.samples, a.calls, storage_bits(hw))
-        qe = quant_elems(a.numel, a.macs, a.quantized, h.q, h.g, h.samples, a.calls)
-        t, e = hw.gemm_cost(macs_k, b1, b2, nbytes, qe)
         latency, energy = weigh(t), weigh(e)
-        extra = step_ops_cost(a, hw, h.q, h.g, h.samples)
-        if extra is not None:  # the step's other ops: one more row, summed into the phases, in no layer's row
-            latency, energy = np.vstack((latency, c @ extra[0])), np.vstack((energy, c @ extra[1]))
+        if xt is not None:  # the step's other ops: one more row, summed into the phases, in no layer's row
+            latency, energy = np.vstack((latency, c @ xt)), np.vstack((energy, c @ xe))
     return _Totals(weigh(macs_k), weigh(bops), energy, latency)
 
 
@@ -453,7 +541,8 @@ def _ratio(a: float, b: float) -> float:
 
 def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None = None,
              batch_size: int | None = None, dataset_size: int | None = None, per_layer: bool = True,
-             epochs: int | None = None, static_bits: int | None = None) -> Cost:
+             epochs: int | None = None, static_bits: int | None = None, step_costs: StepCosts | None = None,
+             step_kinds: tuple | None = None) -> Cost:
     """Cost of a whole run on ``hardware`` (a HardwareProfile, a profile name or path; None: BitOPs only).
 
     ``schedule_or_trace``: a ``Schedule`` run for ``steps`` steps of ``batch_size`` (or ``epochs`` epochs of
@@ -461,10 +550,19 @@ def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None 
     trace of executed steps: a list of dicts with "batch_size", "bits", "grad_bits" (trace.jsonl lines), or a dict
     of those three columns as arrays. Latency is the sum of every layer-phase's time (layers run one after
     another), energy the sum of energies. The static baseline runs at ``static_bits`` (default: the schedule's
-    q_max; for a trace, its highest forward bits).
+    q_max; for a trace, its highest forward bits). ``step_costs``: a ``StepCosts`` of this very ``layer_profile``
+    and ``hardware`` object, to reuse one-step costs across calls (the numbers are the same without it).
+    ``step_kinds``: the schedule's steps by kind, (q, g, samples, count) exactly as ``bits_histogram`` gives them
+    for its bits, when the caller has counted them (the planner's fast path); the schedule's bits are then not
+    generated.
     """
-    arrays = _arrays(layer_profile)
-    hw = _hardware(hardware)
+    if step_costs is not None:
+        if step_costs.source is not layer_profile or step_costs.hardware is not _hardware(hardware):
+            raise ValueError("step_costs belongs to another layer profile or hardware")
+        arrays, hw = step_costs.arrays, step_costs.hardware
+    else:
+        arrays = _arrays(layer_profile)
+        hw = _hardware(hardware)
     if isinstance(schedule_or_trace, Schedule):
         sched = schedule_or_trace
         batch_size = _positive_int(batch_size, "batch_size")
@@ -481,7 +579,12 @@ def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None 
         if steps is None:
             raise InputError("a schedule needs steps (or epochs and dataset_size) to be costed")
         steps = _positive_int(steps, "steps")
-        hist = _schedule_hist(sched, steps, batch_size, dataset_size)
+        if step_kinds is None:
+            hist = _schedule_hist(sched, steps, batch_size, dataset_size)
+        else:
+            hist = _Hist(*(np.asarray(a, dtype=np.int64) for a in step_kinds))
+            if hist.steps != steps:
+                raise ValueError(f"step_kinds hold {hist.steps} steps, not {steps}")
         static = sched.q_max if static_bits is None else static_bits
         workload = sched.to_text()
     else:
@@ -492,8 +595,12 @@ def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None 
         workload = "trace"
     static = int(_check_bits_array(np.array([static]), "static bits")[0])
 
-    tot = _aggregate(arrays, hist, hw)
-    base = _aggregate(arrays, hist.with_q(static), hw)
+    costs = step_costs if step_costs is not None else StepCosts(arrays, hw)
+    based = hist.with_q(static)
+    costs.rows(np.concatenate((hist.q, based.q)), np.concatenate((hist.g, based.g)),
+               np.concatenate((hist.samples, based.samples)))   # both runs' kinds in one batch
+    tot = _aggregate(arrays, hist, hw, costs)
+    base = _aggregate(arrays, based, hw, costs)
     bitops_d, macs_d = _phase_dict(tot.bitops), _phase_dict(tot.macs)
     energy_d = _phase_dict(tot.energy) if tot.energy is not None else None
     latency_d = _phase_dict(tot.latency) if tot.latency is not None else None

@@ -327,14 +327,12 @@ class Schedule:
     def kind(self) -> str:
         return _REGISTRY[self.name].kind
 
-    def _cyclic_bits(self, lo: int, hi: int, total_steps: int) -> np.ndarray:
-        T = _check_steps(total_steps)
-        if lo == hi or self.name == "static":
-            return np.full(T, hi, dtype=np.int64)
-        # A step's bits depend only on r = (t·n) mod T (and, for -tri, the parity of its cycle k); r is a multiple
-        # of g = gcd(n, T), so the profile is evaluated once on the T/g distinct positions z = r/T -- the very
-        # floats cycle_position gives -- and every step looks its bits up. When n divides T that table is one
-        # cycle, tiled n times: no per-step transcendental, no per-step division.
+    def _tables(self, lo: int, hi: int, T: int) -> tuple[int, np.ndarray, np.ndarray | None]:
+        """(g, up, down) of bits lo..hi over a run of T steps: a step's bits depend only on r = (t·n) mod T (and, for
+        -tri, the parity of its cycle k); r is a multiple of g = gcd(n, T), so the profile is evaluated once on the
+        T/g distinct positions z = r/T -- the very floats cycle_position gives. ``up[r // g]`` are the bits of a
+        rising cycle (every cycle of a -rep schedule, the odd ones of a -tri), ``down`` those of a falling (even)
+        -tri cycle, None for a -rep schedule. Only for a cyclic range lo < hi."""
         n = self.cycles
         g = math.gcd(n, T)
         z = (np.arange(T // g, dtype=np.int64) * g).astype(np.float64) / T
@@ -343,8 +341,16 @@ class Schedule:
         def table(fn):
             return np.rint(lo + (hi - lo) * fn(z)).astype(np.int64)
 
-        up = table(entry.up)
-        down = table(entry.down) if entry.kind == "triangular" else None
+        return g, table(entry.up), table(entry.down) if entry.kind == "triangular" else None
+
+    def _cyclic_bits(self, lo: int, hi: int, total_steps: int) -> np.ndarray:
+        T = _check_steps(total_steps)
+        if lo == hi or self.name == "static":
+            return np.full(T, hi, dtype=np.int64)
+        # Every step looks its bits up in the per-position tables (``_tables``): no per-step transcendental. When n
+        # divides T that table is one cycle, tiled n times: no per-step division either.
+        n = self.cycles
+        g, up, down = self._tables(lo, hi, T)
         if g == n:  # every cycle has length T/n and starts at r = 0
             if down is None:
                 return np.tile(up, n)
@@ -355,6 +361,61 @@ class Schedule:
         if down is None:
             return up[idx]
         return np.where(k % 2 == 0, down[idx], up[idx])
+
+    def _bits_at(self, lo: int, hi: int, total_steps: int, steps: np.ndarray, tables=None) -> np.ndarray:
+        """``_cyclic_bits(lo, hi, total_steps)[steps]`` without the other steps (``tables``: ``_tables``'s)."""
+        T = _check_steps(total_steps)
+        steps = np.asarray(steps, dtype=np.int64)
+        if lo == hi or self.name == "static":
+            return np.full(steps.shape, hi, dtype=np.int64)
+        n = self.cycles
+        g, up, down = tables if tables is not None else self._tables(lo, hi, T)
+        k = steps * n // T
+        idx = (steps * n - k * T) // g
+        return up[idx] if down is None else np.where(k % 2 == 0, down[idx], up[idx])
+
+    def step_kinds(self, total_steps: int, key: Callable[[np.ndarray, np.ndarray], np.ndarray], nkeys: int,
+                   steps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """How many of the run's steps have each (forward, gradient) bits: ``np.bincount(key(bits(T),
+        grad_bits(T)), minlength=nkeys)``, and the keys at ``steps`` (``key(bits(T)[steps], grad_bits(T)[steps])``;
+        None without ``steps``), computed from the per-position tables instead of the T steps where that is exact:
+        every position r of a -rep schedule occurs g = gcd(n, T) times (t -> t·n mod T hits each multiple of g
+        exactly g times), and when n divides T a -tri schedule has ceil(n/2) falling and floor(n/2) rising cycles of
+        T/n steps. A -tri schedule whose cycles differ in length (n does not divide T) is counted step by step.
+        ``key`` must be element-wise and give integers in 0..nkeys-1."""
+        T = _check_steps(total_steps)
+        n = self.cycles
+        q_cyc = self.q_min != self.q_max and self.name != "static"
+        g_cyc = self.g_min != self.g_max and self.name != "static"
+        at = None
+        if not q_cyc and not g_cyc:  # one kind of step
+            one = np.asarray(key(np.array([self.q_max]), np.array([self.g_max])), dtype=np.int64)
+            counts = np.bincount(one, minlength=nkeys) * T
+            if steps is not None:
+                at = np.broadcast_to(one, np.shape(steps)).copy()
+            return counts, at
+        tri = self.kind == "triangular"
+        if tri and T % n:
+            q, gb = self.bits(T), self.grad_bits(T)
+            keys = key(q, gb)
+            return np.bincount(keys, minlength=nkeys), (None if steps is None else keys[np.asarray(steps)])
+        tq = self._tables(self.q_min, self.q_max, T) if q_cyc else None
+        tg = self._tables(self.g_min, self.g_max, T) if g_cyc else None
+        gcd, M = (tq or tg)[0], T // (tq or tg)[0]
+
+        def column(t, hi, which):
+            return np.full(M, hi, dtype=np.int64) if t is None else t[which]
+
+        up = key(column(tq, self.q_max, 1), column(tg, self.g_max, 1))
+        if tri:  # n divides T: ceil(n/2) falling cycles (k even), floor(n/2) rising ones, T/n steps each
+            down = key(column(tq, self.q_max, 2), column(tg, self.g_max, 2))
+            counts = (np.bincount(down, minlength=nkeys) * ((n + 1) // 2) + np.bincount(up, minlength=nkeys) * (n // 2))
+        else:
+            counts = np.bincount(up, minlength=nkeys) * gcd
+        if steps is not None:
+            at = key(self._bits_at(self.q_min, self.q_max, T, steps, tq),
+                     self._bits_at(self.g_min, self.g_max, T, steps, tg))
+        return counts, at
 
     def bits(self, total_steps: int) -> np.ndarray:
         """Forward bits (weights and activations) for each step 0..total_steps-1, int64."""

@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,33 +41,27 @@ _LEVELS = 17              # cyclic bits take values 1..16: counts "<= b" for b =
 # ---------------------------------------------------------------------------------------------------- step tables
 
 
-def step_cost_tables(profile_arrays, hardware, q_values, g_values, samples) -> dict[str, np.ndarray]:
+def step_cost_tables(profile_arrays, hardware, q_values, g_values, samples, step_costs=None) -> dict[str, np.ndarray]:
     """Cost of ONE step for every (q, g) in q_values x g_values and each sample count: metric key ("bitops",
     "energy_j", "latency_s") -> array (len(samples), 33, 33) indexed [sample kind, q, g] (NaN elsewhere).
 
-    The same formulas, in the same form, as ``cptsim.cost.estimate`` applies to each kind of step."""
-    from cptsim.cost import bytes_moved, phase_operands, quant_elems, step_ops_cost, storage_bits
+    The per-layer costs of each kind of step are ``cptsim.cost.estimate``'s own (``cptsim.cost.StepCosts``; give
+    ``step_costs`` of this profile and hardware to share them with later estimates), summed over layers and phases."""
+    from cptsim.cost import StepCosts
 
-    a = profile_arrays
+    costs = step_costs if step_costs is not None else StepCosts(profile_arrays, hardware)
     qq, gg = (x.ravel() for x in np.meshgrid(np.asarray(q_values, dtype=np.int64),
                                               np.asarray(g_values, dtype=np.int64), indexing="ij"))
     K = qq.size
     out = {k: np.full((len(samples), _NB, _NB), np.nan) for k in COST_KEYS.values()}
-    store = storage_bits(hardware)
     for i, s in enumerate(samples):
-        s_k = np.full(K, int(s), dtype=np.int64)
-        macs_k = a.macs[None] * s_k.astype(np.float64)[:, None, None]            # (K, L, 3)
-        b1, b2 = phase_operands(a.quantized, qq, gg)
-        out["bitops"][i, qq, gg] = (macs_k * b1 * b2).sum(axis=(1, 2))
-        nbytes = bytes_moved(a.numel, a.macs, a.quantized, qq, gg, s_k, a.calls, store)
-        qe = quant_elems(a.numel, a.macs, a.quantized, qq, gg, s_k, a.calls)
-        t, e = hardware.gemm_cost(macs_k, b1, b2, nbytes, qe)
+        _, bops, t, e, xt, xe = costs.take(qq, gg, np.full(K, int(s), dtype=np.int64))   # each (K, L, 3)
+        out["bitops"][i, qq, gg] = bops.sum(axis=(1, 2))
         out["latency_s"][i, qq, gg] = t.sum(axis=(1, 2))
         out["energy_j"][i, qq, gg] = e.sum(axis=(1, 2))
-        extra = step_ops_cost(a, hardware, qq, gg, s_k)  # a GPU's non-GEMM ops and launches
-        if extra is not None:
-            out["latency_s"][i, qq, gg] += extra[0].sum(axis=1)
-            out["energy_j"][i, qq, gg] += extra[1].sum(axis=1)
+        if xt is not None:  # a GPU's non-GEMM ops and launches
+            out["latency_s"][i, qq, gg] += xt.sum(axis=1)
+            out["energy_j"][i, qq, gg] += xe.sum(axis=1)
     return out
 
 
@@ -87,15 +81,43 @@ class Candidates:
     space: SearchSpace
     tables: dict[str, np.ndarray]    # step_cost_tables for (full batch[, ragged batch])
     eval_s: float = 0.0
+    steps_log: list = field(default_factory=list, repr=False)  # (candidates, q, g, steps, ragged steps) blocks
+    fields: np.ndarray | None = field(default=None, repr=False)  # (C, 6): q_min, q_max, g_min, g_max, cycles, name
+    names: tuple = field(default=(), repr=False)                 # name ids of ``fields``
 
     def __len__(self) -> int:
         return len(self.schedules)
 
     def index(self, schedule: Schedule) -> int | None:
+        if self.fields is not None and isinstance(schedule, Schedule):
+            if schedule.name not in self.names:
+                return None
+            row = (schedule.q_min, schedule.q_max, schedule.g_min, schedule.g_max, schedule.cycles,
+                   self.names.index(schedule.name))
+            hit = np.flatnonzero((self.fields == np.array(row, dtype=np.int64)).all(axis=1))
+            return int(hit[0]) if hit.size else None
         for i, s in enumerate(self.schedules):
             if s == schedule:
                 return i
         return None
+
+    def step_kinds(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Candidate i's steps by kind, (q, g, samples, count), from the fast path's counts: what
+        ``cptsim.cost.bits_histogram`` gives for its bits (tests/test_planner_speed.py checks every candidate of
+        several spaces), so ``estimate(..., step_kinds=...)`` costs it without generating its bits."""
+        from cptsim.cost import kinds_from_counts, step_key
+
+        full = np.zeros(_NB * _NB, dtype=np.int64)
+        ragged = np.zeros(_NB * _NB, dtype=np.int64)
+        for idx, q, g, n, r in self.steps_log:
+            rows = np.flatnonzero(idx == i)
+            if rows.size:
+                shape = n[rows].shape
+                key = step_key(np.broadcast_to(q[rows], shape), np.broadcast_to(g[rows], shape)).ravel()
+                np.add.at(full, key, (n[rows] - r[rows]).ravel())
+                np.add.at(ragged, key, r[rows].ravel())
+        rag = self.workload.ragged
+        return kinds_from_counts(full, ragged if rag else None, self.workload.batch_size, rag[1] if rag else None)
 
 
 def _thresholds(T: int, fns: list, fn_id: np.ndarray, lo: np.ndarray, hi: np.ndarray, b: np.ndarray,
@@ -149,7 +171,7 @@ class _Steps:
         self.sum_rho_s = float(self.rho_s.sum())
         # the ragged steps of these cycles, by their position r
         kr = np.searchsorted(starts, ragged_steps, side="right") - 1
-        sel = np.isin(kr, k)
+        sel = np.ones(kr.shape, dtype=bool) if cls == "all" else (kr % 2) == (0 if cls == "even" else 1)
         self.rag_r = np.sort(ragged_steps[sel] * n - kr[sel] * T)
 
     def below(self, R: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -168,6 +190,93 @@ class _Steps:
         return c.sum(axis=1), w, rag
 
 
+class _Groups:
+    """``_Steps`` of several (cycle count n, cycle class) groups, evaluated together: ``below(gid, R)`` is
+    ``_Steps(T, n[gid], class[gid]).below(R)`` element by element -- the same integer and floating-point operations
+    on the same operands, so the same numbers -- with the groups whose cycles are alike (``uniform``) in one
+    vectorised expression and the others one group at a time."""
+
+    def __init__(self, T: int, n: np.ndarray, cls: np.ndarray, ragged_steps: np.ndarray):
+        names = ("all", "even", "odd")
+        self.steps = [_Steps(T, int(n_), names[int(c)], ragged_steps) for n_, c in zip(n, cls)]
+        st = self.steps
+        self.beta, self.geo = 1.0 / (T * TAU0), ALPHA / -np.expm1(-1.0 / (T * TAU0))
+        self.n = np.asarray(n, dtype=np.int64)
+        self.uniform = np.array([s.uniform or s.s.size == 0 for s in st])
+        self.len0 = np.array([s.len[0] if s.s.size else 0 for s in st], dtype=np.int64)
+        self.count = np.array([s.s.size for s in st], dtype=np.int64)
+        self.sum_rho_s = np.array([s.sum_rho_s for s in st])
+        # every group's ragged positions in one sorted array: group u's at u * (T + 1) + r
+        self.rag_key = np.concatenate([u * (T + 1) + s.rag_r for u, s in enumerate(st)] + [np.zeros(0, np.int64)])
+        self.rag_start = np.searchsorted(self.rag_key, np.arange(len(st), dtype=np.int64) * (T + 1))
+        self.T = T
+
+    def below(self, gid: np.ndarray, R: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        gid, R = np.asarray(gid, dtype=np.int64), np.asarray(R, dtype=np.int64)
+        rag = np.searchsorted(self.rag_key, gid * (self.T + 1) + R, side="left") - self.rag_start[gid]
+        c = np.clip(-(-R // self.n[gid]), 0, self.len0[gid])
+        cnt = c * self.count[gid]
+        w = cnt + self.geo * -np.expm1(-self.beta * c) * self.sum_rho_s[gid]
+        odd = ~self.uniform[gid]
+        if odd.any():
+            for u in np.unique(gid[odd]):
+                m = gid == u
+                vals, inv = np.unique(R[m], return_inverse=True)
+                c_u, w_u, _ = self.steps[int(u)].below(vals)
+                cnt[m], w[m] = c_u[inv], w_u[inv]
+        return cnt, w, rag
+
+
+def _cyclic_g_parts(cp, lo, hi, glo, ghi, pf, pdown, gid, groups, thr, T, add, pc) -> None:
+    """Add the parts ``cp`` (cyclic gradient bits) to their candidates: within a part, the positions r in [0, T)
+    split into segments at the thresholds of q and of g (and at 0 and T); in a segment both bits are constant, and
+    its steps are the part's steps below its end minus those below its start."""
+    P = cp.size
+    nq, ng = hi[cp] - lo[cp], ghi[cp] - glo[cp]
+    Lq, Lg = int(nq.max()), int(ng.max())
+    down = pdown[cp]
+    # the part's thresholds, padded with a value that no segment start counts (rising: st >= pad never holds;
+    # falling: st < pad never holds)
+    pad = np.where(down, -1, T + 1)[:, None]
+
+    def level_thresholds(l_, n_, L):
+        j = np.arange(L)[None, :]
+        valid = j < n_[:, None]
+        rr, jj = np.nonzero(valid)
+        out = np.broadcast_to(pad, (P, L)).copy()
+        out[rr, jj] = thr(pf[cp][rr], l_[cp][rr], (l_[cp] + n_)[rr], l_[cp][rr] + jj)
+        return out, valid
+
+    Rq, vq = level_thresholds(lo, nq, Lq)
+    Rg, vg = level_thresholds(glo, ng, Lg)
+    # the segment boundaries of each part: the union of its thresholds, 0 and T, sorted and deduplicated
+    B = np.concatenate((np.where(vq, Rq, T), np.where(vg, Rg, T), np.zeros((P, 1), np.int64),
+                        np.full((P, 1), T, np.int64)), axis=1)
+    B.sort(axis=1)
+    new = np.ones(B.shape, dtype=bool)
+    new[:, 1:] = B[:, 1:] != B[:, :-1]
+    nb = new.sum(axis=1)                                   # boundaries; segments = nb - 1
+    U = np.full(B.shape, T, dtype=np.int64)
+    rr, cc = np.nonzero(new)
+    U[rr, np.cumsum(new, axis=1)[rr, cc] - 1] = B[rr, cc]
+    for k in np.unique(nb):
+        in_k = nb == k
+        for sel in (in_k & ~down, in_k & down):
+            if not sel.any():
+                continue
+            st, en = U[sel, :k - 1], U[sel, 1:k]
+            if down[sel][0]:
+                q = lo[cp][sel][:, None] + (st[:, :, None] < Rq[sel][:, None, :]).sum(axis=2)
+                g = glo[cp][sel][:, None] + (st[:, :, None] < Rg[sel][:, None, :]).sum(axis=2)
+            else:
+                q = lo[cp][sel][:, None] + (st[:, :, None] >= Rq[sel][:, None, :]).sum(axis=2)
+                g = glo[cp][sel][:, None] + (st[:, :, None] >= Rg[sel][:, None, :]).sum(axis=2)
+            gs = np.broadcast_to(gid[cp][sel][:, None], st.shape).ravel()
+            a_en = groups.below(gs, en.ravel())
+            a_st = groups.below(gs, st.ravel())
+            add(pc[cp][sel], q, g, *((a_en[i] - a_st[i]).reshape(st.shape) for i in range(3)))
+
+
 def evaluate(workload: Workload, hardware, space: SearchSpace | None = None) -> Candidates:
     """Cost (every metric) and score of every candidate of ``space`` by the fast path (module docstring)."""
     from cptsim.hardware import load_profile
@@ -180,7 +289,7 @@ def evaluate(workload: Workload, hardware, space: SearchSpace | None = None) -> 
         raise InputError("--min-bits auto must be resolved (run the range test) before candidates are evaluated")
     scheds = space.candidates()
     C, T = len(scheds), workload.steps
-    arrays = workload.profile.arrays()
+    shared = workload.step_costs(hw)
     rag = workload.ragged
     samples = [workload.batch_size] + ([rag[1]] if rag else [])
 
@@ -191,7 +300,7 @@ def evaluate(workload: Workload, hardware, space: SearchSpace | None = None) -> 
     c_lo, c_hi, c_glo, c_ghi, c_n, c_name = F.T
     g_set = sorted({b for lo_, hi_ in set(zip(c_glo.tolist(), c_ghi.tolist())) for b in range(lo_, hi_ + 1)})
     q_set = sorted(set(range(1, 17)) | set(c_hi.tolist()))
-    tables = step_cost_tables(arrays, hw, q_set, g_set, samples)
+    tables = step_cost_tables(shared.arrays, hw, q_set, g_set, samples, shared)
     phi = step_fidelity(np.arange(_NB)[:, None], np.arange(_NB)[None, :])   # [q, g]
 
     beta = 1.0 / (T * TAU0)
@@ -212,6 +321,9 @@ def evaluate(workload: Workload, hardware, space: SearchSpace | None = None) -> 
             cost[k][idx] += ((n - r) * tables[k][0, q, g] + r * last).sum(axis=-1)
         score[idx] += (wsum * phi[q, g]).sum(axis=-1)
         mean_bits[idx] += (n * q).sum(axis=-1)
+        log.append((idx, q, g, n, r))
+
+    log: list = []
 
     # A candidate's steps split into parts that follow one monotone profile: a -rep schedule's f over all cycles,
     # a -tri schedule's rising f over its odd cycles and its falling d over its even ones. Within a part, bits change
@@ -247,15 +359,6 @@ def evaluate(workload: Workload, hardware, space: SearchSpace | None = None) -> 
             pf_l.append(np.full(cj.size, fid))
             pd_l.append(np.full(cj.size, falling))
             pk_l.append(np.full(cj.size, cls))
-    cls_names = ("all", "even", "odd")
-
-    steps_of: dict[tuple[int, str], _Steps] = {}
-
-    def steps(n, cls):
-        if (n, cls) not in steps_of:
-            steps_of[(n, cls)] = _Steps(T, n, cls, ragged_steps)
-        return steps_of[(n, cls)]
-
     pc = np.concatenate(pc_l) if pc_l else np.zeros(0, dtype=np.int64)
     if pc.size:
         pf, pdown, pcl = np.concatenate(pf_l), np.concatenate(pd_l), np.concatenate(pk_l)
@@ -273,55 +376,40 @@ def evaluate(workload: Workload, hardware, space: SearchSpace | None = None) -> 
         def thr(f, l_, h_, b):
             return R[np.searchsorted(code, ((f * _NB + l_) * _NB + h_) * _NB + b)]
 
+        # the (cycle count, cycle class) of each part: its steps' aggregates below a threshold come from _Groups
+        gcode, gid = np.unique(pn * 3 + pcl, return_inverse=True)
+        groups = _Groups(T, gcode // 3, gcode % 3, ragged_steps)
         static_g = glo == ghi
         # static gradient bits: le[p, b] = aggregates of the part's steps with q <= b, b = 0..16
         sp = np.nonzero(static_g)[0]
         if sp.size:
-            le = np.zeros((3, sp.size, _LEVELS))
             rows, bb = np.nonzero((b_all[None, :] >= lo[sp, None]) & (b_all[None, :] < hi[sp, None]))
             Rv = thr(pf[sp[rows]], lo[sp[rows]], hi[sp[rows]], bb)
-            gkey = pn[sp] * 3 + pcl[sp]
-            ukeys, gid = np.unique(gkey, return_inverse=True)
-            gid_rows = gid[rows]
-            for u, key in enumerate(ukeys):
-                n, cls = int(key // 3), cls_names[int(key % 3)]
-                js = np.nonzero(gid == u)[0]
-                st = steps(n, cls)
-                tot = st.below(np.array([T]))
-                hi_mask = b_all[None, :] >= hi[sp[js], None]
-                for a in range(3):
-                    le[a, js] = np.where(hi_mask, tot[a][0], 0.0)
-                m = gid_rows == u
-                if m.any():
-                    agg = st.below(Rv[m])
-                    down_rows = pdown[sp[rows[m]]]
-                    for a in range(3):
-                        le[a, rows[m], bb[m]] = np.where(down_rows, tot[a][0] - agg[a], agg[a])
+            gsp = gid[sp]
+            tot = groups.below(gsp, np.full(sp.size, T, dtype=np.int64))
+            agg = groups.below(gsp[rows], Rv)
+            hi_mask = b_all[None, :] >= hi[sp, None]
+            down_rows = pdown[sp[rows]]
+            le = np.zeros((3, sp.size, _LEVELS))
+            for a in range(3):
+                le[a] = np.where(hi_mask, tot[a][:, None], 0.0)
+                le[a, rows, bb] = np.where(down_rows, tot[a][rows] - agg[a], agg[a])
             n_, w_, r_ = (np.diff(x, axis=1) for x in le)                   # at b = 1..16
             add_rows = pc[sp]
             qb = np.broadcast_to(np.arange(1, _LEVELS), n_.shape)
             gb = ghi[sp][:, None]
-            # several parts of one candidate: accumulate per part (np.add.at semantics via a loop over parts kinds)
+            # a -tri candidate has two parts (rising, falling): one add each, as fancy += does not accumulate
             for sel in (~pdown[sp], pdown[sp]):
                 if sel.any():
                     add(add_rows[sel], qb[sel], gb[sel], n_[sel].round().astype(np.int64), w_[sel],
                         r_[sel].round().astype(np.int64))
-        # cyclic gradient bits: segments between the union of q's and g's thresholds, one part at a time
-        for p in np.nonzero(~static_g)[0]:
-            Rq = thr(np.full(hi[p] - lo[p], pf[p]), lo[p], hi[p], np.arange(lo[p], hi[p]))
-            Rg = thr(np.full(ghi[p] - glo[p], pf[p]), glo[p], ghi[p], np.arange(glo[p], ghi[p]))
-            B = np.union1d(np.concatenate((Rq, Rg)), [0, T])
-            st, en = B[:-1], B[1:]
-            if pdown[p]:
-                q = lo[p] + (st[:, None] < Rq[None, :]).sum(axis=1)
-                g = glo[p] + (st[:, None] < Rg[None, :]).sum(axis=1)
-            else:
-                q = lo[p] + (st[:, None] >= Rq[None, :]).sum(axis=1)
-                g = glo[p] + (st[:, None] >= Rg[None, :]).sum(axis=1)
-            S = steps(int(pn[p]), cls_names[pcl[p]])
-            a_en, a_st = S.below(en), S.below(st)
-            add(pc[p], q, g, a_en[0] - a_st[0], a_en[1] - a_st[1], a_en[2] - a_st[2])
+        # cyclic gradient bits: segments between the union of q's and g's thresholds (and 0, T), where both bits are
+        # constant; parts with the same number of segments together
+        cp = np.nonzero(~static_g)[0]
+        if cp.size:
+            _cyclic_g_parts(cp, lo, hi, glo, ghi, pf, pdown, gid, groups, thr, T, add, pc)
     score /= w_total
     mean_bits /= T
     return Candidates(schedules=scheds, cost=cost, score=score, mean_bits=mean_bits, workload=workload,
-                      hardware=hw, space=space, tables=tables, eval_s=time.perf_counter() - t0)
+                      hardware=hw, space=space, tables=tables, eval_s=time.perf_counter() - t0, steps_log=log,
+                      fields=F, names=tuple(names))

@@ -8,7 +8,9 @@ candidate (``cptsim.planner.evaluate``), then:
    score (``cptsim.planner.score``), ties to the cheaper. The choice is then re-costed with the one cost model,
    ``cptsim.cost.estimate``: the plan's numbers come from there, and if the fast path and ``estimate`` ever
    disagreed at the budget's edge, ``estimate`` wins and the next candidate is tried. So a plan's estimate is
-   always <= its budget.
+   always <= its budget. (``estimate`` is given each candidate's steps by kind as the fast path counted them,
+   ``Candidates.step_kinds``: the very histogram its bits give -- tests/test_planner_speed.py checks every
+   candidate of several spaces -- so that it need not generate each schedule's bits, T steps of them.)
 2. **Record** the static-q_max baseline, the top alternatives by score within budget plus the cheapest candidate
    (each re-costed by ``estimate``), and the Pareto frontier of cost vs score over all candidates.
 
@@ -324,7 +326,7 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
     # Costs equal to rounding (a GPU's flat int8 tier) count as ties.
     near = np.flatnonzero(cost <= cost.min() * (1.0 + 1e-12))
     cheapest = int(near[np.lexsort((near, -cands.score[near]))[0]])
-    cheap_est = w.estimate(cands.schedules[cheapest], hw)
+    cheap_est = w.estimate(cands.schedules[cheapest], hw, step_kinds=cands.step_kinds(cheapest))
     cheap_val = _cost_value(cheap_est, metric)
 
     def infeasible() -> InputError:
@@ -400,7 +402,7 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
     # Verify with the one cost model; if the fast path was optimistic at the budget's edge, trust estimate.
     chosen = est = None
     for i in ranked:
-        e = w.estimate(cands.schedules[int(i)], hw, per_layer=True)
+        e = w.estimate(cands.schedules[int(i)], hw, per_layer=True, step_kinds=cands.step_kinds(int(i)))
         if _cost_value(e, metric) <= limit:
             chosen, est = int(i), e
             break
@@ -417,7 +419,8 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
         alt_idx.append(cheapest)
     alternatives = []
     for rank, i in enumerate(alt_idx, start=1):
-        e = est if i == chosen else cheap_est if i == cheapest else w.estimate(cands.schedules[i], hw)
+        e = est if i == chosen else cheap_est if i == cheapest else \
+            w.estimate(cands.schedules[i], hw, step_kinds=cands.step_kinds(i))
         v = _cost_value(e, metric)
         role = "chosen" if i == chosen else "cheapest" if i == cheapest and rank > top else "alternative"
         alternatives.append({

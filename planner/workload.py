@@ -120,9 +120,26 @@ class Workload:
                 "lr_schedule": self.lr_schedule, "momentum": self.momentum, "weight_decay": self.weight_decay,
                 "seed": self.seed, "augment": self.augment, "image_size": self.image_size}
 
-    def estimate(self, schedule: Schedule, hardware, per_layer: bool = False, static_bits: int | None = None):
-        """``cptsim.cost.estimate`` of this workload run with ``schedule``: the one cost model."""
+    def step_costs(self, hardware):
+        """The ``cptsim.cost.StepCosts`` of this workload's profile on ``hardware`` (a HardwareProfile object):
+        one-step costs per kind of step, computed once per workload and hardware and shared by ``evaluate``'s
+        tables and every ``estimate`` of this workload on that hardware. Kept while the profile is this one."""
+        from cptsim.cost import StepCosts
+
+        cache = self.__dict__.setdefault("_step_costs", {})
+        hit = cache.get(id(hardware))
+        if hit is None or hit.hardware is not hardware or hit.source is not self.profile:
+            hit = cache[id(hardware)] = StepCosts(self.profile, hardware)
+        return hit
+
+    def estimate(self, schedule: Schedule, hardware, per_layer: bool = False, static_bits: int | None = None,
+                 step_kinds: tuple | None = None):
+        """``cptsim.cost.estimate`` of this workload run with ``schedule``: the one cost model (the numbers of a
+        call without ``step_costs``; a hardware profile object shares this workload's ``step_costs``).
+        ``step_kinds``: the schedule's steps by kind when counted already (``Candidates.step_kinds``)."""
         from cptsim.cost import estimate
 
+        shared = None if hardware is None or isinstance(hardware, str) else self.step_costs(hardware)
         return estimate(self.profile, schedule, hardware, steps=self.steps, batch_size=self.batch_size,
-                        dataset_size=self.dataset_size, per_layer=per_layer, static_bits=static_bits)
+                        dataset_size=self.dataset_size, per_layer=per_layer, static_bits=static_bits,
+                        step_costs=shared, step_kinds=step_kinds)
