@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from cptsim.errors import InputError
 from cptsim.schedules import FULL_PRECISION, Schedule
 
 from .score import ALPHA, TAU0, step_fidelity
-from .space import SearchSpace
+from .space import CandidateList, SearchSpace
 from .workload import Workload
 
 __all__ = ["Candidates", "evaluate", "step_cost_tables", "COST_KEYS", "METRIC_NAMES"]
@@ -72,7 +72,7 @@ def step_cost_tables(profile_arrays, hardware, q_values, g_values, samples, step
 class Candidates:
     """Every candidate of a space with its fast-path cost (each metric) and score; arrays in ``schedules`` order."""
 
-    schedules: list[Schedule]
+    schedules: Sequence[Schedule]    # a list, or the space's CandidateList (each Schedule built when read)
     cost: dict[str, np.ndarray]      # "bitops" | "energy_j" | "latency_s" -> (C,)
     score: np.ndarray
     mean_bits: np.ndarray
@@ -84,6 +84,7 @@ class Candidates:
     steps_log: list = field(default_factory=list, repr=False)  # (candidates, q, g, steps, ragged steps) blocks
     fields: np.ndarray | None = field(default=None, repr=False)  # (C, 6): q_min, q_max, g_min, g_max, cycles, name
     names: tuple = field(default=(), repr=False)                 # name ids of ``fields``
+    _kinds: dict = field(default_factory=dict, repr=False)       # step_kinds counted so far
 
     def __len__(self) -> int:
         return len(self.schedules)
@@ -105,19 +106,37 @@ class Candidates:
         """Candidate i's steps by kind, (q, g, samples, count), from the fast path's counts: what
         ``cptsim.cost.bits_histogram`` gives for its bits (tests/test_planner_speed.py checks every candidate of
         several spaces), so ``estimate(..., step_kinds=...)`` costs it without generating its bits."""
+        i = int(i)
+        if i not in self._kinds:
+            self.count_step_kinds([i])
+        return self._kinds[i]
+
+    def count_step_kinds(self, indices) -> None:
+        """Count the step kinds of these candidates (one pass over the fast path's counts for all of them)."""
         from cptsim.cost import kinds_from_counts, step_key
 
-        full = np.zeros(_NB * _NB, dtype=np.int64)
-        ragged = np.zeros(_NB * _NB, dtype=np.int64)
+        wanted = np.array(sorted({int(i) for i in indices} - set(self._kinds)), dtype=np.int64)
+        if not wanted.size:
+            return
+        NK = _NB * _NB
+        slot = np.full(len(self), -1, dtype=np.int64)
+        slot[wanted] = np.arange(wanted.size)
+        full = np.zeros(wanted.size * NK)
+        ragged = np.zeros(wanted.size * NK)
         for idx, q, g, n, r in self.steps_log:
-            rows = np.flatnonzero(idx == i)
+            j = slot[idx]
+            rows = np.flatnonzero(j >= 0)
             if rows.size:
-                shape = n[rows].shape
-                key = step_key(np.broadcast_to(q[rows], shape), np.broadcast_to(g[rows], shape)).ravel()
-                np.add.at(full, key, (n[rows] - r[rows]).ravel())
-                np.add.at(ragged, key, r[rows].ravel())
+                n_, r_ = n[rows], r[rows]
+                key = (j[rows][:, None] * NK + step_key(np.broadcast_to(q[rows], n_.shape),
+                                                        np.broadcast_to(g[rows], n_.shape))).ravel()
+                full += np.bincount(key, weights=(n_ - r_).ravel(), minlength=full.size)  # integer-valued floats
+                ragged += np.bincount(key, weights=r_.ravel(), minlength=ragged.size)
+        full, ragged = full.astype(np.int64).reshape(-1, NK), ragged.astype(np.int64).reshape(-1, NK)
         rag = self.workload.ragged
-        return kinds_from_counts(full, ragged if rag else None, self.workload.batch_size, rag[1] if rag else None)
+        for j, i in enumerate(wanted.tolist()):
+            self._kinds[i] = kinds_from_counts(full[j], ragged[j] if rag else None, self.workload.batch_size,
+                                               rag[1] if rag else None)
 
 
 def _thresholds(T: int, fns: list, fn_id: np.ndarray, lo: np.ndarray, hi: np.ndarray, b: np.ndarray,
@@ -155,8 +174,9 @@ class _Steps:
     summed score weight and how many of them are an epoch's ragged last batch. Exact integer counts; the weights
     by the closed form of the geometric series sum_t (1 + ALPHA rho^t), rho = exp(-1 / (T TAU0))."""
 
-    def __init__(self, T: int, n: int, cls: str, ragged_steps: np.ndarray):
-        starts = -(-np.arange(n + 1, dtype=np.int64) * T // n)         # cycle k is steps starts[k]..starts[k+1]-1
+    def __init__(self, T: int, n: int, cls: str, ragged_steps: np.ndarray, starts=None, kr=None):
+        if starts is None:
+            starts = -(-np.arange(n + 1, dtype=np.int64) * T // n)     # cycle k is steps starts[k]..starts[k+1]-1
         k = np.arange(n, dtype=np.int64)
         if cls != "all":
             k = k[(k % 2) == (0 if cls == "even" else 1)]
@@ -170,7 +190,8 @@ class _Steps:
         self.rho_s = np.exp(-self.beta * self.s)
         self.sum_rho_s = float(self.rho_s.sum())
         # the ragged steps of these cycles, by their position r
-        kr = np.searchsorted(starts, ragged_steps, side="right") - 1
+        if kr is None:
+            kr = np.searchsorted(starts, ragged_steps, side="right") - 1   # the cycle of each ragged step
         sel = np.ones(kr.shape, dtype=bool) if cls == "all" else (kr % 2) == (0 if cls == "even" else 1)
         self.rag_r = np.sort(ragged_steps[sel] * n - kr[sel] * T)
 
@@ -198,7 +219,13 @@ class _Groups:
 
     def __init__(self, T: int, n: np.ndarray, cls: np.ndarray, ragged_steps: np.ndarray):
         names = ("all", "even", "odd")
-        self.steps = [_Steps(T, int(n_), names[int(c)], ragged_steps) for n_, c in zip(n, cls)]
+        per_n: dict[int, tuple] = {}  # the cycle starts and the ragged steps' cycles, shared by n's classes
+        self.steps = []
+        for n_, c in zip(np.asarray(n).tolist(), np.asarray(cls).tolist()):
+            if n_ not in per_n:
+                starts = -(-np.arange(n_ + 1, dtype=np.int64) * T // n_)
+                per_n[n_] = (starts, np.searchsorted(starts, ragged_steps, side="right") - 1)
+            self.steps.append(_Steps(T, n_, names[c], ragged_steps, *per_n[n_]))
         st = self.steps
         self.beta, self.geo = 1.0 / (T * TAU0), ALPHA / -np.expm1(-1.0 / (T * TAU0))
         self.n = np.asarray(n, dtype=np.int64)
@@ -217,13 +244,15 @@ class _Groups:
         c = np.clip(-(-R // self.n[gid]), 0, self.len0[gid])
         cnt = c * self.count[gid]
         w = cnt + self.geo * -np.expm1(-self.beta * c) * self.sum_rho_s[gid]
-        odd = ~self.uniform[gid]
-        if odd.any():
-            for u in np.unique(gid[odd]):
-                m = gid == u
-                vals, inv = np.unique(R[m], return_inverse=True)
-                c_u, w_u, _ = self.steps[int(u)].below(vals)
-                cnt[m], w[m] = c_u[inv], w_u[inv]
+        odd = np.flatnonzero(~self.uniform[gid])
+        if odd.size:  # one group at a time, each distinct R once
+            codes, inv = np.unique(gid[odd] * (self.T + 1) + R[odd], return_inverse=True)
+            cg, cR = codes // (self.T + 1), codes % (self.T + 1)
+            bounds = np.flatnonzero(np.diff(cg)) + 1
+            c_all, w_all = np.empty(codes.size, dtype=np.int64), np.empty(codes.size)
+            for a, b in zip(np.concatenate(([0], bounds)).tolist(), np.concatenate((bounds, [codes.size])).tolist()):
+                c_all[a:b], w_all[a:b], _ = self.steps[int(cg[a])].below(cR[a:b])
+            cnt[odd], w[odd] = c_all[inv], w_all[inv]
         return cnt, w, rag
 
 
@@ -259,22 +288,23 @@ def _cyclic_g_parts(cp, lo, hi, glo, ghi, pf, pdown, gid, groups, thr, T, add, p
     U = np.full(B.shape, T, dtype=np.int64)
     rr, cc = np.nonzero(new)
     U[rr, np.cumsum(new, axis=1)[rr, cc] - 1] = B[rr, cc]
-    for k in np.unique(nb):
+    # the parts' steps below every boundary, all at once (element-wise: the same numbers as per segment)
+    A = groups.below(np.broadcast_to(gid[cp][:, None], U.shape).ravel(), U.ravel())
+    A = [a.reshape(U.shape) for a in A]
+    lo_c, glo_c, pc_c = lo[cp], glo[cp], pc[cp]
+    for k in np.unique(nb).tolist():
         in_k = nb == k
         for sel in (in_k & ~down, in_k & down):
             if not sel.any():
                 continue
-            st, en = U[sel, :k - 1], U[sel, 1:k]
+            st = U[sel, :k - 1]
             if down[sel][0]:
-                q = lo[cp][sel][:, None] + (st[:, :, None] < Rq[sel][:, None, :]).sum(axis=2)
-                g = glo[cp][sel][:, None] + (st[:, :, None] < Rg[sel][:, None, :]).sum(axis=2)
+                q = lo_c[sel][:, None] + (st[:, :, None] < Rq[sel][:, None, :]).sum(axis=2)
+                g = glo_c[sel][:, None] + (st[:, :, None] < Rg[sel][:, None, :]).sum(axis=2)
             else:
-                q = lo[cp][sel][:, None] + (st[:, :, None] >= Rq[sel][:, None, :]).sum(axis=2)
-                g = glo[cp][sel][:, None] + (st[:, :, None] >= Rg[sel][:, None, :]).sum(axis=2)
-            gs = np.broadcast_to(gid[cp][sel][:, None], st.shape).ravel()
-            a_en = groups.below(gs, en.ravel())
-            a_st = groups.below(gs, st.ravel())
-            add(pc[cp][sel], q, g, *((a_en[i] - a_st[i]).reshape(st.shape) for i in range(3)))
+                q = lo_c[sel][:, None] + (st[:, :, None] >= Rq[sel][:, None, :]).sum(axis=2)
+                g = glo_c[sel][:, None] + (st[:, :, None] >= Rg[sel][:, None, :]).sum(axis=2)
+            add(pc_c[sel], q, g, *(a[sel, 1:k] - a[sel, :k - 1] for a in A))
 
 
 def evaluate(workload: Workload, hardware, space: SearchSpace | None = None) -> Candidates:
@@ -287,16 +317,18 @@ def evaluate(workload: Workload, hardware, space: SearchSpace | None = None) -> 
     space = space or SearchSpace()
     if space.min_bits_auto:
         raise InputError("--min-bits auto must be resolved (run the range test) before candidates are evaluated")
-    scheds = space.candidates()
+    space_names, table = space.candidate_table()
+    scheds = CandidateList(space_names, table)
     C, T = len(scheds), workload.steps
     shared = workload.step_costs(hw)
     rag = workload.ragged
     samples = [workload.batch_size] + ([rag[1]] if rag else [])
 
-    names = sorted({s.name for s in scheds})
-    name_id = {nm: j for j, nm in enumerate(names)}
-    F = np.array([(s.q_min, s.q_max, s.g_min, s.g_max, s.cycles, name_id[s.name]) for s in scheds],
-                 dtype=np.int64).reshape(-1, 6)
+    present = np.unique(table[:, 0])
+    names = sorted(space_names[j] for j in present.tolist())          # the names with candidates
+    to_id = np.zeros(len(space_names), dtype=np.int64)
+    to_id[present] = [names.index(space_names[j]) for j in present.tolist()]
+    F = np.concatenate((table[:, 1:], to_id[table[:, :1]]), axis=1)   # q_min, q_max, g_min, g_max, cycles, name id
     c_lo, c_hi, c_glo, c_ghi, c_n, c_name = F.T
     g_set = sorted({b for lo_, hi_ in set(zip(c_glo.tolist(), c_ghi.tolist())) for b in range(lo_, hi_ + 1)})
     q_set = sorted(set(range(1, 17)) | set(c_hi.tolist()))
@@ -309,6 +341,8 @@ def evaluate(workload: Workload, hardware, space: SearchSpace | None = None) -> 
     r_total = ragged_steps.size
 
     keys = list(COST_KEYS.values())
+    flat = {k: tables[k].reshape(len(samples), _NB * _NB) for k in keys}
+    phi_flat = phi.ravel()
     cost = {k: np.zeros(C) for k in keys}
     score = np.zeros(C)
     mean_bits = np.zeros(C)
@@ -316,10 +350,12 @@ def evaluate(workload: Workload, hardware, space: SearchSpace | None = None) -> 
     def add(idx, q, g, n, wsum, r):
         """Add steps to candidates ``idx``: n steps (r of them ragged) at bits (q, g) with score weight wsum;
         the last axis runs over kinds of step and is summed."""
+        at = q * _NB + g                                    # flat [q, g] of the tables (a gather, same values)
+        full, ragged = (n - r).astype(np.float64), r.astype(np.float64)   # the casts int * float makes, once
         for k in keys:
-            last = tables[k][1, q, g] if rag else 0.0
-            cost[k][idx] += ((n - r) * tables[k][0, q, g] + r * last).sum(axis=-1)
-        score[idx] += (wsum * phi[q, g]).sum(axis=-1)
+            last = flat[k][1].take(at) if rag else 0.0
+            cost[k][idx] += (full * flat[k][0].take(at) + ragged * last).sum(axis=-1)
+        score[idx] += (wsum * phi_flat.take(at)).sum(axis=-1)
         mean_bits[idx] += (n * q).sum(axis=-1)
         log.append((idx, q, g, n, r))
 

@@ -282,12 +282,9 @@ def _quality_rank(cands: Candidates, mask: np.ndarray, cost: np.ndarray, base_bi
 def _pareto(cost: np.ndarray, score: np.ndarray) -> np.ndarray:
     """Indices of the candidates no other beats on both cost (lower) and score (higher), by increasing cost."""
     order = np.lexsort((-score, cost))
-    keep, best = [], -np.inf
-    for i in order:
-        if score[i] > best:
-            keep.append(int(i))
-            best = score[i]
-    return np.array(keep, dtype=np.int64)
+    s = score[order]
+    best_before = np.concatenate(([-np.inf], np.fmax.accumulate(s)[:-1]))  # the best score of anything cheaper
+    return order[s > best_before].astype(np.int64)
 
 
 def _ranked(cands: Candidates, mask: np.ndarray, cost: np.ndarray) -> np.ndarray:
@@ -400,6 +397,7 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
         notes.append("--pilot skipped: the budget covers static q_max, which is planned")
 
     # Verify with the one cost model; if the fast path was optimistic at the budget's edge, trust estimate.
+    cands.count_step_kinds(ranked[:top + 1])  # what the loop and the alternatives below cost, counted in one go
     chosen = est = None
     for i in ranked:
         e = w.estimate(cands.schedules[int(i)], hw, per_layer=True, step_kinds=cands.step_kinds(int(i)))
@@ -437,9 +435,11 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
         })
 
     front = _pareto(cost, cands.score)
-    frontier = [{"schedule": cands.schedules[i].to_text(), "cost": float(cost[i]),
+    take = getattr(cands.schedules, "take", None)
+    front_scheds = take(front) if take else [cands.schedules[i] for i in front]
+    frontier = [{"schedule": s.to_text(), "cost": float(cost[i]),
                  "vs_baseline": float(cost[i] / base_val), "score": float(cands.score[i]),
-                 "within_budget": bool(cost[i] <= limit)} for i in front]
+                 "within_budget": bool(cost[i] <= limit)} for s, i in zip(front_scheds, front.tolist())]
 
     used = _cost_value(est, metric) / limit
     if not above_static:

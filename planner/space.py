@@ -29,13 +29,16 @@ from __future__ import annotations
 
 import operator
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
+
+import numpy as np
 
 from cptsim.errors import InputError
 from cptsim.schedules import FULL_PRECISION, SCHEDULE_NAMES, Schedule, canonical_name
 
-__all__ = ["DEFAULT_CYCLES", "MAX_CANDIDATES", "SearchSpace", "parse_space"]
+__all__ = ["DEFAULT_CYCLES", "MAX_CANDIDATES", "CandidateList", "SearchSpace", "parse_space"]
 
 DEFAULT_CYCLES = (1, 2, 4, 8, 16, 32, 64)
 MAX_CANDIDATES = 200_000  # far beyond any useful sweep; guards against e.g. --cycles 1-1000000
@@ -173,6 +176,32 @@ class SearchSpace:
         # __post_init__ checked the names and every range these combinations draw from
         return [Schedule._trusted(*c) for c in self._combos(self.min_bits, self.max_bits)]
 
+    def candidate_table(self) -> tuple[tuple[str, ...], np.ndarray]:
+        """The candidates as numbers, in ``candidates()`` order: (names, F) with F (C, 6) int64 rows (name index
+        into names, q_min, q_max, g_min, g_max, cycles). Built by whole arrays (a cyclic schedule's block is its
+        (q_min, q_max) pairs x gradient settings x cycle counts), not one tuple per candidate."""
+        lo_min, hi_min = self.q_min_range
+        lo_max, hi_max = self.q_max_range
+        if self.min_bits is not None:
+            lo_min = max(lo_min, self.min_bits)
+        if self.max_bits is not None:
+            hi_max = min(hi_max, self.max_bits)
+        g = np.array(self.g_bits, dtype=np.int64).reshape(-1, 2)
+        cyc = np.array(self.cycles, dtype=np.int64)
+        pairs = np.array([(q_min, q_max) for q_max in range(lo_max, hi_max + 1)
+                          for q_min in range(lo_min, min(hi_min, q_max - 1) + 1)], dtype=np.int64).reshape(-1, 2)
+        G, N = len(g), len(cyc)
+        block = np.concatenate((np.repeat(pairs, G * N, axis=0),
+                                np.tile(np.repeat(g, N, axis=0), (len(pairs), 1)),
+                                np.tile(cyc, len(pairs) * G)[:, None]), axis=1)          # pairs x g x cycles
+        statics = np.array(list(dict.fromkeys((q, q, g_max, g_max, 1) for q in range(lo_min, hi_max + 1)
+                                              for _, g_max in self.g_bits)), dtype=np.int64).reshape(-1, 5)
+        parts = []
+        for j, name in enumerate(self.schedules):
+            b = statics if name == "static" else block
+            parts.append(np.concatenate((np.full((len(b), 1), j, dtype=np.int64), b), axis=1))
+        return tuple(self.schedules), np.concatenate(parts) if parts else np.zeros((0, 6), dtype=np.int64)
+
     def _why_empty(self) -> str:
         """Name the constraint that left no candidate (called only when the space is empty)."""
 
@@ -222,6 +251,42 @@ class SearchSpace:
             if k in kwargs and isinstance(kwargs[k], list):
                 kwargs[k] = tuple(kwargs[k])
         return cls(**kwargs)
+
+
+class CandidateList(Sequence):
+    """The candidates of ``SearchSpace.candidate_table`` as a sequence of ``Schedule``: each built when it is read
+    (a planning call reads a dozen of thousands, and building every one was a tenth of its time)."""
+
+    def __init__(self, names: tuple[str, ...], table: np.ndarray):
+        self.names, self.table = names, table
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        j, q_min, q_max, g_min, g_max, n = self.table[operator.index(i)].tolist()
+        # the space checked the names and every range these rows draw from, and normalised static rows
+        return Schedule._trusted(self.names[j], q_min, q_max, g_min, g_max, n)
+
+    def __iter__(self):
+        return iter(self._build(self.table))
+
+    def take(self, indices) -> list[Schedule]:
+        """The schedules at these indices (one conversion of their rows, not one per schedule)."""
+        return self._build(self.table[np.asarray(indices, dtype=np.int64)])
+
+    def _build(self, rows: np.ndarray) -> list[Schedule]:
+        names, trusted = self.names, Schedule._trusted
+        return [trusted(names[j], q_min, q_max, g_min, g_max, n) for j, q_min, q_max, g_min, g_max, n in rows.tolist()]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, (Sequence, CandidateList)) and len(self) == len(other) and \
+            all(a == b for a, b in zip(self, other))
+
+    def __repr__(self) -> str:
+        return f"CandidateList({len(self)} schedules)"
 
 
 # ---------------------------------------------------------------------------------------------- CLI text

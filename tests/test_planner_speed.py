@@ -36,8 +36,10 @@ SPACES = {
 }
 
 
-def _check_every_candidate(w, space, every=1):
+def _check_every_candidate(w, space, every=1, together=False):
     c = evaluate(w, "bitfusion", space)
+    if together:  # as select counts them: many candidates in one pass
+        c.count_step_kinds(range(0, len(c), every))
     for i in range(0, len(c), every):
         s = c.schedules[i]
         ref = bits_histogram(s.bits(w.steps), s.grad_bits(w.steps), w.batch_size, w.dataset_size)
@@ -49,12 +51,13 @@ def _check_every_candidate(w, space, every=1):
 @pytest.mark.parametrize("space", ["default", "mixed", "wide"])
 @pytest.mark.parametrize("wl", ["digits", "odd", "full-batches", "long"])
 def test_fast_step_kinds_are_the_histogram_of_the_bits_for_every_candidate(workload, wl, space):
-    _check_every_candidate(_workloads(workload)[wl], SPACES[space])
+    _check_every_candidate(_workloads(workload)[wl], SPACES[space], together=wl == "odd")
 
 
 @pytest.mark.parametrize("wl", ["digits", "odd"])
 def test_fast_step_kinds_of_the_large_space(workload, wl):
-    _check_every_candidate(_workloads(workload)[wl], SPACES["large"], every=3 if wl == "digits" else 7)
+    _check_every_candidate(_workloads(workload)[wl], SPACES["large"], every=3 if wl == "digits" else 7,
+                           together=True)
 
 
 def test_cyclic_gradient_candidates_cost_and_score_what_their_bits_do(workload):
@@ -69,6 +72,19 @@ def test_cyclic_gradient_candidates_cost_and_score_what_their_bits_do(workload):
         q, g = s.bits(w.steps), s.grad_bits(w.steps)
         assert c.mean_bits[i] == pytest.approx(q.mean(), abs=1e-12)
         assert c.score[i] == pytest.approx(score_bits(q, g), abs=1e-12)
+
+
+@pytest.mark.parametrize("space", [*SPACES.values(), SearchSpace(min_bits=8), SearchSpace(schedules=("static",)),
+                                   SearchSpace(schedules=("cos-rep", "static"), g_bits=((6, 8), (8, 8), 7)),
+                                   SearchSpace(schedules=("rex-tri-h",), cycles=(5,), q_min_range=(4, 4))])
+def test_the_candidate_table_lists_the_candidates(space):
+    from cptsim.planner.space import CandidateList
+
+    names, table = space.candidate_table()
+    got = CandidateList(names, table)
+    want = space.candidates()
+    assert len(got) == len(want) and list(got) == want and got.take(range(0, len(want), 3)) == want[::3]
+    assert got[len(want) - 1] == want[-1] and got[np.int64(0)] == want[0] and got[1:4] == want[1:4]
 
 
 def test_index_finds_what_a_search_of_the_list_finds(workload):
