@@ -132,23 +132,25 @@ def _dense(t: torch.Tensor) -> bool:
 
 
 def usable(x: torch.Tensor) -> bool:
-    """The kernels can stand in for the eager quantizer on this tensor, here and now."""
-    if x.device.type != "cpu" or x.dtype != torch.float32 or x.numel() == 0 or not enabled():
-        return False
+    """The kernels can stand in for the eager quantizer on this tensor, here and now.
+
+    Called for every quantizer call, so the cheap tests come first and no Python-level mode stack is walked."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or type(x) not in _PLAIN or x.numel() == 0:
+        return False  # (a tensor subclass -- FakeTensor, a wrapper -- has no storage the kernels may write)
     if torch.is_grad_enabled() and x.requires_grad:
         return False  # autograd must see the op (callers inside an autograd.Function or a hook never get here)
-    if torch.compiler.is_compiling() or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
+    if torch._C._len_torch_dispatch_stack() or torch.compiler.is_compiling():
+        return False  # a dispatch mode (cptsim.opcount, FlopCounterMode) must see every aten op; dynamo must trace
+    if os.environ.get("CPTSIM_CKERNELS", "1") == "0":
         return False
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    return _lib is not None if _tried else library() is not None
 
-    if _get_current_dispatch_mode() is not None:
-        return False  # a dispatch mode (op counting, FlopCounterMode) must see every aten op
-    return library() is not None
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _range(lo: torch.Tensor, hi: torch.Tensor) -> tuple[float, float]:
-    lo_f, hi_f = torch.stack([lo.detach().float(), hi.detach().float()]).tolist()  # one host read for both
-    return lo_f, hi_f
+    return float(lo), float(hi)  # 0-d CPU tensors: no synchronisation, and cheaper than a stack and tolist
 
 
 def fake_quant_rtn(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, qmax: int) -> torch.Tensor:
