@@ -65,6 +65,7 @@ __all__ = [
     "storage_bits",
     "step_cost",
     "estimate",
+    "estimate_totals",
     "relative_to_static",
     "bits_histogram",
     "step_ops_cost",
@@ -539,23 +540,10 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b else (1.0 if a == b else math.inf)
 
 
-def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None = None,
-             batch_size: int | None = None, dataset_size: int | None = None, per_layer: bool = True,
-             epochs: int | None = None, static_bits: int | None = None, step_costs: StepCosts | None = None,
-             step_kinds: tuple | None = None) -> Cost:
-    """Cost of a whole run on ``hardware`` (a HardwareProfile, a profile name or path; None: BitOPs only).
-
-    ``schedule_or_trace``: a ``Schedule`` run for ``steps`` steps of ``batch_size`` (or ``epochs`` epochs of
-    ``dataset_size`` samples; with ``dataset_size`` the ragged last batch of every epoch is modelled exactly), or a
-    trace of executed steps: a list of dicts with "batch_size", "bits", "grad_bits" (trace.jsonl lines), or a dict
-    of those three columns as arrays. Latency is the sum of every layer-phase's time (layers run one after
-    another), energy the sum of energies. The static baseline runs at ``static_bits`` (default: the schedule's
-    q_max; for a trace, its highest forward bits). ``step_costs``: a ``StepCosts`` of this very ``layer_profile``
-    and ``hardware`` object, to reuse one-step costs across calls (the numbers are the same without it).
-    ``step_kinds``: the schedule's steps by kind, (q, g, samples, count) exactly as ``bits_histogram`` gives them
-    for its bits, when the caller has counted them (the planner's fast path); the schedule's bits are then not
-    generated.
-    """
+def _prepare(layer_profile, schedule_or_trace, hardware, steps, batch_size, dataset_size, epochs, static_bits,
+             step_costs, step_kinds):
+    """``estimate``'s inputs checked: (arrays, hardware, histogram, static bits, workload text, StepCosts holding
+    the kinds of the run and of its static baseline)."""
     if step_costs is not None:
         if step_costs.source is not layer_profile or step_costs.hardware is not _hardware(hardware):
             raise ValueError("step_costs belongs to another layer profile or hardware")
@@ -599,6 +587,29 @@ def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None 
     based = hist.with_q(static)
     costs.rows(np.concatenate((hist.q, based.q)), np.concatenate((hist.g, based.g)),
                np.concatenate((hist.samples, based.samples)))   # both runs' kinds in one batch
+    return arrays, hw, hist, based, static, workload, costs
+
+
+def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None = None,
+             batch_size: int | None = None, dataset_size: int | None = None, per_layer: bool = True,
+             epochs: int | None = None, static_bits: int | None = None, step_costs: StepCosts | None = None,
+             step_kinds: tuple | None = None) -> Cost:
+    """Cost of a whole run on ``hardware`` (a HardwareProfile, a profile name or path; None: BitOPs only).
+
+    ``schedule_or_trace``: a ``Schedule`` run for ``steps`` steps of ``batch_size`` (or ``epochs`` epochs of
+    ``dataset_size`` samples; with ``dataset_size`` the ragged last batch of every epoch is modelled exactly), or a
+    trace of executed steps: a list of dicts with "batch_size", "bits", "grad_bits" (trace.jsonl lines), or a dict
+    of those three columns as arrays. Latency is the sum of every layer-phase's time (layers run one after
+    another), energy the sum of energies. The static baseline runs at ``static_bits`` (default: the schedule's
+    q_max; for a trace, its highest forward bits). ``step_costs``: a ``StepCosts`` of this very ``layer_profile``
+    and ``hardware`` object, to reuse one-step costs across calls (the numbers are the same without it).
+    ``step_kinds``: the schedule's steps by kind, (q, g, samples, count) exactly as ``bits_histogram`` gives them
+    for its bits, when the caller has counted them (the planner's fast path); the schedule's bits are then not
+    generated.
+    """
+    arrays, hw, hist, based, static, workload, costs = _prepare(
+        layer_profile, schedule_or_trace, hardware, steps, batch_size, dataset_size, epochs, static_bits, step_costs,
+        step_kinds)
     tot = _aggregate(arrays, hist, hw, costs)
     base = _aggregate(arrays, based, hw, costs)
     bitops_d, macs_d = _phase_dict(tot.bitops), _phase_dict(tot.macs)
@@ -630,6 +641,20 @@ def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None 
         hardware=hw.name if hw is not None else "", hardware_hash=getattr(hw, "content_hash", "") if hw else "",
         workload=workload,
     )
+
+
+def estimate_totals(layer_profile, schedule_or_trace, hardware=None, steps: int | None = None,
+                    batch_size: int | None = None, dataset_size: int | None = None, epochs: int | None = None,
+                    step_costs: StepCosts | None = None, step_kinds: tuple | None = None) -> dict:
+    """{"bitops", "energy_j", "latency_s"}: the totals of ``estimate`` (the very numbers: the same sums), without
+    its baseline, per-phase and per-layer parts (energy and latency None without a hardware). Arguments as for
+    ``estimate``; the planner re-costs its alternatives with it."""
+    arrays, hw, hist, _, _, _, costs = _prepare(layer_profile, schedule_or_trace, hardware, steps, batch_size,
+                                                dataset_size, epochs, None, step_costs, step_kinds)
+    tot = _aggregate(arrays, hist, hw, costs)
+    return {"bitops": _phase_dict(tot.bitops)["total"],
+            "energy_j": _phase_dict(tot.energy)["total"] if tot.energy is not None else None,
+            "latency_s": _phase_dict(tot.latency)["total"] if tot.latency is not None else None}
 
 
 def relative_to_static(layer_profile, schedule_or_trace, hardware=None, **kwargs) -> dict:

@@ -54,6 +54,8 @@ def step_cost_tables(profile_arrays, hardware, q_values, g_values, samples, step
                                               np.asarray(g_values, dtype=np.int64), indexing="ij"))
     K = qq.size
     out = {k: np.full((len(samples), _NB, _NB), np.nan) for k in COST_KEYS.values()}
+    costs.rows(np.tile(qq, len(samples)), np.tile(gg, len(samples)),          # every kind in one batch
+               np.repeat(np.asarray(samples, dtype=np.int64), K))
     for i, s in enumerate(samples):
         _, bops, t, e, xt, xe = costs.take(qq, gg, np.full(K, int(s), dtype=np.int64))   # each (K, L, 3)
         out["bitops"][i, qq, gg] = bops.sum(axis=(1, 2))
@@ -195,6 +197,33 @@ class _Steps:
         sel = np.ones(kr.shape, dtype=bool) if cls == "all" else (kr % 2) == (0 if cls == "even" else 1)
         self.rag_r = np.sort(ragged_steps[sel] * n - kr[sel] * T)
 
+    @classmethod
+    def of_classes(cls_, T: int, n: int, classes, ragged_steps: np.ndarray) -> dict:
+        """{class: _Steps(T, n, class, ragged_steps)} for these classes, with what they share computed once:
+        a class's cycles are a slice of all n (even: 0::2, odd: 1::2), so are their starts, lengths, offsets and
+        rho^start (the same values, element by element, as the constructor computes for the class alone)."""
+        starts = -(-np.arange(n + 1, dtype=np.int64) * T // n)
+        k = np.arange(n, dtype=np.int64)
+        s_all = starts[:-1]
+        len_all = starts[1:] - starts[:-1]
+        o_all = s_all * n - k * T
+        beta = 1.0 / (T * TAU0)
+        geo = ALPHA / -np.expm1(-beta)
+        rho_all = np.exp(-beta * s_all)
+        kr = np.searchsorted(starts, ragged_steps, side="right") - 1
+        r_all = ragged_steps * n - kr * T
+        out = {}
+        for c in classes:
+            cut = slice(None) if c == "all" else slice(0, None, 2) if c == "even" else slice(1, None, 2)
+            st = object.__new__(cls_)
+            st.T, st.n, st.beta, st.geo = T, n, beta, geo
+            st.s, st.len, st.o, st.rho_s = s_all[cut], len_all[cut], o_all[cut], rho_all[cut]
+            st.uniform = bool(np.all(st.o == 0) and np.all(st.len == st.len[0])) if st.s.size else True
+            st.sum_rho_s = float(st.rho_s.sum())
+            st.rag_r = np.sort(r_all if c == "all" else r_all[(kr % 2) == (0 if c == "even" else 1)])
+            out[c] = st
+        return out
+
     def below(self, R: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         R = np.asarray(R, dtype=np.int64)
         rag = np.searchsorted(self.rag_r, R, side="left")
@@ -219,13 +248,12 @@ class _Groups:
 
     def __init__(self, T: int, n: np.ndarray, cls: np.ndarray, ragged_steps: np.ndarray):
         names = ("all", "even", "odd")
-        per_n: dict[int, tuple] = {}  # the cycle starts and the ragged steps' cycles, shared by n's classes
-        self.steps = []
-        for n_, c in zip(np.asarray(n).tolist(), np.asarray(cls).tolist()):
-            if n_ not in per_n:
-                starts = -(-np.arange(n_ + 1, dtype=np.int64) * T // n_)
-                per_n[n_] = (starts, np.searchsorted(starts, ragged_steps, side="right") - 1)
-            self.steps.append(_Steps(T, n_, names[c], ragged_steps, *per_n[n_]))
+        pairs = list(zip(np.asarray(n).tolist(), np.asarray(cls).tolist()))
+        wanted: dict[int, list] = {}
+        for n_, c in pairs:
+            wanted.setdefault(n_, []).append(names[c])
+        of_n = {n_: _Steps.of_classes(T, n_, cs, ragged_steps) for n_, cs in wanted.items()}
+        self.steps = [of_n[n_][names[c]] for n_, c in pairs]
         st = self.steps
         self.beta, self.geo = 1.0 / (T * TAU0), ALPHA / -np.expm1(-1.0 / (T * TAU0))
         self.n = np.asarray(n, dtype=np.int64)

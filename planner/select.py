@@ -129,8 +129,15 @@ def baseline_schedule(space: SearchSpace) -> Schedule:
 
 
 def _cost_value(cost, metric: str) -> float:
+    """The total of ``metric`` in a ``Cost`` or in ``estimate_totals``' dict."""
+    if isinstance(cost, dict):
+        return float(cost[COST_KEYS[metric]])
     v = getattr(cost, COST_KEYS[metric])
     return float(v["total"])
+
+
+def _total(cost, key: str) -> float:
+    return float(cost[key]) if isinstance(cost, dict) else float(getattr(cost, key)["total"])
 
 
 def _fmt(metric: str, v: float) -> str:
@@ -323,7 +330,7 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
     # Costs equal to rounding (a GPU's flat int8 tier) count as ties.
     near = np.flatnonzero(cost <= cost.min() * (1.0 + 1e-12))
     cheapest = int(near[np.lexsort((near, -cands.score[near]))[0]])
-    cheap_est = w.estimate(cands.schedules[cheapest], hw, step_kinds=cands.step_kinds(cheapest))
+    cheap_est = w.estimate_totals(cands.schedules[cheapest], hw, step_kinds=cands.step_kinds(cheapest))
     cheap_val = _cost_value(cheap_est, metric)
 
     def infeasible() -> InputError:
@@ -418,7 +425,7 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
     alternatives = []
     for rank, i in enumerate(alt_idx, start=1):
         e = est if i == chosen else cheap_est if i == cheapest else \
-            w.estimate(cands.schedules[i], hw, step_kinds=cands.step_kinds(i))
+            w.estimate_totals(cands.schedules[i], hw, step_kinds=cands.step_kinds(i))
         v = _cost_value(e, metric)
         role = "chosen" if i == chosen else "cheapest" if i == cheapest and rank > top else "alternative"
         alternatives.append({
@@ -426,8 +433,8 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
             "name": cands.schedules[i].name, "cycles": cands.schedules[i].cycles,
             "q_min": cands.schedules[i].q_min, "q_max": cands.schedules[i].q_max,
             "mean_bits": float(cands.mean_bits[i]), "score": float(cands.score[i]),
-            "bitops": float(e.bitops["total"]), "energy_j": float(e.energy_j["total"]),
-            "latency_s": float(e.latency_s["total"]), "budget_fraction": v / limit,
+            "bitops": _total(e, "bitops"), "energy_j": _total(e, "energy_j"),
+            "latency_s": _total(e, "latency_s"), "budget_fraction": v / limit,
             "vs_baseline": v / base_val, "within_budget": bool(v <= limit),
             **({"predicted_acc": float(predicted["mean"][i]), "predicted_std": float(predicted["std"][i])}
                if predicted is not None else {}),

@@ -143,3 +143,11 @@ class Workload:
         return estimate(self.profile, schedule, hardware, steps=self.steps, batch_size=self.batch_size,
                         dataset_size=self.dataset_size, per_layer=per_layer, static_bits=static_bits,
                         step_costs=shared, step_kinds=step_kinds)
+
+    def estimate_totals(self, schedule: Schedule, hardware, step_kinds: tuple | None = None) -> dict:
+        """``cptsim.cost.estimate_totals``: the totals ``estimate`` gives (bitops, energy_j, latency_s), alone."""
+        from cptsim.cost import estimate_totals
+
+        shared = None if hardware is None or isinstance(hardware, str) else self.step_costs(hardware)
+        return estimate_totals(self.profile, schedule, hardware, steps=self.steps, batch_size=self.batch_size,
+                               dataset_size=self.dataset_size, step_costs=shared, step_kinds=step_kinds)

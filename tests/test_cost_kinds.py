@@ -81,6 +81,21 @@ def test_shared_step_costs_give_the_estimate_of_a_fresh_computation(workload, hw
             assert _doc(estimate(workload.profile, s, hw, step_kinds=kinds, **kw)) == _doc(fresh), s
 
 
+@pytest.mark.parametrize("hw", [None, "bitfusion", "h100", "host"])
+def test_estimate_totals_are_the_totals_of_estimate(workload, hw):
+    from cptsim.cost import estimate_totals
+
+    hw = load_profile(hw) if hw else None
+    shared = StepCosts(workload.profile, hw)
+    for s in SCHEDULES[::7]:
+        kw = dict(steps=workload.steps, batch_size=workload.batch_size, dataset_size=workload.dataset_size)
+        full = estimate(workload.profile, s, hw, **kw)
+        want = {k: None if getattr(full, k) is None else getattr(full, k)["total"]
+                for k in ("bitops", "energy_j", "latency_s")}
+        assert estimate_totals(workload.profile, s, hw, **kw) == want, s
+        assert estimate_totals(workload.profile, s, hw, step_costs=shared, **kw) == want, s
+
+
 def test_step_costs_of_another_profile_or_hardware_are_refused(workload):
     shared = StepCosts(workload.profile, load_profile("bitfusion"))
     s = Schedule("cos-rep", 3, 8, 8, 8, 4)
