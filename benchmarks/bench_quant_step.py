@@ -11,9 +11,12 @@ third copy runs the eager PyTorch quantizers (CPTSIM_CKERNELS=0 during its steps
 kernels' gain is measured side by side too. A breakdown splits the quantized step's extra time
 down by op: torch.profiler self-CPU time per aten op, quantized step minus FP32 step.
 
-Peak memory (``--memory-pairs N``, default 3; 0 skips it): each of FP32 and quantized runs one training step in a
-fresh process of its own (1 thread), and the figure is its max RSS above the RSS just before the step (model,
-optimizer and batch already built); pairs alternate, medians reported, plus the quantized / FP32 ratio.
+Peak memory (``--memory-pairs N``, default 3; 0 skips it): each of FP32 and quantized (and the eager quantizers
+unless --no-eager) runs one training step in a fresh process of its own (1 thread), and the figure is its max RSS
+(VmHWM) above the RSS just before the step (model, optimizer and batch already built); the order alternates,
+medians reported, plus the quantized / FP32 ratio. Measured twice: with glibc's mmap threshold fixed, which makes
+the figure the memory the step holds, and with glibc's default, which adds the allocator's heap retention (see
+MALLOC_MODES).
 """
 
 from __future__ import annotations
@@ -88,26 +91,46 @@ def _memory_child(model: str, batch_size: int, bits: int, grad_bits: int, quanti
     print(json.dumps({"extra_mb": status_mb("VmHWM") - base}))
 
 
+# glibc's default malloc moves its mmap threshold up to the size of the largest block freed so far, after which
+# multi-megabyte tensors come from the heap and what is freed below the heap's top is kept: the peak RSS of one
+# step then depends on where big blocks happened to land (identical FP32 steps: 282-357 MB here), not on what the
+# step holds. With a fixed threshold (MALLOC_MMAP_THRESHOLD_, glibc's own tunable) every big tensor is its own
+# mapping, returned when freed, and the peak RSS is the peak of the tensors alive at once plus a small heap. Both
+# are measured; the fixed-threshold figure is the step's memory, the default one what `ps` shows on a given run.
+MALLOC_MODES = {"fixed": {"MALLOC_MMAP_THRESHOLD_": "131072"}, "default": {}}
+
+
 def _memory(a, pairs: int) -> dict:
     import subprocess
     import sys
 
-    def run(quantized: bool) -> float:
+    def run(quantized: bool, kernels: bool, malloc: dict) -> float:
+        env = dict(os.environ, **malloc, CPTSIM_CKERNELS="1" if kernels else "0")
         out = subprocess.run([sys.executable, __file__, "--model", a.model, "--batch-size", str(a.batch_size),
                               "--bits", str(a.bits), "--grad-bits", str(a.grad_bits),
                               "--memory-child", "quant" if quantized else "fp32"],
-                             check=True, capture_output=True, text=True).stdout
+                             check=True, capture_output=True, text=True, env=env).stdout
         return json.loads(out.strip().splitlines()[-1])["extra_mb"]
 
-    fp, q = [], []
-    for i in range(pairs):
-        for quantized in ((False, True) if i % 2 == 0 else (True, False)):
-            (q if quantized else fp).append(run(quantized))
-    mf, mq = statistics.median(fp), statistics.median(q)
-    return {"pairs": pairs, "fp32_extra_mb": [round(v, 1) for v in fp], "quant_extra_mb": [round(v, 1) for v in q],
-            "fp32_extra_mb_median": round(mf, 1), "quant_extra_mb_median": round(mq, 1),
-            "ratio": round(mq / mf, 3), "extra_pct": round(100 * (mq / mf - 1), 1),
-            "extra_pct_paired_median": round(100 * (statistics.median(b / a for a, b in zip(fp, q)) - 1), 1)}
+    res = {"pairs": pairs}
+    for mode, malloc in MALLOC_MODES.items():
+        fp, q, e = [], [], []
+        for i in range(pairs):
+            order = ("fp", "q", "e") if i % 2 == 0 else ("e", "q", "fp")  # alternate who goes first
+            for who in order:
+                if who == "e" and a.no_eager:
+                    continue
+                (fp if who == "fp" else q if who == "q" else e).append(run(who != "fp", who == "q", malloc))
+        mf, mq = statistics.median(fp), statistics.median(q)
+        r = {"fp32_extra_mb": [round(v, 1) for v in fp], "quant_extra_mb": [round(v, 1) for v in q],
+             "fp32_extra_mb_median": round(mf, 1), "quant_extra_mb_median": round(mq, 1),
+             "extra_pct": round(100 * (mq / mf - 1), 1),
+             "extra_pct_paired_median": round(100 * (statistics.median(b / a_ for a_, b in zip(fp, q)) - 1), 1)}
+        if e:
+            r["eager_quant_extra_mb"] = [round(v, 1) for v in e]
+            r["eager_extra_pct"] = round(100 * (statistics.median(e) / mf - 1), 1)
+        res[mode] = r
+    return res
 
 
 def main() -> None:
@@ -203,11 +226,14 @@ def main() -> None:
     for k, v in res["extra_ms_by_op"].items():
         t.add_row(f"  extra time in {k}", f"{v:+.1f} ms")
     if "peak_memory" in res:
-        pm = res["peak_memory"]
-        t.add_row("FP32 step: max RSS above pre-step (median)", f"{pm['fp32_extra_mb_median']:.0f} MB")
-        t.add_row("quantized step: max RSS above pre-step (median)", f"{pm['quant_extra_mb_median']:.0f} MB")
-        t.add_row("[bold]extra peak memory, quantized over FP32", f"[bold]{pm['extra_pct']:+.1f}%")
-        t.add_row("  median of the pairs' ratios", f"{pm['extra_pct_paired_median']:+.1f}%")
+        for mode, label in (("fixed", "fixed mmap threshold"), ("default", "glibc default malloc")):
+            pm = res["peak_memory"][mode]
+            t.add_row(f"max RSS above pre-step, {label}: FP32 / quantized (medians)",
+                      f"{pm['fp32_extra_mb_median']:.0f} / {pm['quant_extra_mb_median']:.0f} MB")
+            t.add_row(f"[bold]  extra peak memory, {label}", f"[bold]{pm['extra_pct']:+.1f}%")
+            t.add_row("    median of the pairs' ratios", f"{pm['extra_pct_paired_median']:+.1f}%")
+            if "eager_extra_pct" in pm:
+                t.add_row("    eager quantizers", f"{pm['eager_extra_pct']:+.1f}%")
     Console().print(t)
 
 

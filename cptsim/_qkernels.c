@@ -125,7 +125,7 @@ void cpt_fq_rtn(const float *x, float *out, int64_t n, float lo, float hi, float
     float inv, zp, scale;
     qparams(lo, hi, qmax, &inv, &zp, &scale);
     const int64_t chunk = 4096, nc = (n + chunk - 1) / chunk;
-#pragma omp parallel for schedule(static) num_threads(threads) if (n >= PAR_MIN)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n >= PAR_MIN)
     for (int64_t c = 0; c < nc; c++) {
         int64_t i0 = c * chunk, len = n - i0 < chunk ? n - i0 : chunk;
         rtn_span(x + i0, out + i0, len, inv, zp, qmax, scale);
@@ -135,7 +135,7 @@ void cpt_fq_rtn(const float *x, float *out, int64_t n, float lo, float hi, float
 /* Round-to-nearest with one min/max range per row of a (rows, len) tensor: a weight's output channels
  * (quant.fake_quant_per_channel with axis 0). */
 void cpt_fq_rtn_rows(const float *x, float *out, int64_t rows, int64_t len, float qmax, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows * len >= PAR_MIN)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows * len >= PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * len;
         float lo = xr[0], hi = xr[0];
@@ -174,7 +174,7 @@ void cpt_fq_sr(const float *x, float *out, int64_t n, float lo, float hi, float 
     const float k = 256.0f, mulk = k / scale, addc = zp * k + 0.5f, invk = 1.0f / k;
     const uint32_t key[2] = {k0, k1};
     const int64_t nc = (n + CHUNK - 1) / CHUNK;
-#pragma omp parallel for schedule(static) num_threads(threads) if (n >= PAR_MIN)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n >= PAR_MIN)
     for (int64_t c = 0; c < nc; c++) {
         uint32_t w[CHUNK / 4];
         chunk_words(c, key, w);

@@ -174,9 +174,9 @@ def fake_quant_rtn_channels(w: torch.Tensor, qmax: int) -> torch.Tensor:
 def fake_quant_sr(x: torch.Tensor, qmax: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """``quant.fake_quant_stochastic`` in one pass after torch's min/max, with Philox4x32-10 bytes."""
     x = x if _dense(x) else x.contiguous()
-    out = torch.empty_like(x)
     lo_f, hi_f = _range(*torch.aminmax(x.detach()))
     k0, k1 = draw_key(generator)
+    out = torch.empty_like(x)  # last: no small tensor is born above it on the heap (peak RSS, see bench_quant_step)
     _lib.cpt_fq_sr(x.data_ptr(), out.data_ptr(), x.numel(), lo_f, hi_f, float(qmax), k0, k1, torch.get_num_threads())
     return out
 
