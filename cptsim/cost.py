@@ -70,7 +70,6 @@ __all__ = [
     "bits_histogram",
     "step_ops_cost",
     "StepCosts",
-    "kinds_from_counts",
     "step_key",
 ]
 
@@ -328,19 +327,11 @@ def _kinds(counts: np.ndarray, ragged: np.ndarray | None, batch_size: int, last:
 
 
 def step_key(q: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """The key of step kind (q, g) in the counts ``kinds_from_counts`` takes: q * 33 + g (0..1088)."""
+    """The key of step kind (q, g) in per-kind step counts: q * 33 + g (0..1088)."""
     return q * _KEY + g
 
 
 _step_key = step_key
-
-
-def kinds_from_counts(full: np.ndarray, ragged: np.ndarray | None, batch_size: int, last: int | None) -> tuple:
-    """(q, g, samples, count) arrays in ``bits_histogram``'s form from step counts per ``step_key`` (length 1089):
-    ``full`` of the steps with ``batch_size`` samples, ``ragged`` of the steps with ``last`` samples (None: none)."""
-    full = np.asarray(full, dtype=np.int64)
-    return _kinds(full if ragged is None else full + ragged, None if ragged is None else
-                  np.asarray(ragged, dtype=np.int64), batch_size, last)
 
 
 @functools.lru_cache(maxsize=256)

@@ -12,7 +12,9 @@
    floating-point expression ``Schedule.bits`` evaluates, so the counts are exact. The steps of each cycle below
    a threshold are counted in closed form (integers), their score weights by the geometric series of
    ``step_weights``, the ragged last batches by a search among the few ragged steps. The default space (1407
-   candidates) for resnet20 over 64,000 steps evaluates in ~15 ms.
+   candidates) for resnet20 over 64,000 steps evaluates in ~7 ms, every cycle count 1..64 with cyclic gradient
+   bits 6-8 (12,807 candidates) in ~90 ms (benchmarks/bench_planner.py, 2 shared cores). The counts per
+   candidate stay at hand (``Candidates.step_kinds``): ``select`` re-costs its dozen schedules from them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = ["Candidates", "evaluate", "step_cost_tables", "COST_KEYS", "METRIC_NA
 COST_KEYS = {"bitops": "bitops", "energy": "energy_j", "latency": "latency_s"}
 METRIC_NAMES = {"bitops": "BitOPs", "energy": "energy", "latency": "latency"}
 _NB = FULL_PRECISION + 1  # tables are indexed by bits 0..32 directly
+_KEY = _NB                # cptsim.cost.step_key(q, g) = q * 33 + g
 _LEVELS = 17              # cyclic bits take values 1..16: counts "<= b" for b = 0..16
 
 
@@ -115,7 +118,7 @@ class Candidates:
 
     def count_step_kinds(self, indices) -> None:
         """Count the step kinds of these candidates (one pass over the fast path's counts for all of them)."""
-        from cptsim.cost import kinds_from_counts, step_key
+        from cptsim.cost import step_key
 
         wanted = np.array(sorted({int(i) for i in indices} - set(self._kinds)), dtype=np.int64)
         if not wanted.size:
@@ -136,9 +139,18 @@ class Candidates:
                 ragged += np.bincount(key, weights=r_.ravel(), minlength=ragged.size)
         full, ragged = full.astype(np.int64).reshape(-1, NK), ragged.astype(np.int64).reshape(-1, NK)
         rag = self.workload.ragged
+        # bits_histogram's form, the nonzero counts of all rows found at once: a candidate's kinds are
+        # its full batches' (q, g) in key order, then (with ragged batches) its ragged ones'
+        blocks = [(full, self.workload.batch_size)] + ([(ragged, rag[1])] if rag else [])
+        found = []
+        for counts, samples in blocks:
+            r, key = np.nonzero(counts)
+            cuts = np.searchsorted(r, np.arange(wanted.size + 1))
+            found.append((key // _KEY, key % _KEY, counts[r, key], cuts, samples))
         for j, i in enumerate(wanted.tolist()):
-            self._kinds[i] = kinds_from_counts(full[j], ragged[j] if rag else None, self.workload.batch_size,
-                                               rag[1] if rag else None)
+            parts = [(q[c[j]:c[j + 1]], g[c[j]:c[j + 1]], np.full(c[j + 1] - c[j], smp, dtype=np.int64),
+                      n[c[j]:c[j + 1]]) for q, g, n, c, smp in found]
+            self._kinds[i] = tuple(np.concatenate(cols) for cols in zip(*parts))
 
 
 def _thresholds(T: int, fns: list, fn_id: np.ndarray, lo: np.ndarray, hi: np.ndarray, b: np.ndarray,
@@ -431,8 +443,10 @@ def evaluate(workload: Workload, hardware, space: SearchSpace | None = None) -> 
         b_all = np.arange(_LEVELS)
         key_rows = []
         for l_, h_ in ((lo, hi), (glo, ghi)):
-            rows, bb = np.nonzero((b_all[None, :] >= l_[:, None]) & (b_all[None, :] < h_[:, None]))
-            key_rows.append(((pf[rows] * _NB + l_[rows]) * _NB + h_[rows]) * _NB + bb)
+            fl = np.unique((pf * _NB + l_) * _NB + h_)                      # distinct (fn, lo, hi) first
+            fl_l, fl_h = fl // _NB % _NB, fl % _NB
+            rows, bb = np.nonzero((b_all[None, :] >= fl_l[:, None]) & (b_all[None, :] < fl_h[:, None]))
+            key_rows.append(fl[rows] * _NB + bb)
         code = np.unique(np.concatenate(key_rows))                          # sorted by fn id first
         kf, kl, kh, kb = code // _NB**3, code // _NB**2 % _NB, code // _NB % _NB, code % _NB
         R = _thresholds(T, fns, kf, kl, kh, kb, np.array(falls)[kf])

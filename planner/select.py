@@ -330,6 +330,8 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
     # Costs equal to rounding (a GPU's flat int8 tier) count as ties.
     near = np.flatnonzero(cost <= cost.min() * (1.0 + 1e-12))
     cheapest = int(near[np.lexsort((near, -cands.score[near]))[0]])
+    # the step kinds of the cheapest candidate and of the best within budget (what is re-costed below), in one pass
+    cands.count_step_kinds([cheapest, *_ranked(cands, cost <= budget.absolute(base_val), cost)[:top + 1].tolist()])
     cheap_est = w.estimate_totals(cands.schedules[cheapest], hw, step_kinds=cands.step_kinds(cheapest))
     cheap_val = _cost_value(cheap_est, metric)
 
