@@ -337,6 +337,17 @@ def epoch_batches(cfg: TrainConfig, w: Workload, epoch: int, first: int, last: i
         yield i, n_global, (next(loader) if idx else None)
 
 
+def quantizer_path(device: str) -> str:
+    """Which quantizers a run on this device executes: their random draws differ (cptsim.ckernels), so a run is
+    reproduced draw for draw only on the same path."""
+    from . import ckernels, quant
+
+    if str(device).startswith("cuda"):
+        return "fused (torch.compile)" if quant.fusion_enabled() else "eager"
+    st = ckernels.status()
+    return "c-kernels" if st["in_use"] else f"eager ({st['why_not']})"
+
+
 def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
     """What config.json records: the settings, what they resolved to, and the versions that ran them."""
     return {
@@ -358,7 +369,8 @@ def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
         "quantized_layers": w.quantized_layers,
         "world_size": world,
         "versions": {"cptsim": __version__, "torch": torch.__version__, "python": platform.python_version()},
-        "host": {"machine": platform.machine(), "threads": torch.get_num_threads()},
+        "host": {"machine": platform.machine(), "threads": torch.get_num_threads(),
+                 "quantizers": quantizer_path(cfg.device)},
         "argv": sys.argv,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -191,3 +191,11 @@ def test_autograd_and_dispatch_modes_see_the_eager_ops():
 
     with FlopCounterMode(display=False):
         assert not ckernels.usable(torch.randn(100))
+
+
+def test_runs_record_which_quantizers_they_ran(monkeypatch):
+    from cptsim.train import quantizer_path
+
+    assert quantizer_path("cpu") == "c-kernels"
+    monkeypatch.setenv("CPTSIM_CKERNELS", "0")
+    assert quantizer_path("cpu") == "eager (CPTSIM_CKERNELS=0)"
