@@ -1,10 +1,10 @@
 /* cptsim's CPU quantizer kernels: one pass over the tensor where the eager PyTorch form takes six to nine.
  *
- * Built on first use by cptsim/ckernels.py (cc -O3 -march=native -fopenmp -ffp-contract=off -fno-math-errno -fno-trapping-math; no fast-math, which would
- * change results) and called through
- * ctypes on the raw float32 storage of dense CPU tensors. No PyTorch headers: the file compiles in a fraction of a
- * second with the system C compiler, and the OpenMP runtime it links (libgomp.so.1) is the one torch has already
- * loaded, so the threads are torch's.
+ * Built on first use by cptsim/ckernels.py (cc -O3 -march=native -fopenmp -ffp-contract=off -fno-math-errno
+ * -fno-trapping-math; no fast-math, which would change results; -fno-trapping-math lets floorf vectorise) and called
+ * through ctypes on the raw float32 storage of dense CPU tensors. No PyTorch headers: the file compiles in a fraction
+ * of a second with the system C compiler, and the OpenMP runtime it links (libgomp.so.1) is the one torch has
+ * already loaded, so the threads are torch's.
  *
  * The arithmetic is the eager quantizers' (cptsim/quant.py), operation for operation in float32 and in the same
  * order, so round-to-nearest is bit-identical to fake_quant and stochastic rounding computes the same formula on
