@@ -36,7 +36,9 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("_qkernels.c")
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
+# no -ffast-math: it would change results; -ffp-contract=off keeps a*b+c two roundings, as torch's eager ops are
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
+         "-shared", "-fPIC"]
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
