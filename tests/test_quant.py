@@ -69,14 +69,26 @@ def test_per_channel_uses_each_channels_own_range(bits):
     assert q[0].abs().sum() > 0
 
 
+@pytest.mark.parametrize("path", ["eager", "c-kernels"])
 @pytest.mark.parametrize("bits", [2, 4, 8])
-def test_stochastic_rounding_is_unbiased(bits):
+def test_stochastic_rounding_is_unbiased(bits, path, monkeypatch):
+    """fake_quant_stochastic, and the CPU kernel (cptsim.ckernels) that quantize_error runs in its place."""
+    if path == "eager":
+        sr = fake_quant_stochastic
+    else:
+        from cptsim import ckernels
+        from cptsim.quant import quantize_error
+
+        monkeypatch.delenv("CPTSIM_CKERNELS", raising=False)
+        if ckernels.library() is None:
+            pytest.skip(f"CPU kernels unavailable: {ckernels.status()}")
+        sr = quantize_error
     torch.manual_seed(0)
     # values deliberately between grid points; one tensor holds the range ends so the grid is fixed
     vals = torch.tensor([0.013, 0.21, 0.377, 0.5, 0.61, 0.999])
     n = 200_000
     x = torch.cat([torch.tensor([0.0, 1.0]), vals.repeat_interleave(n)])
-    q = fake_quant_stochastic(x, bits)[2:].view(len(vals), n)
+    q = sr(x, bits)[2:].view(len(vals), n)
     step = 1.0 / (2**bits - 1)
     mean_err = (q.mean(1) - vals).abs()
     # bias bound of the 8-bit noise grid + 5 sigma of the mean of n Bernoulli(step) draws
