@@ -143,7 +143,7 @@ def usable(x: torch.Tensor) -> bool:
         return False  # autograd must see the op (callers inside an autograd.Function or a hook never get here)
     if torch._C._len_torch_dispatch_stack() or torch.compiler.is_compiling():
         return False  # a dispatch mode (cptsim.opcount, FlopCounterMode) must see every aten op; dynamo must trace
-    if os.environ.get("CPTSIM_CKERNELS", "1") == "0":
+    if not enabled():
         return False
     return _lib is not None if _tried else library() is not None
 

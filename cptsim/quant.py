@@ -21,6 +21,7 @@ import warnings
 
 import torch
 
+from . import ckernels
 from .errors import InputError
 
 FULL_PRECISION = 32
@@ -218,12 +219,6 @@ def fused_status() -> dict:
 # round-to-nearest is bit-identical either way and stochastic rounding is the same formula on other uniform bytes.
 
 
-def _cpu_kernel(x: torch.Tensor) -> bool:
-    from . import ckernels
-
-    return ckernels.usable(x)
-
-
 def quantize_activation(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bits: int) -> torch.Tensor:
     """Per-tensor round-to-nearest fake quantization: fused on CUDA, one C pass on a CPU, else
     ``fake_quant_per_tensor``."""
@@ -231,9 +226,7 @@ def quantize_activation(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bit
         out = _FQ(x, lo, hi, qrange(bits)[1])
         if out is not None:
             return out
-    if lo.dim() == 0 and _cpu_kernel(x):
-        from . import ckernels
-
+    if lo.dim() == 0 and ckernels.usable(x):
         return ckernels.fake_quant_rtn(x, lo, hi, qrange(bits)[1])
     return fake_quant_per_tensor(x, lo, hi, bits)
 
@@ -245,9 +238,7 @@ def quantize_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
         out = _FQ_CHANNEL(w, qrange(bits)[1])
         if out is not None:
             return out
-    if w.dim() >= 1 and _cpu_kernel(w):
-        from . import ckernels
-
+    if w.dim() >= 1 and ckernels.usable(w):
         return ckernels.fake_quant_rtn_channels(w, qrange(bits)[1])
     return fake_quant_per_channel(w, bits, axis=0)
 
@@ -259,8 +250,6 @@ def quantize_error(g: torch.Tensor, bits: int) -> torch.Tensor:
         out = _SR(g, qrange(bits)[1])
         if out is not None:
             return out
-    if _cpu_kernel(g):
-        from . import ckernels
-
+    if ckernels.usable(g):
         return ckernels.fake_quant_sr(g, qrange(bits)[1])
     return fake_quant_stochastic(g, bits)
