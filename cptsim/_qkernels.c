@@ -172,6 +172,53 @@ static inline void rtn_span(const float *restrict x, float *restrict out, int64_
     }
 }
 
+/* torch.aminmax of a whole tensor: exact (min and max do not round), and a NaN anywhere makes both NaN. Chunked so
+ * that the min/max/NaN loop vectorises (vminps, vmaxps, vcmpunordps) without a data-dependent exit. */
+static void minmax(const float *x, int64_t n, int threads, float *plo, float *phi) {
+    float lo = x[0], hi = x[0];
+    int nan = 0;
+    const int64_t chunk = 4096, nc = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n >= PAR_MIN) \
+    reduction(min : lo) reduction(max : hi) reduction(| : nan)
+    for (int64_t c = 0; c < nc; c++) {
+        const float *xc = x + c * chunk;
+        const int64_t len = n - c * chunk < chunk ? n - c * chunk : chunk;
+        float l = xc[0], h = xc[0];
+        int bad = 0;
+        int64_t i = 0;
+#if defined(__AVX2__)
+        /* gcc does not vectorise a float min/max reduction without fast-math; (v < l ? v : l) is vminps(v, l) */
+        __m256 vl = _mm256_set1_ps(l), vh = vl, vbad = _mm256_setzero_ps();
+        for (; i + 8 <= len; i += 8) {
+            __m256 v = _mm256_loadu_ps(xc + i);
+            vl = _mm256_min_ps(v, vl);
+            vh = _mm256_max_ps(v, vh);
+            vbad = _mm256_or_ps(vbad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        }
+        float tl[8], th[8];
+        _mm256_storeu_ps(tl, vl);
+        _mm256_storeu_ps(th, vh);
+        for (int k = 0; k < 8; k++) {
+            l = tl[k] < l ? tl[k] : l;
+            h = th[k] > h ? th[k] : h;
+        }
+        bad = _mm256_movemask_ps(vbad) != 0;
+#endif
+        for (; i < len; i++) {
+            float v = xc[i];
+            l = v < l ? v : l; /* a NaN compares false: skipped here, reported by bad */
+            h = v > h ? v : h;
+            bad |= v != v;
+        }
+        lo = l < lo ? l : lo;
+        hi = h > hi ? h : hi;
+        nan |= bad;
+    }
+    if (nan) lo = hi = NAN;
+    *plo = lo;
+    *phi = hi;
+}
+
 /* Round-to-nearest with one range [lo, hi] (quant.fake_quant_per_tensor). */
 void cpt_fq_rtn(const float *x, float *out, int64_t n, float lo, float hi, float qmax, int threads) {
     float inv, zp, scale;
@@ -182,6 +229,28 @@ void cpt_fq_rtn(const float *x, float *out, int64_t n, float lo, float hi, float
         int64_t i0 = c * chunk, len = n - i0 < chunk ? n - i0 : chunk;
         rtn_span(x + i0, out + i0, len, inv, zp, qmax, scale);
     }
+}
+
+/* An activation in training, in one call (cptsim.layers' CPU path): its batch range (torch.aminmax; written to
+ * batch[0], batch[1]), the layer's running range for eval updated as layers._QuantMixin._input_range does with
+ * torch ops -- first batch: copied; later: r = r * m, then r + (1 - m) * v as add_(v, alpha=1 - m), which torch's
+ * CPU kernel computes as one fused multiply-add -- and the round-to-nearest pass of cpt_fq_rtn with the batch range.
+ * run_lo, run_hi: the layer's float32 act_lo / act_hi buffers; count: its int64 act_count. */
+void cpt_fq_rtn_tracked(const float *x, float *out, int64_t n, float qmax, float *run_lo, float *run_hi,
+                        int64_t *count, float m, float one_minus_m, float *batch, int threads) {
+    float lo, hi;
+    minmax(x, n, threads, &lo, &hi);
+    batch[0] = lo;
+    batch[1] = hi;
+    if (*count == 0) {
+        *run_lo = lo;
+        *run_hi = hi;
+    } else {
+        *run_lo = fmaf(one_minus_m, lo, *run_lo * m);
+        *run_hi = fmaf(one_minus_m, hi, *run_hi * m);
+    }
+    *count += 1;
+    cpt_fq_rtn(x, out, n, lo, hi, qmax, threads);
 }
 
 /* Round-to-nearest with one min/max range per row of a (rows, len) tensor: a weight's output channels
@@ -239,3 +308,13 @@ void cpt_fq_sr(const float *x, float *out, int64_t n, float lo, float hi, float 
         }
     }
 }
+
+/* Stochastic rounding with the tensor's own range (quant.fake_quant_stochastic: torch.aminmax, then the pass). */
+void cpt_fq_sr_auto(const float *x, float *out, int64_t n, float qmax, uint32_t k0, uint32_t k1, int threads) {
+    float lo, hi;
+    minmax(x, n, threads, &lo, &hi);
+    cpt_fq_sr(x, out, n, lo, hi, qmax, k0, k1, threads);
+}
+
+/* The range alone (for the tests: the same as torch.aminmax). */
+void cpt_minmax(const float *x, int64_t n, float *lohi, int threads) { minmax(x, n, threads, lohi, lohi + 1); }

@@ -97,9 +97,13 @@ def _build() -> ctypes.CDLL:
     lib.cpt_fq_rtn.argtypes = [p, p, i64, f, f, f, i32]
     lib.cpt_fq_rtn_rows.argtypes = [p, p, i64, i64, f, i32]
     lib.cpt_fq_sr.argtypes = [p, p, i64, f, f, f, u32, u32, i32]
+    lib.cpt_fq_sr_auto.argtypes = [p, p, i64, f, u32, u32, i32]
+    lib.cpt_fq_rtn_tracked.argtypes = [p, p, i64, f, p, p, p, f, f, p, i32]
+    lib.cpt_minmax.argtypes = [p, i64, p, i32]
     lib.cpt_uniform_bytes.argtypes = [p, i64, u32, u32]
     lib.cpt_philox4x32_10.argtypes = [p, p, p]
-    for fn in (lib.cpt_fq_rtn, lib.cpt_fq_rtn_rows, lib.cpt_fq_sr, lib.cpt_uniform_bytes, lib.cpt_philox4x32_10):
+    for fn in (lib.cpt_fq_rtn, lib.cpt_fq_rtn_rows, lib.cpt_fq_sr, lib.cpt_fq_sr_auto, lib.cpt_fq_rtn_tracked,
+               lib.cpt_minmax, lib.cpt_uniform_bytes, lib.cpt_philox4x32_10):
         fn.restype = None
     return lib
 
@@ -155,13 +159,36 @@ def _range(lo: torch.Tensor, hi: torch.Tensor) -> tuple[float, float]:
     return float(lo), float(hi)  # 0-d CPU tensors: no synchronisation, and cheaper than a stack and tolist
 
 
-def fake_quant_rtn(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, qmax: int) -> torch.Tensor:
+def fake_quant_rtn(x: torch.Tensor, lo: torch.Tensor | float, hi: torch.Tensor | float, qmax: int) -> torch.Tensor:
     """``quant.fake_quant_per_tensor`` in one pass: out = (clamp(round(x / s + zp), 0, qmax) - zp) * s."""
     x = x if _dense(x) else x.contiguous()
     out = torch.empty_like(x)  # same strides as a dense x: the kernel walks both in storage order
-    lo_f, hi_f = _range(lo, hi)
+    lo_f, hi_f = (lo, hi) if isinstance(lo, float) else _range(lo, hi)
     _lib.cpt_fq_rtn(x.data_ptr(), out.data_ptr(), x.numel(), lo_f, hi_f, float(qmax), torch.get_num_threads())
     return out
+
+
+def fake_quant_rtn_tracked(x: torch.Tensor, act_lo: torch.Tensor, act_hi: torch.Tensor, act_count: torch.Tensor,
+                           qmax: int, momentum: float) -> tuple[torch.Tensor, float, float]:
+    """An activation in training in one call: ``torch.aminmax(x)``, the running-range update of
+    ``layers._QuantMixin._input_range`` on the layer's own buffers (float32 ``act_lo``/``act_hi``, int64
+    ``act_count``, 0-d CPU tensors, written in place), and ``fake_quant_rtn`` with the batch range, which it returns
+    as floats (the layer keeps them to re-quantize in backward). One C call where the torch ops took ten."""
+    x = x if _dense(x) else x.contiguous()
+    out = torch.empty_like(x)
+    batch = (ctypes.c_float * 2)()
+    _lib.cpt_fq_rtn_tracked(x.data_ptr(), out.data_ptr(), x.numel(), float(qmax), act_lo.data_ptr(),
+                            act_hi.data_ptr(), act_count.data_ptr(), momentum, 1 - momentum, ctypes.addressof(batch),
+                            torch.get_num_threads())
+    return out, batch[0], batch[1]
+
+
+def minmax(x: torch.Tensor) -> tuple[float, float]:
+    """The kernels' ``torch.aminmax`` of a whole dense tensor (for the tests)."""
+    x = x if _dense(x) else x.contiguous()
+    lohi = (ctypes.c_float * 2)()
+    _lib.cpt_minmax(x.data_ptr(), x.numel(), ctypes.addressof(lohi), torch.get_num_threads())
+    return lohi[0], lohi[1]
 
 
 def fake_quant_rtn_channels(w: torch.Tensor, qmax: int) -> torch.Tensor:
@@ -174,12 +201,11 @@ def fake_quant_rtn_channels(w: torch.Tensor, qmax: int) -> torch.Tensor:
 
 
 def fake_quant_sr(x: torch.Tensor, qmax: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """``quant.fake_quant_stochastic`` in one pass after torch's min/max, with Philox4x32-10 bytes."""
+    """``quant.fake_quant_stochastic`` in one call: the tensor's min/max, then one pass with Philox4x32-10 bytes."""
     x = x if _dense(x) else x.contiguous()
-    lo_f, hi_f = _range(*torch.aminmax(x.detach()))
     k0, k1 = draw_key(generator)
     out = torch.empty_like(x)  # last: no small tensor is born above it on the heap (peak RSS, see bench_quant_step)
-    _lib.cpt_fq_sr(x.data_ptr(), out.data_ptr(), x.numel(), lo_f, hi_f, float(qmax), k0, k1, torch.get_num_threads())
+    _lib.cpt_fq_sr_auto(x.data_ptr(), out.data_ptr(), x.numel(), float(qmax), k0, k1, torch.get_num_threads())
     return out
 
 

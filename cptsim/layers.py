@@ -24,7 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import InputError
-from .quant import FULL_PRECISION, check_bits, quantize_activation, quantize_error, quantize_weight
+from . import ckernels
+from .quant import FULL_PRECISION, check_bits, qrange, quantize_activation, quantize_error, quantize_weight
 
 ACT_MOMENTUM = 0.9  # running-range momentum for eval, as in the SBM/CPT code
 
@@ -47,6 +48,22 @@ class _QuantInput(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, lo, hi, bits):
         return quantize_activation(x, lo, hi, bits)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None, None
+
+
+class _QuantInputTracked(torch.autograd.Function):
+    """_QuantInput in training with the C kernels: the batch range, the layer's running range and the quantization
+    in one call (see _QuantMixin._kernel_input). The batch range is appended to ``rng`` as floats."""
+
+    @staticmethod
+    def forward(ctx, x, layer, bits, rng):
+        xq, lo, hi = ckernels.fake_quant_rtn_tracked(x, layer.act_lo, layer.act_hi, layer.act_count, qrange(bits)[1],
+                                                     ACT_MOMENTUM)
+        rng += (lo, hi)
+        return xq
 
     @staticmethod
     def backward(ctx, grad):
@@ -123,12 +140,13 @@ class _QuantMixin:
             return lo, hi
         return torch.where(first, lo, self.act_lo), torch.where(first, hi, self.act_hi)
 
-    def _quantized_operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        bits = self.precision.bits
-        if bits == FULL_PRECISION:
-            return x, self.weight
-        lo, hi = self._input_range(x)
-        return _QuantInput.apply(x, lo, hi, bits), self._quantized_weight(bits)
+    def _kernel_input(self, x: torch.Tensor) -> bool:
+        """Training on a CPU with the C kernels: the input's range, the running-range update and the quantization
+        are one kernel call (``ckernels.fake_quant_rtn_tracked``) instead of ten torch ops. In a quantized step each
+        small op costs 10-20 us -- the big passes before it have flushed the caches -- so those ten were ~3 ms of a
+        resnet20 step (issue 13)."""
+        return (self.training and self.act_lo.dtype == torch.float32 and self.act_count.dtype == torch.int64
+                and self.act_lo.device.type == "cpu" and ckernels.usable(x.detach()))
 
     def _quantized_call(self, op, x: torch.Tensor) -> torch.Tensor:
         """``op(Qa(x), Qw(W))`` with the error quantized in backward.
@@ -140,8 +158,13 @@ class _QuantMixin:
         bits = self.precision.bits
         if bits == FULL_PRECISION:
             return self._quantize_error(op(x, self.weight))
-        lo, hi = self._input_range(x)
-        xq = _QuantInput.apply(x, lo, hi, bits)
+        if self._kernel_input(x):
+            rng: list = []  # the batch range comes back as floats, for backward's re-quantization
+            xq = _QuantInputTracked.apply(x, self, bits, rng)
+            lo, hi = rng
+        else:
+            lo, hi = self._input_range(x)
+            xq = _QuantInput.apply(x, lo, hi, bits)
         w = self._quantized_weight(bits)
         if not (torch.is_grad_enabled() and (xq.requires_grad or w.requires_grad)):
             return self._quantize_error(op(xq, w))

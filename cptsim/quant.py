@@ -219,9 +219,13 @@ def fused_status() -> dict:
 # round-to-nearest is bit-identical either way and stochastic rounding is the same formula on other uniform bytes.
 
 
-def quantize_activation(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bits: int) -> torch.Tensor:
+def quantize_activation(x: torch.Tensor, lo: torch.Tensor | float, hi: torch.Tensor | float, bits: int) -> torch.Tensor:
     """Per-tensor round-to-nearest fake quantization: fused on CUDA, one C pass on a CPU, else
-    ``fake_quant_per_tensor``."""
+    ``fake_quant_per_tensor``. The range is 0-d tensors, or floats (float32 values) from the C kernels' own min/max."""
+    if isinstance(lo, float):
+        if ckernels.usable(x):
+            return ckernels.fake_quant_rtn(x, lo, hi, qrange(bits)[1])
+        lo, hi = torch.tensor(lo, device=x.device), torch.tensor(hi, device=x.device)  # exact: they are float32 values
     if _FQ.usable(x):
         out = _FQ(x, lo, hi, qrange(bits)[1])
         if out is not None:

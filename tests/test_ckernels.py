@@ -153,6 +153,58 @@ def test_stochastic_rounding_is_deterministic_under_the_seed_and_independent_of_
     assert not torch.equal(quantize_error(x, 8), outs[0])
 
 
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 4097, 100_003])
+def test_min_max_is_torch_aminmax(n):
+    """The kernels' range (one pass, eight lanes, per-chunk partials, two threads above 32k elements) against
+    torch.aminmax, including where the extreme or a NaN sits in a tail, and infinities."""
+    torch.manual_seed(n)
+    x = torch.randn(n) * 3
+    assert ckernels.minmax(x) == tuple(v.item() for v in torch.aminmax(x))
+    x[-1] = -50.0
+    assert ckernels.minmax(x)[0] == -50.0
+    x[n // 2] = float("inf")
+    assert ckernels.minmax(x)[1] == float("inf")
+    x[n - 1 - n // 3] = float("nan")
+    lo, hi = ckernels.minmax(x)
+    assert lo != lo and hi != hi and torch.aminmax(x)[0].isnan()
+
+
+def test_training_forward_in_one_call_matches_the_torch_ops():
+    """QConv2d in training with the kernels (range, running range, quantization in one C call) against the same
+    layer with CPTSIM_CKERNELS=0 (torch.aminmax, torch's running-average ops, the eager quantizer): outputs and
+    gradients bit for bit (g = 32: no random draws; backward re-quantizes from the float range the call returned),
+    the running range to the last bit of float32 (torch's add with alpha is one fused multiply-add on this
+    build's kernels, as in the C code; a build that rounds twice may differ by one unit in the last place)."""
+    import copy
+    import os
+
+    from cptsim.layers import quantize_model
+
+    torch.manual_seed(0)
+    fast = torch.nn.Conv2d(4, 6, 3, padding=1)
+    slow = copy.deepcopy(fast)
+    for m in (fast, slow):
+        quantize_model(torch.nn.Sequential(m), fp_layers=[]).set(5, 32)
+    for i, scale in enumerate((1.0, 4.0, 0.5, 2.0)):
+        x = (torch.randn(8, 4, 16, 16) * scale).relu() if i % 2 else torch.randn(8, 4, 16, 16) * scale
+        grads = []
+        for m, env in ((fast, "1"), (slow, "0")):
+            os.environ["CPTSIM_CKERNELS"] = env
+            try:
+                xi = x.clone().requires_grad_()
+                y = m(xi)
+                y.backward(torch.ones_like(y))
+            finally:
+                os.environ.pop("CPTSIM_CKERNELS")
+            grads.append((y.detach(), xi.grad, m.weight.grad.clone()))
+            m.weight.grad = None
+        for a, b in zip(*grads):
+            assert torch.equal(a, b)
+        assert int(fast.act_count) == int(slow.act_count) == i + 1
+        for a, b in ((fast.act_lo, slow.act_lo), (fast.act_hi, slow.act_hi)):
+            torch.testing.assert_close(a, b, rtol=2**-23, atol=0)
+
+
 def test_off_switch_and_missing_compiler_fall_back_to_the_eager_quantizers(monkeypatch, tmp_path):
     x = torch.randn(1000)
     monkeypatch.setenv("CPTSIM_CKERNELS", "0")

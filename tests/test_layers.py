@@ -113,7 +113,11 @@ def test_linear_on_nd_input():
     assert torch.allclose(lin(x), F.linear(xq, fake_quant_per_channel(ref.weight.detach(), 8), ref.bias), atol=1e-6)
 
 
-def test_eval_uses_the_running_activation_range():
+@pytest.mark.parametrize("kernels", ["1", "0"])
+def test_eval_uses_the_running_activation_range(kernels, monkeypatch):
+    """With the C kernels the range, its running average and the quantization are one call (the buffers written
+    from C); without them, torch ops. Both against the running average written out here."""
+    monkeypatch.setenv("CPTSIM_CKERNELS", kernels)
     conv = nn.Conv2d(1, 1, 1, bias=False)
     state = quantize_model(nn.Sequential(conv), fp_layers=[])
     state.set(4, 32)
