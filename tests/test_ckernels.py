@@ -169,37 +169,51 @@ def test_min_max_is_torch_aminmax(n):
     assert lo != lo and hi != hi and torch.aminmax(x)[0].isnan()
 
 
-def test_training_forward_in_one_call_matches_the_torch_ops():
-    """QConv2d in training with the kernels (range, running range, quantization in one C call) against the same
-    layer with CPTSIM_CKERNELS=0 (torch.aminmax, torch's running-average ops, the eager quantizer): outputs and
-    gradients bit for bit (g = 32: no random draws; backward re-quantizes from the float range the call returned),
-    the running range to the last bit of float32 (torch's add with alpha is one fused multiply-add on this
-    build's kernels, as in the C code; a build that rounds twice may differ by one unit in the last place)."""
+@pytest.mark.parametrize("kind", ["conv", "conv-strided-grouped", "linear-3d"])
+def test_training_forward_in_one_call_matches_the_torch_ops(kind):
+    """A quantized layer in training with the kernels -- one autograd node (layers._QuantLayerCPU): range, running
+    range and quantization in one C call, the op's backward called directly -- against the same layer with
+    CPTSIM_CKERNELS=0 (torch.aminmax, torch's running-average ops, the eager quantizer, autograd's own nodes):
+    outputs and gradients bit for bit for convolutions (g = 32: no random draws; backward re-quantizes from the
+    float range the call returned; aten.convolution_backward is what autograd calls too), to float32 rounding for
+    the linear layer (its GEMMs are grouped differently); the running range to the last bit of float32 (torch's
+    add with alpha is one fused multiply-add on this build's kernels, as in the C code; a build that rounds twice
+    may differ by one unit in the last place)."""
     import copy
     import os
 
     from cptsim.layers import quantize_model
 
     torch.manual_seed(0)
-    fast = torch.nn.Conv2d(4, 6, 3, padding=1)
+    fast, shape = {
+        "conv": (torch.nn.Conv2d(4, 6, 3, padding=1), (8, 4, 16, 16)),
+        "conv-strided-grouped": (torch.nn.Conv2d(4, 6, 3, stride=2, padding=(1, 2), dilation=2, groups=2,
+                                                 bias=False), (8, 4, 15, 17)),
+        "linear-3d": (torch.nn.Linear(12, 5), (3, 7, 12)),
+    }[kind]
     slow = copy.deepcopy(fast)
     for m in (fast, slow):
         quantize_model(torch.nn.Sequential(m), fp_layers=[]).set(5, 32)
     for i, scale in enumerate((1.0, 4.0, 0.5, 2.0)):
-        x = (torch.randn(8, 4, 16, 16) * scale).relu() if i % 2 else torch.randn(8, 4, 16, 16) * scale
-        grads = []
+        x = (torch.randn(shape) * scale).relu() if i % 2 else torch.randn(shape) * scale
+        grads, nodes = [], []
         for m, env in ((fast, "1"), (slow, "0")):
             os.environ["CPTSIM_CKERNELS"] = env
             try:
                 xi = x.clone().requires_grad_()
                 y = m(xi)
+                nodes.append(type(y.grad_fn).__name__)
                 y.backward(torch.ones_like(y))
             finally:
                 os.environ.pop("CPTSIM_CKERNELS")
             grads.append((y.detach(), xi.grad, m.weight.grad.clone()))
             m.weight.grad = None
+        assert nodes[0] == "_QuantLayerCPUBackward" != nodes[1]  # one node with the kernels, autograd's without
         for a, b in zip(*grads):
-            assert torch.equal(a, b)
+            if kind.startswith("conv"):
+                assert torch.equal(a, b)
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
         assert int(fast.act_count) == int(slow.act_count) == i + 1
         for a, b in ((fast.act_lo, slow.act_lo), (fast.act_hi, slow.act_hi)):
             torch.testing.assert_close(a, b, rtol=2**-23, atol=0)

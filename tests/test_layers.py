@@ -16,7 +16,14 @@ from cptsim.layers import (
     quantize_model,
     quantized_layer_names,
 )
-from cptsim.quant import fake_quant_per_channel, fake_quant_per_tensor, fake_quant_stochastic, quantize_error
+from cptsim import ckernels
+from cptsim.quant import (
+    fake_quant_per_channel,
+    fake_quant_per_tensor,
+    fake_quant_stochastic,
+    quantize_activation,
+    quantize_error,
+)
 
 
 def _net():
@@ -158,18 +165,31 @@ def test_inplace_activation_after_a_quantized_layer_trains():
     assert torch.isfinite(net[0].weight.grad).all() and net[0].weight.grad.abs().sum() > 0
 
 
-def test_the_quantized_input_is_recomputed_for_backward_not_kept():
+@pytest.mark.parametrize("kernels", ["1", "0"])
+def test_the_quantized_input_is_recomputed_for_backward_not_kept(kernels, monkeypatch):
     """The conv saves x and its range, not Qa(x) (an activation-sized tensor per layer); what backward gets back is
-    Qa(x) bit for bit, and an in-place change of x before backward is an error, not a silently wrong gradient."""
+    Qa(x) bit for bit, and an in-place change of x before backward is an error, not a silently wrong gradient.
+
+    With the C kernels the layer is one autograd node (layers._QuantLayerCPU) that saves x itself and the
+    quantized weight; without them the conv's own node, whose saved input the saved-tensor hooks turn into x."""
+    monkeypatch.setenv("CPTSIM_CKERNELS", kernels)
     torch.manual_seed(0)
     conv = nn.Sequential(nn.Conv2d(3, 4, 3))
     quantize_model(conv, fp_layers=[]).set(5, 8)
     x = torch.randn(2, 3, 8, 8)
     y = conv(x)
     lo, hi = torch.aminmax(x)
-    assert torch.equal(y.grad_fn._saved_input, fake_quant_per_tensor(x, lo, hi, 5))
+    if kernels == "1" and ckernels.library() is not None:
+        assert type(y.grad_fn).__name__ == "_QuantLayerCPUBackward"
+        (saved,) = y.grad_fn.saved_tensors
+        assert saved.data_ptr() == x.data_ptr()  # x itself, no copy and no Qa(x)
+        assert y.grad_fn.wq.shape == conv[0].weight.shape
+        xq = quantize_activation(saved, *y.grad_fn.range, 5)  # what backward computes
+    else:
+        xq = y.grad_fn._saved_input
+    assert torch.equal(xq, fake_quant_per_tensor(x, lo, hi, 5))
     y.sum().backward()
     y = conv(x)
     x.mul_(2)
-    with pytest.raises(RuntimeError, match="modified in place"):
+    with pytest.raises(RuntimeError, match="modified (in place|by an inplace operation)"):
         y.sum().backward()
