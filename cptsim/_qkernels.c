@@ -14,8 +14,9 @@
  *               with mulk = 256/scale, addc = 256*zp + 1/2, invk = 1/256 and byte uniform on 0..255,
  * scale, zp and inv = 1/scale from the range as quant.choose_qparams computes them.
  * The bytes come from Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11; the
- * generator of cuRAND and of PyTorch on CUDA), counter = the index of a 16-byte block, key = 64 bits drawn from
- * torch's generator per call: every element's byte is a function of (key, index) alone, so the result does not
+ * generator of cuRAND and of PyTorch on CUDA), counter = (the index of a 16-byte block, a stream number), key = 64
+ * bits drawn from torch's generator (once per call, or once per backward pass with one stream per call: see
+ * ckernels.fake_quant_sr): every element's byte is a function of (key, stream, index) alone, so the result does not
  * depend on the thread count and a run resumed from torch's RNG state draws the same bytes.
  */
 #include <math.h>
@@ -47,9 +48,9 @@ static inline void philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], u
 void cpt_philox4x32_10(const uint32_t *ctr, const uint32_t *key, uint32_t *out) { philox4x32_10(ctr, key, out); }
 
 /* Philox4x32-10 of 64 consecutive blocks at once: with AVX2 intrinsics where the CPU has them, else written lane by
- * lane so that the compiler vectorises across blocks as well as it can. Chunk c (1024 elements) takes blocks 64c..64c+63, counter (b low,
- * b high, 0, 0); its 256 words are W[64*j + l] = word j of block 64c+l, and element 256*t + w of the chunk takes
- * byte t (bits 8t..8t+7) of W[w]: four planes of 256 elements, so the element loop is shifts, masks and int->float
+ * lane so that the compiler vectorises across blocks as well as it can. Chunk c (1024 elements) takes blocks
+ * 64c..64c+63, counter (b low, b high, stream, 0); its 256 words are W[64*j + l] = word j of block 64c+l, and
+ * element 256*t + w of the chunk takes byte t (bits 8t..8t+7) of W[w]: four planes of 256 elements, so the element loop is shifts, masks and int->float
  * conversions that vectorise. This layout is the definition of the stream; cpt_uniform_bytes and cpt_fq_sr share it.
  */
 #define LANES 64
@@ -71,7 +72,7 @@ static inline void mulhilo8(__m256i a, __m256i m, __m256i *hi, __m256i *lo) {
  * vectorises the portable loop below poorly (64-bit lanes and repacking), and it cost as much as the rest of the
  * stochastic-rounding pass. Two groups of eight blocks are interleaved so that one group's multiplies hide the
  * other's latency. */
-static void chunk_words(int64_t chunk, const uint32_t key[2], uint32_t w[CHUNK / 4]) {
+static void chunk_words(int64_t chunk, const uint32_t key[2], uint32_t stream, uint32_t w[CHUNK / 4]) {
     const __m256i m0 = _mm256_set1_epi32((int)0xD2511F53u), m1 = _mm256_set1_epi32((int)0xCD9E8D57u);
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const uint64_t b0 = (uint64_t)chunk * LANES; /* a multiple of 64: the low word of b0 + l never carries */
@@ -79,7 +80,7 @@ static void chunk_words(int64_t chunk, const uint32_t key[2], uint32_t w[CHUNK /
         __m256i a0 = _mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)(b0 + g)), lane);
         __m256i e0 = _mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)(b0 + g + 8)), lane);
         __m256i a1 = _mm256_set1_epi32((int)(uint32_t)(b0 >> 32)), e1 = a1;
-        __m256i a2 = _mm256_setzero_si256(), e2 = a2, a3 = a2, e3 = a2;
+        __m256i a2 = _mm256_set1_epi32((int)stream), e2 = a2, a3 = _mm256_setzero_si256(), e3 = a3;
         uint32_t k0 = key[0], k1 = key[1];
         for (int r = 0; r < 10; r++) {
             if (r) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
@@ -106,12 +107,12 @@ static void chunk_words(int64_t chunk, const uint32_t key[2], uint32_t w[CHUNK /
     }
 }
 #else
-static void chunk_words(int64_t chunk, const uint32_t key[2], uint32_t w[CHUNK / 4]) {
+static void chunk_words(int64_t chunk, const uint32_t key[2], uint32_t stream, uint32_t w[CHUNK / 4]) {
     uint32_t c0[LANES], c1[LANES], c2[LANES], c3[LANES];
     const uint64_t b0 = (uint64_t)chunk * LANES;
     for (int l = 0; l < LANES; l++) {
         uint64_t b = b0 + (uint64_t)l;
-        c0[l] = (uint32_t)b; c1[l] = (uint32_t)(b >> 32); c2[l] = 0u; c3[l] = 0u;
+        c0[l] = (uint32_t)b; c1[l] = (uint32_t)(b >> 32); c2[l] = stream; c3[l] = 0u;
     }
     uint32_t k0 = key[0], k1 = key[1];
     for (int r = 0; r < 10; r++) {
@@ -131,13 +132,13 @@ static void chunk_words(int64_t chunk, const uint32_t key[2], uint32_t w[CHUNK /
 #endif
 
 /* The bytes cpt_fq_sr adds, element by element (for the tests' uniformity and independence checks). */
-void cpt_uniform_bytes(uint8_t *out, int64_t n, uint32_t k0, uint32_t k1) {
+void cpt_uniform_bytes(uint8_t *out, int64_t n, uint32_t k0, uint32_t k1, uint32_t stream) {
     const uint32_t key[2] = {k0, k1};
     const int64_t nc = (n + CHUNK - 1) / CHUNK;
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)
     for (int64_t c = 0; c < nc; c++) {
         uint32_t w[CHUNK / 4];
-        chunk_words(c, key, w);
+        chunk_words(c, key, stream, w);
         for (int64_t e = c * CHUNK; e < n && e < (c + 1) * CHUNK; e++) {
             int64_t k = e - c * CHUNK;
             out[e] = (uint8_t)(w[k % (CHUNK / 4)] >> (8 * (k / (CHUNK / 4))));
@@ -288,7 +289,7 @@ static inline void sr_span(const float *restrict x, float *restrict out, const u
 
 /* Stochastic rounding with one range [lo, hi] (quant.fake_quant_stochastic: the error's own min/max). */
 void cpt_fq_sr(const float *x, float *out, int64_t n, float lo, float hi, float qmax, uint32_t k0, uint32_t k1,
-               int threads) {
+               uint32_t stream, int threads) {
     float inv, zp, scale;
     qparams(lo, hi, qmax, &inv, &zp, &scale);
     (void)inv;
@@ -298,7 +299,7 @@ void cpt_fq_sr(const float *x, float *out, int64_t n, float lo, float hi, float 
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n >= PAR_MIN)
     for (int64_t c = 0; c < nc; c++) {
         uint32_t w[CHUNK / 4];
-        chunk_words(c, key, w);
+        chunk_words(c, key, stream, w);
         const int64_t i0 = c * CHUNK, m = n - i0 < CHUNK ? n - i0 : CHUNK;
         for (int t = 0; t < 4; t++) {
             const int64_t p0 = (int64_t)t * (CHUNK / 4);
@@ -310,10 +311,11 @@ void cpt_fq_sr(const float *x, float *out, int64_t n, float lo, float hi, float 
 }
 
 /* Stochastic rounding with the tensor's own range (quant.fake_quant_stochastic: torch.aminmax, then the pass). */
-void cpt_fq_sr_auto(const float *x, float *out, int64_t n, float qmax, uint32_t k0, uint32_t k1, int threads) {
+void cpt_fq_sr_auto(const float *x, float *out, int64_t n, float qmax, uint32_t k0, uint32_t k1, uint32_t stream,
+                    int threads) {
     float lo, hi;
     minmax(x, n, threads, &lo, &hi);
-    cpt_fq_sr(x, out, n, lo, hi, qmax, k0, k1, threads);
+    cpt_fq_sr(x, out, n, lo, hi, qmax, k0, k1, stream, threads);
 }
 
 /* The range alone (for the tests: the same as torch.aminmax). */

@@ -96,11 +96,11 @@ def _build() -> ctypes.CDLL:
     f, i64, u32, i32, p = ctypes.c_float, ctypes.c_int64, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p
     lib.cpt_fq_rtn.argtypes = [p, p, i64, f, f, f, i32]
     lib.cpt_fq_rtn_rows.argtypes = [p, p, i64, i64, f, i32]
-    lib.cpt_fq_sr.argtypes = [p, p, i64, f, f, f, u32, u32, i32]
-    lib.cpt_fq_sr_auto.argtypes = [p, p, i64, f, u32, u32, i32]
+    lib.cpt_fq_sr.argtypes = [p, p, i64, f, f, f, u32, u32, u32, i32]
+    lib.cpt_fq_sr_auto.argtypes = [p, p, i64, f, u32, u32, u32, i32]
     lib.cpt_fq_rtn_tracked.argtypes = [p, p, i64, f, p, p, p, f, f, p, i32]
     lib.cpt_minmax.argtypes = [p, i64, p, i32]
-    lib.cpt_uniform_bytes.argtypes = [p, i64, u32, u32]
+    lib.cpt_uniform_bytes.argtypes = [p, i64, u32, u32, u32]
     lib.cpt_philox4x32_10.argtypes = [p, p, p]
     for fn in (lib.cpt_fq_rtn, lib.cpt_fq_rtn_rows, lib.cpt_fq_sr, lib.cpt_fq_sr_auto, lib.cpt_fq_rtn_tracked,
                lib.cpt_minmax, lib.cpt_uniform_bytes, lib.cpt_philox4x32_10):
@@ -201,12 +201,34 @@ def fake_quant_rtn_channels(w: torch.Tensor, qmax: int) -> torch.Tensor:
 
 
 def fake_quant_sr(x: torch.Tensor, qmax: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """``quant.fake_quant_stochastic`` in one call: the tensor's min/max, then one pass with Philox4x32-10 bytes."""
+    """``quant.fake_quant_stochastic`` in one call: the tensor's min/max, then one pass with Philox4x32-10 bytes.
+
+    The Philox key: 64 bits from torch's generator per call, except inside a backward pass (with the default
+    generator), where the first call draws the key and each later call of the same pass takes the next stream
+    (the counter's third word) under it: distinct counters, so independent bytes, for one draw per step instead of
+    one per layer (the draw is three small torch ops, ~60 us each time in a quantized step). Which call gets which
+    stream follows autograd's order, which is deterministic, so runs stay seeded and resumable."""
     x = x if _dense(x) else x.contiguous()
-    k0, k1 = draw_key(generator)
+    (k0, k1), stream = _key_and_stream(generator)
     out = torch.empty_like(x)  # last: no small tensor is born above it on the heap (peak RSS, see bench_quant_step)
-    _lib.cpt_fq_sr_auto(x.data_ptr(), out.data_ptr(), x.numel(), float(qmax), k0, k1, torch.get_num_threads())
+    _lib.cpt_fq_sr_auto(x.data_ptr(), out.data_ptr(), x.numel(), float(qmax), k0, k1, stream, torch.get_num_threads())
     return out
+
+
+_per_pass = threading.local()  # the backward pass (autograd graph task) whose key is cached, its key, its last stream
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)  # -1 outside backward (and if torch lacks it)
+
+
+def _key_and_stream(generator: torch.Generator | None) -> tuple[tuple[int, int], int]:
+    task = _graph_task_id() if generator is None else -1
+    if task < 0:  # not in a backward pass, or an explicit generator: a key of its own
+        return draw_key(generator), 0
+    st = _per_pass.__dict__
+    if st.get("task") != task:
+        st["task"], st["key"], st["stream"] = task, draw_key(), 0
+    else:
+        st["stream"] += 1
+    return st["key"], st["stream"]
 
 
 def draw_key(generator: torch.Generator | None = None) -> tuple[int, int]:
@@ -216,10 +238,10 @@ def draw_key(generator: torch.Generator | None = None) -> tuple[int, int]:
     return a & 0xFFFFFFFF, b & 0xFFFFFFFF
 
 
-def uniform_bytes(n: int, key: tuple[int, int]) -> torch.Tensor:
-    """The n bytes ``fake_quant_sr`` adds under this key (for the tests)."""
+def uniform_bytes(n: int, key: tuple[int, int], stream: int = 0) -> torch.Tensor:
+    """The n bytes ``fake_quant_sr`` adds under this key and stream (for the tests)."""
     out = torch.empty(n, dtype=torch.uint8)
-    _lib.cpt_uniform_bytes(out.data_ptr(), n, key[0], key[1])
+    _lib.cpt_uniform_bytes(out.data_ptr(), n, key[0], key[1], stream)
     return out
 
 

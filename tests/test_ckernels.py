@@ -46,13 +46,14 @@ def test_uniform_bytes_are_the_philox_words_in_the_documented_layout():
     (64*c + l, 0, 0, 0)). Every word of three chunks, against the scalar Philox of the known-answer test: the
     stream's own generator is vectorised (AVX2, where the CPU has it) and must give the same words."""
     key = (0x12345678, 0x9ABCDEF0)
-    got = ckernels.uniform_bytes(3 * 1024, key).view(3, 4, 256)
-    for c in range(3):
-        for lane in range(64):
-            block = ckernels.philox4x32_10((64 * c + lane, 0, 0, 0), key)
-            for j, word in enumerate(block):
-                want = [(word >> (8 * t)) & 255 for t in range(4)]
-                assert got[c, :, 64 * j + lane].tolist() == want, (c, lane, j)
+    for stream in (0, 5):  # stream s: counter (block, 0, s, 0)
+        got = ckernels.uniform_bytes(3 * 1024, key, stream).view(3, 4, 256)
+        for c in range(3):
+            for lane in range(64):
+                block = ckernels.philox4x32_10((64 * c + lane, 0, stream, 0), key)
+                for j, word in enumerate(block):
+                    want = [(word >> (8 * t)) & 255 for t in range(4)]
+                    assert got[c, :, 64 * j + lane].tolist() == want, (stream, c, lane, j)
 
 
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 8, 12, 16])
@@ -132,9 +133,47 @@ def test_kernel_bytes_are_uniform_and_independent():
         e = pairs.numel() / 256
         chi2 = ((torch.bincount(pairs, minlength=256) - e) ** 2 / e).sum().item()
         assert chi2 < 255 + 5 * (2 * 255) ** 0.5
-    other = ckernels.uniform_bytes(1 << 20, (key[0] ^ 1, key[1])).float()
-    corr = torch.corrcoef(torch.stack([b.float(), other]))[0, 1].item()
-    assert abs(corr) < 5 / (1 << 10)  # 5 sigma of a correlation over 2**20 pairs
+    for other in (ckernels.uniform_bytes(1 << 20, (key[0] ^ 1, key[1])),  # another key, or the next stream
+                  ckernels.uniform_bytes(1 << 20, key, 1)):
+        corr = torch.corrcoef(torch.stack([b.float(), other.float()]))[0, 1].item()
+        assert abs(corr) < 5 / (1 << 10)  # 5 sigma of a correlation over 2**20 pairs
+
+
+def test_one_key_per_backward_pass_and_one_stream_per_layer():
+    """Inside a backward pass the first error quantization draws the Philox key from torch's generator and the
+    others take the next streams under it: torch's generator advances by one key per step, not one per layer, and
+    each layer's bytes are those of (key, its stream)."""
+    from cptsim.layers import quantize_model
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 3))
+    quantize_model(net, fp_layers=[]).set(8, 6)
+    x = torch.randn(4, 6)
+    seen = []
+    real = ckernels._lib.cpt_fq_sr_auto
+
+    class Spy:  # the key and stream of each call, as the kernel receives them
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+        def cpt_fq_sr_auto(self, *a):
+            seen.append((a[4], a[5], a[6]))
+            return real(*a)
+
+    lib = ckernels._lib
+    ckernels._lib = Spy()
+    try:
+        torch.manual_seed(1)
+        net(x).sum().backward()
+        after = torch.rand(1)
+    finally:
+        ckernels._lib = lib
+    torch.manual_seed(1)
+    key = ckernels.draw_key()
+    assert torch.equal(torch.rand(1), after)  # exactly one key drawn in the whole backward
+    assert seen == [(*key, 0), (*key, 1), (*key, 2)]  # last layer first, as autograd runs them
+    torch.manual_seed(1)
+    assert ckernels.fake_quant_sr(x, 63) is not None and torch.equal(torch.rand(1), after)  # outside: its own key
 
 
 def test_stochastic_rounding_is_deterministic_under_the_seed_and_independent_of_threads():
