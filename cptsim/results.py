@@ -194,9 +194,21 @@ class ResultsDB:
         self._con.row_factory = sqlite3.Row
         try:
             self._con.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-            self._con.execute("PRAGMA journal_mode = WAL")
-            self._con.execute("PRAGMA synchronous = NORMAL")  # durable at each checkpoint; WAL keeps it consistent
-            self._init_schema()
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    self._con.execute("PRAGMA journal_mode = WAL")
+                    self._con.execute("PRAGMA synchronous = NORMAL")  # durable at each checkpoint; WAL: consistent
+                    self._init_schema()
+                    break
+                except sqlite3.OperationalError as e:
+                    # Two processes opening a new database at once: switching it to WAL needs an exclusive lock,
+                    # and SQLite answers "database is locked" at once there, without waiting on busy_timeout (a
+                    # flaky failure of tests/test_results.py's two-writer test; 10 of 160 processes failed when four
+                    # opened one new database at once, none with this retry).
+                    if "locked" not in str(e) and "busy" not in str(e) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
         except sqlite3.DatabaseError as e:
             self._con.close()
             raise InputError(f"--db {self.path}: not a cptsim results database ({e})") from None
