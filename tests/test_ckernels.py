@@ -139,6 +139,48 @@ def test_kernel_bytes_are_uniform_and_independent():
         assert abs(corr) < 5 / (1 << 10)  # 5 sigma of a correlation over 2**20 pairs
 
 
+@pytest.mark.parametrize("checkpointed", [False, True])
+@pytest.mark.parametrize("against", ["torch-path", "fresh-buffers"])
+def test_layers_sharing_the_scratch_buffers_train_as_without_them(checkpointed, against, monkeypatch):
+    """Several quantized convs of one size in a row share one Qa(x) buffer in forward and two (Qa(x), the quantized
+    error) in backward (ckernels.scratch). Outputs and every gradient bit for bit equal to those of the torch path
+    (CPTSIM_CKERNELS=0; g = 32, no random draws) and of the kernels with a fresh tensor per call (g = 6, the same
+    draws under one seed), also when the stack is recomputed in backward (torch.utils.checkpoint); the buffers are
+    gone after backward."""
+    import copy
+    import os
+
+    from torch.utils.checkpoint import checkpoint
+
+    from cptsim.layers import quantize_model
+
+    g = 32 if against == "torch-path" else 6
+    torch.manual_seed(0)
+    fast = torch.nn.Sequential(*[m for _ in range(3) for m in (torch.nn.Conv2d(4, 4, 3, padding=1),
+                                                               torch.nn.ReLU(inplace=True))])
+    slow = copy.deepcopy(fast)
+    for m in (fast, slow):
+        quantize_model(m, fp_layers=[]).set(6, g)
+    x = torch.randn(5, 4, 12, 12)
+    res = []
+    for m, env in ((fast, "1"), (slow, "0" if g == 32 else "1")):
+        if m is slow and g != 32:
+            monkeypatch.setattr(ckernels, "scratch", lambda slot, like: torch.empty_like(like))
+        os.environ["CPTSIM_CKERNELS"] = env
+        try:
+            torch.manual_seed(1)
+            xi = x.clone().requires_grad_()
+            y = checkpoint(m, xi, use_reentrant=False) if checkpointed else m(xi)
+            (y * torch.arange(y.numel()).view_as(y)).sum().backward()
+        finally:
+            os.environ.pop("CPTSIM_CKERNELS")
+        res.append([y.detach(), xi.grad] + [p.grad for p in m.parameters()])
+        if m is fast:
+            assert not ckernels._scratch.__dict__.get("bufs")  # released when the backward pass ended
+    for a, b in zip(*res):
+        assert torch.equal(a, b)
+
+
 def test_one_key_per_backward_pass_and_one_stream_per_layer():
     """Inside a backward pass the first error quantization draws the Philox key from torch's generator and the
     others take the next streams under it: torch's generator advances by one key per step, not one per layer, and
