@@ -17,8 +17,13 @@ What they compute (tests/test_ckernels.py checks both against the eager function
 
 * round-to-nearest: the eager formula operation for operation in float32, so the result is bit-identical;
 * stochastic rounding: the eager formula, with the uniform bytes from Philox4x32-10 keyed by 64 bits drawn from
-  torch's CPU generator per call -- deterministic under ``torch.manual_seed``, resumable from torch's RNG state,
-  independent of the thread count; the same distribution as the eager path, not the same draws.
+  torch's CPU generator per call (per backward pass inside autograd, one Philox stream per call: see
+  ``fake_quant_sr``) -- deterministic under ``torch.manual_seed``, resumable from torch's RNG state, independent of
+  the thread count; the same distribution as the eager path, not the same draws.
+
+In CPU training ``cptsim.layers`` runs each quantized layer as one autograd node on these kernels: the input's range
+and running range in the same call as its quantization (``fake_quant_rtn_tracked``), the short-lived outputs in
+reused buffers (``scratch``).
 """
 
 from __future__ import annotations

@@ -213,9 +213,10 @@ class _QuantMixin:
         bits = self.precision.bits
         if bits == FULL_PRECISION:
             return self._quantize_error(op(x, self.weight))
-        if self._kernel_input(x) and self._one_node(x):
+        kernel_input = self._kernel_input(x)
+        if kernel_input and self._one_node(x):
             return _QuantLayerCPU.apply(x, self.weight, self.bias, self, bits, self.precision.grad_bits)
-        if self._kernel_input(x):
+        if kernel_input:
             rng: list = []  # the batch range comes back as floats, for backward's re-quantization
             xq = _QuantInputTracked.apply(x, self, bits, rng)
             lo, hi = rng
