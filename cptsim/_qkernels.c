@@ -50,8 +50,9 @@ void cpt_philox4x32_10(const uint32_t *ctr, const uint32_t *key, uint32_t *out) 
 /* Philox4x32-10 of 64 consecutive blocks at once: with AVX2 intrinsics where the CPU has them, else written lane by
  * lane so that the compiler vectorises across blocks as well as it can. Chunk c (1024 elements) takes blocks
  * 64c..64c+63, counter (b low, b high, stream, 0); its 256 words are W[64*j + l] = word j of block 64c+l, and
- * element 256*t + w of the chunk takes byte t (bits 8t..8t+7) of W[w]: four planes of 256 elements, so the element loop is shifts, masks and int->float
- * conversions that vectorise. This layout is the definition of the stream; cpt_uniform_bytes and cpt_fq_sr share it.
+ * element 256*t + w of the chunk takes byte t (bits 8t..8t+7) of W[w]: four planes of 256 elements, so the element
+ * loop is shifts, masks and int->float conversions that vectorise. This layout is the definition of the stream;
+ * cpt_uniform_bytes and cpt_fq_sr share it.
  */
 #define LANES 64
 #define CHUNK (16 * LANES)
