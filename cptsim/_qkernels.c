@@ -174,8 +174,44 @@ static inline void rtn_span(const float *restrict x, float *restrict out, int64_
     }
 }
 
-/* torch.aminmax of a whole tensor: exact (min and max do not round), and a NaN anywhere makes both NaN. Chunked so
- * that the min/max/NaN loop vectorises (vminps, vmaxps, vcmpunordps) without a data-dependent exit. */
+/* The min, max and "has a NaN" of x[0..len): exact (min and max do not round). Written so that it vectorises
+ * (vminps, vmaxps, vcmpunordps) without a data-dependent exit; a NaN is skipped by the comparisons and reported in
+ * *bad. */
+static inline void minmax_span(const float *x, int64_t len, float *plo, float *phi, int *bad) {
+    float l = x[0], h = x[0];
+    int nan = 0;
+    int64_t i = 0;
+#if defined(__AVX2__)
+    /* gcc does not vectorise a float min/max reduction without fast-math; (v < l ? v : l) is vminps(v, l) */
+    __m256 vl = _mm256_set1_ps(l), vh = vl, vbad = _mm256_setzero_ps();
+    for (; i + 8 <= len; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        vl = _mm256_min_ps(v, vl);
+        vh = _mm256_max_ps(v, vh);
+        vbad = _mm256_or_ps(vbad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    float tl[8], th[8];
+    _mm256_storeu_ps(tl, vl);
+    _mm256_storeu_ps(th, vh);
+    for (int k = 0; k < 8; k++) {
+        l = tl[k] < l ? tl[k] : l;
+        h = th[k] > h ? th[k] : h;
+    }
+    nan = _mm256_movemask_ps(vbad) != 0;
+#endif
+    for (; i < len; i++) {
+        float v = x[i];
+        l = v < l ? v : l;
+        h = v > h ? v : h;
+        nan |= v != v;
+    }
+    *plo = l;
+    *phi = h;
+    *bad = nan;
+}
+
+/* torch.aminmax of a whole tensor: a NaN anywhere makes both NaN. Per 4096-element chunk, the chunks' partials
+ * reduced across threads. */
 static void minmax(const float *x, int64_t n, int threads, float *plo, float *phi) {
     float lo = x[0], hi = x[0];
     int nan = 0;
@@ -183,35 +219,9 @@ static void minmax(const float *x, int64_t n, int threads, float *plo, float *ph
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n >= PAR_MIN) \
     reduction(min : lo) reduction(max : hi) reduction(| : nan)
     for (int64_t c = 0; c < nc; c++) {
-        const float *xc = x + c * chunk;
-        const int64_t len = n - c * chunk < chunk ? n - c * chunk : chunk;
-        float l = xc[0], h = xc[0];
-        int bad = 0;
-        int64_t i = 0;
-#if defined(__AVX2__)
-        /* gcc does not vectorise a float min/max reduction without fast-math; (v < l ? v : l) is vminps(v, l) */
-        __m256 vl = _mm256_set1_ps(l), vh = vl, vbad = _mm256_setzero_ps();
-        for (; i + 8 <= len; i += 8) {
-            __m256 v = _mm256_loadu_ps(xc + i);
-            vl = _mm256_min_ps(v, vl);
-            vh = _mm256_max_ps(v, vh);
-            vbad = _mm256_or_ps(vbad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-        }
-        float tl[8], th[8];
-        _mm256_storeu_ps(tl, vl);
-        _mm256_storeu_ps(th, vh);
-        for (int k = 0; k < 8; k++) {
-            l = tl[k] < l ? tl[k] : l;
-            h = th[k] > h ? th[k] : h;
-        }
-        bad = _mm256_movemask_ps(vbad) != 0;
-#endif
-        for (; i < len; i++) {
-            float v = xc[i];
-            l = v < l ? v : l; /* a NaN compares false: skipped here, reported by bad */
-            h = v > h ? v : h;
-            bad |= v != v;
-        }
+        float l, h;
+        int bad;
+        minmax_span(x + c * chunk, n - c * chunk < chunk ? n - c * chunk : chunk, &l, &h, &bad);
         lo = l < lo ? l : lo;
         hi = h > hi ? h : hi;
         nan |= bad;
@@ -261,13 +271,10 @@ void cpt_fq_rtn_rows(const float *x, float *out, int64_t rows, int64_t len, floa
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows * len >= PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * len;
-        float lo = xr[0], hi = xr[0];
-        for (int64_t i = 1; i < len; i++) { /* torch.aminmax: a NaN anywhere makes the range NaN */
-            float v = xr[i];
-            if (v != v) { lo = hi = v; break; }
-            lo = v < lo ? v : lo;
-            hi = v > hi ? v : hi;
-        }
+        float lo, hi;
+        int bad;
+        minmax_span(xr, len, &lo, &hi, &bad);
+        if (bad) lo = hi = NAN; /* torch.aminmax: a NaN anywhere makes the range NaN */
         float inv, zp, scale;
         qparams(lo, hi, qmax, &inv, &zp, &scale);
         rtn_span(xr, out + r * len, len, inv, zp, qmax, scale);

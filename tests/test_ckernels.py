@@ -97,6 +97,10 @@ def test_per_channel_weights_are_bit_identical_to_the_eager_quantizer(bits):
     assert torch.equal(quantize_weight(w, bits), fake_quant_per_channel(w, bits))
     lin = torch.randn(10, 7)
     assert torch.equal(quantize_weight(lin, bits), fake_quant_per_channel(lin, bits))
+    w[9, 4, 2, 1] = float("nan")  # a NaN in one channel: that whole channel is NaN, the others are as before
+    got, want = quantize_weight(w, bits), fake_quant_per_channel(w, bits)
+    assert torch.equal(got.isnan(), want.isnan()) and got[9].isnan().all()
+    assert torch.equal(got[~got.isnan()], want[~want.isnan()])
 
 
 def _sr_formula(x: torch.Tensor, bits: int, noise: torch.Tensor) -> torch.Tensor:
