@@ -101,13 +101,12 @@ def _build() -> ctypes.CDLL:
     f, i64, u32, i32, p = ctypes.c_float, ctypes.c_int64, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p
     lib.cpt_fq_rtn.argtypes = [p, p, i64, f, f, f, i32]
     lib.cpt_fq_rtn_rows.argtypes = [p, p, i64, i64, f, i32]
-    lib.cpt_fq_sr.argtypes = [p, p, i64, f, f, f, u32, u32, u32, i32]
     lib.cpt_fq_sr_auto.argtypes = [p, p, i64, f, u32, u32, u32, i32]
     lib.cpt_fq_rtn_tracked.argtypes = [p, p, i64, f, p, p, p, f, f, p, i32]
     lib.cpt_minmax.argtypes = [p, i64, p, i32]
     lib.cpt_uniform_bytes.argtypes = [p, i64, u32, u32, u32]
     lib.cpt_philox4x32_10.argtypes = [p, p, p]
-    for fn in (lib.cpt_fq_rtn, lib.cpt_fq_rtn_rows, lib.cpt_fq_sr, lib.cpt_fq_sr_auto, lib.cpt_fq_rtn_tracked,
+    for fn in (lib.cpt_fq_rtn, lib.cpt_fq_rtn_rows, lib.cpt_fq_sr_auto, lib.cpt_fq_rtn_tracked,
                lib.cpt_minmax, lib.cpt_uniform_bytes, lib.cpt_philox4x32_10):
         fn.restype = None
     return lib
@@ -194,25 +193,30 @@ def scratch(slot: str, like: torch.Tensor) -> torch.Tensor:
     return buf.as_strided(like.shape, like.stride())
 
 
-def fake_quant_rtn(x: torch.Tensor, lo: torch.Tensor | float, hi: torch.Tensor | float, qmax: int,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
-    """``quant.fake_quant_per_tensor`` in one pass: out = (clamp(round(x / s + zp), 0, qmax) - zp) * s."""
+def _dense_in_out(x: torch.Tensor, slot: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x made dense, and the output with its strides (the kernels walk both in storage order): a fresh tensor, or
+    the thread's reusable buffer for ``slot`` (``scratch``)."""
     x = x if _dense(x) else x.contiguous()
-    out = torch.empty_like(x) if out is None else out  # x's strides (dense): the kernel walks both in storage order
+    return x, torch.empty_like(x) if slot is None else scratch(slot, x)
+
+
+def fake_quant_rtn(x: torch.Tensor, lo: torch.Tensor | float, hi: torch.Tensor | float, qmax: int,
+                   slot: str | None = None) -> torch.Tensor:
+    """``quant.fake_quant_per_tensor`` in one pass: out = (clamp(round(x / s + zp), 0, qmax) - zp) * s."""
+    x, out = _dense_in_out(x, slot)
     lo_f, hi_f = (lo, hi) if isinstance(lo, float) else _range(lo, hi)
     _lib.cpt_fq_rtn(x.data_ptr(), out.data_ptr(), x.numel(), lo_f, hi_f, float(qmax), torch.get_num_threads())
     return out
 
 
 def fake_quant_rtn_tracked(x: torch.Tensor, act_lo: torch.Tensor, act_hi: torch.Tensor, act_count: torch.Tensor,
-                           qmax: int, momentum: float, out: torch.Tensor | None = None
+                           qmax: int, momentum: float, slot: str | None = None
                            ) -> tuple[torch.Tensor, float, float]:
     """An activation in training in one call: ``torch.aminmax(x)``, the running-range update of
     ``layers._QuantMixin._input_range`` on the layer's own buffers (float32 ``act_lo``/``act_hi``, int64
     ``act_count``, 0-d CPU tensors, written in place), and ``fake_quant_rtn`` with the batch range, which it returns
     as floats (the layer keeps them to re-quantize in backward). One C call where the torch ops took ten."""
-    x = x if _dense(x) else x.contiguous()
-    out = torch.empty_like(x) if out is None else out
+    x, out = _dense_in_out(x, slot)
     batch = (ctypes.c_float * 2)()
     _lib.cpt_fq_rtn_tracked(x.data_ptr(), out.data_ptr(), x.numel(), float(qmax), act_lo.data_ptr(),
                             act_hi.data_ptr(), act_count.data_ptr(), momentum, 1 - momentum, ctypes.addressof(batch),
@@ -238,7 +242,7 @@ def fake_quant_rtn_channels(w: torch.Tensor, qmax: int) -> torch.Tensor:
 
 
 def fake_quant_sr(x: torch.Tensor, qmax: int, generator: torch.Generator | None = None,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
+                  slot: str | None = None) -> torch.Tensor:
     """``quant.fake_quant_stochastic`` in one call: the tensor's min/max, then one pass with Philox4x32-10 bytes.
 
     The Philox key: 64 bits from torch's generator per call, except inside a backward pass (with the default
@@ -246,9 +250,8 @@ def fake_quant_sr(x: torch.Tensor, qmax: int, generator: torch.Generator | None 
     (the counter's third word) under it: distinct counters, so independent bytes, for one draw per step instead of
     one per layer (the draw is three small torch ops, ~60 us each time in a quantized step). Which call gets which
     stream follows autograd's order, which is deterministic, so runs stay seeded and resumable."""
-    x = x if _dense(x) else x.contiguous()
     (k0, k1), stream = _key_and_stream(generator)
-    out = torch.empty_like(x) if out is None else out  # last: no small tensor is born above it on the heap
+    x, out = _dense_in_out(x, slot)  # last: no small tensor is born above the output on the heap
     _lib.cpt_fq_sr_auto(x.data_ptr(), out.data_ptr(), x.numel(), float(qmax), k0, k1, stream, torch.get_num_threads())
     return out
 

@@ -84,11 +84,9 @@ class _QuantLayerCPU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, layer, bits, grad_bits):
-        qmax = qrange(bits)[1]
-        xd = x if ckernels._dense(x) else x.contiguous()
         # Qa(x) dies with the op below, so it goes into the thread's reusable buffer (ckernels.scratch)
-        xq, lo, hi = ckernels.fake_quant_rtn_tracked(xd, layer.act_lo, layer.act_hi, layer.act_count, qmax,
-                                                     ACT_MOMENTUM, out=ckernels.scratch("act", xd))
+        xq, lo, hi = ckernels.fake_quant_rtn_tracked(x, layer.act_lo, layer.act_hi, layer.act_count, qrange(bits)[1],
+                                                     ACT_MOMENTUM, slot="act")
         wq = quantize_weight(weight, bits)
         y = layer._op(xq, wq, bias)
         ctx.save_for_backward(x)  # alive anyway (the layer before holds it); autograd checks its version
@@ -100,19 +98,11 @@ class _QuantLayerCPU(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors  # first: a checkpointed graph recomputes here, and may use the scratch buffers
-        # The quantized error and Qa(x) die with the op's backward: the reusable buffers, while the kernels may run
-        # (a dispatch mode entered for backward alone gets the eager quantizers, which it can see)
+        # The quantized error and Qa(x) die with the op's backward: the reusable buffers where the kernels run (a
+        # dispatch mode entered for backward alone gets the eager quantizers, which it can see)
         if ctx.grad_bits != FULL_PRECISION:
-            if ckernels.usable(grad):
-                grad = grad if ckernels._dense(grad) else grad.contiguous()
-                grad = ckernels.fake_quant_sr(grad, qrange(ctx.grad_bits)[1], out=ckernels.scratch("err", grad))
-            else:
-                grad = quantize_error(grad, ctx.grad_bits)
-        if ckernels.usable(x):  # the same tensor as forward's Qa(x), bit for bit
-            x = x if ckernels._dense(x) else x.contiguous()
-            xq = ckernels.fake_quant_rtn(x, *ctx.range, qrange(ctx.bits)[1], out=ckernels.scratch("act", x))
-        else:
-            xq = quantize_activation(x, *ctx.range, ctx.bits)
+            grad = quantize_error(grad, ctx.grad_bits, scratch="err")
+        xq = quantize_activation(x, *ctx.range, ctx.bits, scratch="act")  # forward's Qa(x), bit for bit
         need = ctx.needs_input_grad
         gx, gw, gb = ctx.layer._op_backward(grad, xq, ctx.wq, (need[0], need[1], ctx.has_bias and need[2]))
         return gx, gw, gb, None, None, None

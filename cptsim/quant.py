@@ -219,19 +219,21 @@ def fused_status() -> dict:
 # round-to-nearest is bit-identical either way and stochastic rounding is the same formula on other uniform bytes.
 
 
-def quantize_activation(x: torch.Tensor, lo: torch.Tensor | float, hi: torch.Tensor | float, bits: int) -> torch.Tensor:
+def quantize_activation(x: torch.Tensor, lo: torch.Tensor | float, hi: torch.Tensor | float, bits: int,
+                        scratch: str | None = None) -> torch.Tensor:
     """Per-tensor round-to-nearest fake quantization: fused on CUDA, one C pass on a CPU, else
-    ``fake_quant_per_tensor``. The range is 0-d tensors, or floats (float32 values) from the C kernels' own min/max."""
+    ``fake_quant_per_tensor``. The range is 0-d tensors, or floats (float32 values) from the C kernels' own min/max.
+    ``scratch``: the C pass writes into that reusable buffer (``ckernels.scratch``; the caller drops the result)."""
     if isinstance(lo, float):
         if ckernels.usable(x):
-            return ckernels.fake_quant_rtn(x, lo, hi, qrange(bits)[1])
+            return ckernels.fake_quant_rtn(x, lo, hi, qrange(bits)[1], slot=scratch)
         lo, hi = torch.tensor(lo, device=x.device), torch.tensor(hi, device=x.device)  # exact: they are float32 values
     if _FQ.usable(x):
         out = _FQ(x, lo, hi, qrange(bits)[1])
         if out is not None:
             return out
     if lo.dim() == 0 and ckernels.usable(x):
-        return ckernels.fake_quant_rtn(x, lo, hi, qrange(bits)[1])
+        return ckernels.fake_quant_rtn(x, lo, hi, qrange(bits)[1], slot=scratch)
     return fake_quant_per_tensor(x, lo, hi, bits)
 
 
@@ -247,13 +249,13 @@ def quantize_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
     return fake_quant_per_channel(w, bits, axis=0)
 
 
-def quantize_error(g: torch.Tensor, bits: int) -> torch.Tensor:
+def quantize_error(g: torch.Tensor, bits: int, scratch: str | None = None) -> torch.Tensor:
     """Per-tensor stochastic-rounding fake quantization: fused on CUDA, one C pass with Philox bytes on a CPU, else
-    ``fake_quant_stochastic``."""
+    ``fake_quant_stochastic``. ``scratch`` as for ``quantize_activation``."""
     if _SR.usable(g):
         out = _SR(g, qrange(bits)[1])
         if out is not None:
             return out
     if ckernels.usable(g):
-        return ckernels.fake_quant_sr(g, qrange(bits)[1])
+        return ckernels.fake_quant_sr(g, qrange(bits)[1], slot=scratch)
     return fake_quant_stochastic(g, bits)
