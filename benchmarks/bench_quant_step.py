@@ -1,15 +1,22 @@
 """Quantized training step vs FP32 training step, side by side in one process.
 
     python benchmarks/bench_quant_step.py [--model resnet20] [--batch-size 128] [--rounds 15] [--threads N]
-                                          [--no-eager] [--memory-pairs 3] [--json]
+                                          [--no-eager] [--no-floor] [--memory-pairs 3] [--json]
 
 Copies of the same model (one swapped to quantized layers at 8/8 bits, one plain FP32) take alternating SGD steps
 on the same batch; the figure is median(quantized step) / median(FP32 step), and beside it the median of the
-rounds' own ratios. Alternating them keeps a noisy shared machine from favouring either. The quantized model runs
-cptsim's CPU quantizer kernels (cptsim.ckernels) when they are built, which the output says; unless --no-eager, a
-third copy runs the eager PyTorch quantizers (CPTSIM_CKERNELS=0 during its steps) in the same rounds, so the
-kernels' gain is measured side by side too. A breakdown splits the quantized step's extra time
-down by op: torch.profiler self-CPU time per aten op, quantized step minus FP32 step.
+rounds' own ratios. Alternating them, in an order that reverses every round (so that no copy always follows the
+same one), keeps a noisy shared machine from favouring either. The quantized model runs cptsim's CPU quantizer
+kernels (cptsim.ckernels) when they are built, which the output says; unless --no-eager, a third copy runs the
+eager PyTorch quantizers (CPTSIM_CKERNELS=0 during its steps) in the same rounds, so the kernels' gain is measured
+side by side too. A breakdown splits the quantized step's extra time down by op: torch.profiler self-CPU time per
+aten op, quantized step minus FP32 step.
+
+The floor (unless --no-floor): a fourth copy runs the quantized layers with every quantizer replaced by a plain
+copy into the same buffer -- the activation-sized tensors a quantized step has to write (Qa(x) for the forward
+conv, Qa(x) again for wgrad, the quantized error), with no range pass and no arithmetic. Its ratio to FP32 is what
+any quantizer that materialises those three tensors costs at least on this machine, so quantized / floor says how
+much of the gap the kernels' own passes still take.
 
 Peak memory (``--memory-pairs N``, default 3; 0 skips it): each of FP32 and quantized (and the eager quantizers
 unless --no-eager) runs one training step in a fresh process of its own (1 thread), and the figure is its max RSS
@@ -41,6 +48,31 @@ def _step(model, opt, x, y) -> float:
     loss.backward()
     opt.step()
     return time.perf_counter() - t0
+
+
+class _CopyQuantizers:
+    """While active, cptsim.ckernels' quantizers are plain copies into the same outputs (the floor, see above)."""
+
+    NAMES = ("fake_quant_rtn_tracked", "fake_quant_rtn", "fake_quant_sr", "fake_quant_rtn_channels")
+
+    def __enter__(self):
+        from cptsim import ckernels
+
+        def copy(x, slot=None):
+            x, out = ckernels._dense_in_out(x.detach(), slot)
+            return out.copy_(x)
+
+        self.saved = {n: getattr(ckernels, n) for n in self.NAMES}
+        ckernels.fake_quant_rtn_tracked = lambda x, lo, hi, count, qmax, m, slot=None: (copy(x, slot), 0.0, 1.0)
+        ckernels.fake_quant_rtn = lambda x, lo, hi, qmax, slot=None: copy(x, slot)
+        ckernels.fake_quant_sr = lambda x, qmax, generator=None, slot=None: copy(x, slot)
+        ckernels.fake_quant_rtn_channels = lambda w, qmax: copy(w)
+        self.module = ckernels
+        return self
+
+    def __exit__(self, *exc):
+        for n, f in self.saved.items():
+            setattr(self.module, n, f)
 
 
 def _self_times(model, opt, x, y) -> dict[str, float]:
@@ -144,6 +176,7 @@ def main() -> None:
     ap.add_argument("--memory-child", choices=("fp32", "quant"), help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--no-eager", action="store_true", help="skip the eager-quantizer copy")
+    ap.add_argument("--no-floor", action="store_true", help="skip the floor copy (quantizers replaced by copies)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if a.threads:
@@ -164,11 +197,16 @@ def main() -> None:
     e.load_state_dict(fp.state_dict())
     quantize_model(e).set(a.bits, a.grad_bits)
     opt_e = torch.optim.SGD(e.parameters(), lr=0.01, momentum=0.9)
+    fl = create_model(a.model, num_classes=10, in_channels=shape[0], input_shape=shape)
+    fl.load_state_dict(fp.state_dict())
+    quantize_model(fl).set(a.bits, a.grad_bits)
+    opt_fl = torch.optim.SGD(fl.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(a.batch_size, *shape)
     y = torch.randint(0, 10, (a.batch_size,))
     from cptsim import ckernels
 
     kern = ckernels.status()
+    floor = not a.no_floor and kern["in_use"]  # the floor stands in for the kernels: without them it means nothing
 
     def eager_step() -> float:
         os.environ["CPTSIM_CKERNELS"] = "0"
@@ -177,17 +215,22 @@ def main() -> None:
         finally:
             os.environ.pop("CPTSIM_CKERNELS")
 
-    for _ in range(3):  # warm-up: allocator, oneDNN primitive caches
-        _step(fp, opt_fp, x, y)
-        _step(q, opt_q, x, y)
-        if not a.no_eager:
-            eager_step()
-    t_fp, t_q, t_e = [], [], []
-    for _ in range(a.rounds):
-        t_fp.append(_step(fp, opt_fp, x, y))
-        t_q.append(_step(q, opt_q, x, y))
-        if not a.no_eager:
-            t_e.append(eager_step())
+    def floor_step() -> float:
+        with _CopyQuantizers():
+            return _step(fl, opt_fl, x, y)
+
+    steps = {"fp": lambda: _step(fp, opt_fp, x, y), "q": lambda: _step(q, opt_q, x, y)}
+    if not a.no_eager:
+        steps["e"] = eager_step
+    if floor:
+        steps["floor"] = floor_step
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for r in range(3 + a.rounds):  # 3 warm-up rounds: allocator, oneDNN primitive caches
+        for k in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
+            t = steps[k]()
+            if r >= 3:
+                times[k].append(t)
+    t_fp, t_q, t_e = times["fp"], times["q"], times.get("e", [])
     med_fp, med_q = statistics.median(t_fp), statistics.median(t_q)
     res = {
         "model": a.model, "batch_size": a.batch_size, "bits": a.bits, "grad_bits": a.grad_bits,
@@ -202,6 +245,12 @@ def main() -> None:
     if t_e:
         res["eager_quant_step_ms"] = round(statistics.median(t_e) * 1e3, 2)
         res["ratio_eager"] = round(statistics.median(t_e) / med_fp, 3)
+    if floor:
+        t_fl = times["floor"]
+        res["floor_step_ms"] = round(statistics.median(t_fl) * 1e3, 2)
+        res["ratio_floor"] = round(statistics.median(t_fl) / med_fp, 3)
+        res["ratio_floor_paired_median"] = round(statistics.median(c / f_ for f_, c in zip(t_fp, t_fl)), 3)
+        res["quant_over_floor_paired_median"] = round(statistics.median(q_ / c for c, q_ in zip(t_fl, t_q)), 3)
     res["extra_ms_by_op"] = _breakdown(fp, opt_fp, q, opt_q, x, y)
     if a.memory_pairs > 0:
         res["peak_memory"] = _memory(a, a.memory_pairs)
@@ -223,6 +272,11 @@ def main() -> None:
     if "ratio_eager" in res:
         t.add_row("eager quantizers' step (median), same rounds", f"{res['eager_quant_step_ms']:.1f} ms")
         t.add_row("ratio eager quantized / FP32", f"{res['ratio_eager']:.3f}x")
+    if "ratio_floor" in res:
+        t.add_row("floor: quantizers as plain copies (median)", f"{res['floor_step_ms']:.1f} ms")
+        t.add_row("ratio floor / FP32 (median of the rounds' ratios)",
+                  f"{res['ratio_floor']:.3f}x ({res['ratio_floor_paired_median']:.3f}x)")
+        t.add_row("  quantized / floor, median of the rounds' ratios", f"{res['quant_over_floor_paired_median']:.3f}x")
     for k, v in res["extra_ms_by_op"].items():
         t.add_row(f"  extra time in {k}", f"{v:+.1f} ms")
     if "peak_memory" in res:

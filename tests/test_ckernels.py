@@ -339,3 +339,39 @@ def test_runs_record_which_quantizers_they_ran(monkeypatch):
     assert quantizer_path("cpu") == "c-kernels"
     monkeypatch.setenv("CPTSIM_CKERNELS", "0")
     assert quantizer_path("cpu") == "eager (CPTSIM_CKERNELS=0)"
+
+
+def test_the_benchmark_floor_replaces_every_quantizer_with_a_copy():
+    """benchmarks/bench_quant_step.py's floor (quantizers as plain copies) is only a floor if no quantizer is left:
+    under it a quantized resnet block gives FP32's output and gradients bit for bit (and, outside it, does not --
+    so the patch is what made them equal), and every kernel function is back afterwards."""
+    import copy
+    import importlib.util
+    from pathlib import Path
+
+    from cptsim.layers import quantize_model
+    from cptsim.models import create_model
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_quant_step.py"
+    spec = importlib.util.spec_from_file_location("bench_quant_step", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    torch.manual_seed(0)
+    fp = create_model("resnet20", num_classes=10, in_channels=3, input_shape=(3, 32, 32))
+    q = copy.deepcopy(fp)
+    quantize_model(q, fp_layers=[]).set(4, 4)
+    x = torch.randn(8, 3, 32, 32)
+
+    def run(m):
+        m.zero_grad(set_to_none=True)
+        y = m(x)
+        (y * torch.arange(y.numel()).view_as(y)).sum().backward()
+        return [y.detach()] + [p.grad for p in m.parameters()]
+
+    before = {n: getattr(ckernels, n) for n in bench._CopyQuantizers.NAMES}
+    want = run(fp)
+    with bench._CopyQuantizers():
+        got = run(q)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    assert {n: getattr(ckernels, n) for n in bench._CopyQuantizers.NAMES} == before
+    assert not torch.equal(run(q)[0], want[0])
