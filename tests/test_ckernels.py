@@ -343,7 +343,7 @@ def test_runs_record_which_quantizers_they_ran(monkeypatch):
 
 def test_the_benchmark_floor_replaces_every_quantizer_with_a_copy():
     """benchmarks/bench_quant_step.py's floor (quantizers as plain copies) is only a floor if no quantizer is left:
-    under it a quantized resnet block gives FP32's output and gradients bit for bit (and, outside it, does not --
+    under it a fully quantized resnet20 gives FP32's output and gradients bit for bit (and, outside it, does not --
     so the patch is what made them equal), and every kernel function is back afterwards."""
     import copy
     import importlib.util
