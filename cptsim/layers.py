@@ -60,8 +60,7 @@ class _QuantInputTracked(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, layer, bits, rng):
-        xq, lo, hi = ckernels.fake_quant_rtn_tracked(x, layer.act_lo, layer.act_hi, layer.act_count, qrange(bits)[1],
-                                                     ACT_MOMENTUM)
+        xq, lo, hi = layer._quantize_tracked(x, bits)
         rng += (lo, hi)
         return xq
 
@@ -85,8 +84,7 @@ class _QuantLayerCPU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, layer, bits, grad_bits):
         # Qa(x) dies with the op below, so it goes into the thread's reusable buffer (ckernels.scratch)
-        xq, lo, hi = ckernels.fake_quant_rtn_tracked(x, layer.act_lo, layer.act_hi, layer.act_count, qrange(bits)[1],
-                                                     ACT_MOMENTUM, slot="act")
+        xq, lo, hi = layer._quantize_tracked(x, bits, slot="act")
         wq = quantize_weight(weight, bits)
         y = layer._op(xq, wq, bias)
         ctx.save_for_backward(x)  # alive anyway (the layer before holds it); autograd checks its version
@@ -185,6 +183,12 @@ class _QuantMixin:
         resnet20 step (issue 13)."""
         return (self.training and self.act_lo.dtype == torch.float32 and self.act_count.dtype == torch.int64
                 and self.act_lo.device.type == "cpu" and ckernels.usable(x.detach()))
+
+    def _quantize_tracked(self, x: torch.Tensor, bits: int, slot: str | None = None
+                          ) -> tuple[torch.Tensor, float, float]:
+        """Qa(x) with x's batch range, and the running-range update, in one kernel call (when _kernel_input)."""
+        return ckernels.fake_quant_rtn_tracked(x, self.act_lo, self.act_hi, self.act_count, qrange(bits)[1],
+                                               ACT_MOMENTUM, slot=slot)
 
     def _one_node(self, x: torch.Tensor) -> bool:
         """The layer can run as _QuantLayerCPU: a class that has _op/_op_backward, float32 CPU weight (and bias),

@@ -224,16 +224,14 @@ def quantize_activation(x: torch.Tensor, lo: torch.Tensor | float, hi: torch.Ten
     """Per-tensor round-to-nearest fake quantization: fused on CUDA, one C pass on a CPU, else
     ``fake_quant_per_tensor``. The range is 0-d tensors, or floats (float32 values) from the C kernels' own min/max.
     ``scratch``: the C pass writes into that reusable buffer (``ckernels.scratch``; the caller drops the result)."""
+    if (isinstance(lo, float) or lo.dim() == 0) and ckernels.usable(x):  # (CPU only: _FQ below is CUDA only)
+        return ckernels.fake_quant_rtn(x, lo, hi, qrange(bits)[1], slot=scratch)
     if isinstance(lo, float):
-        if ckernels.usable(x):
-            return ckernels.fake_quant_rtn(x, lo, hi, qrange(bits)[1], slot=scratch)
         lo, hi = torch.tensor(lo, device=x.device), torch.tensor(hi, device=x.device)  # exact: they are float32 values
     if _FQ.usable(x):
         out = _FQ(x, lo, hi, qrange(bits)[1])
         if out is not None:
             return out
-    if lo.dim() == 0 and ckernels.usable(x):
-        return ckernels.fake_quant_rtn(x, lo, hi, qrange(bits)[1], slot=scratch)
     return fake_quant_per_tensor(x, lo, hi, bits)
 
 
