@@ -46,10 +46,10 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
          dataset_size, hw, as_json) -> None:
     """Cost one precision schedule over a training run on several hardware profiles: BitOPs, energy, latency,
     and the saving over the static q_max schedule on each."""
-    from cptsim.cost import estimate
+    from cptsim.cost.model import estimate
     from cptsim.data import epoch_size
-    from cptsim.hardware import load_profile
-    from cptsim.schedules import parse_schedule
+    from cptsim.cost.hardware import load_profile
+    from cptsim.cost.schedules import parse_schedule
 
     sched = parse_schedule(schedule)
     if steps is not None and epochs is not None:

@@ -6,7 +6,7 @@ import click
 from rich.table import Table
 
 from cptsim.errors import InputError
-from cptsim.hardware import HardwareProfile, list_profiles, load_profile, profile_origin
+from cptsim.cost.hardware import HardwareProfile, list_profiles, load_profile, profile_origin
 
 from .common import emit_json, err, json_option, out, print_table, si, wide_option
 
@@ -146,7 +146,7 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
     CPU when the OS exposes it, else unknown (energy 0). Afterwards the profile named 'host' (`cptsim hw show host`,
     and any command given that hardware) uses these numbers instead of the shipped placeholder.
     """
-    from cptsim.calibrate import calibrate_host, output_path, write_host_profile
+    from cptsim.calibration.calibrate import calibrate_host, output_path, write_host_profile
 
     output_path(out_path)  # a bad --out fails now, not after the measurements
     if not as_json:
@@ -155,7 +155,7 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
     path, prof = write_host_profile(measured, out_path)
     gpu_path = gpu_prof = None
     if device == "cuda":  # also this card as a `gpu` profile: its tiers at the measured GEMM rates
-        from cptsim.calibrate import write_gpu_profile
+        from cptsim.calibration.calibrate import write_gpu_profile
 
         try:
             gpu_path, gpu_prof = write_gpu_profile(measured, path)

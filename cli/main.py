@@ -78,24 +78,24 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from . import hw_cmd, schedules_cmd, train_cmd
-    from . import rangetest_cmd
+    from cptsim.cli import hw_cmd, schedules_cmd, train_cmd
+    from cptsim.cli import rangetest_cmd
 
     cli.add_command(train_cmd.train)
     cli.add_command(schedules_cmd.schedules)
-    from . import cost_cmd, profile_cmd
+    from cptsim.cli import cost_cmd, profile_cmd
 
     cli.add_command(profile_cmd.profile)
     cli.add_command(cost_cmd.cost)
     cli.add_command(hw_cmd.hw)
     cli.add_command(rangetest_cmd.range_test)
-    from . import report_cmd
+    from cptsim.cli import report_cmd
 
     cli.add_command(report_cmd.report)
-    from . import plan_cmd
+    from cptsim.cli import plan_cmd
 
     cli.add_command(plan_cmd.plan)
-    from . import sweep_cmd
+    from cptsim.cli import sweep_cmd
 
     cli.add_command(sweep_cmd.sweep)
 

@@ -10,7 +10,7 @@ from rich.table import Table
 from cptsim.errors import InputError
 from cptsim.planner.budget import BUDGET_HELP
 from cptsim.planner.score import SCORE_HELP
-from cptsim.plots import plot_frontier
+from cptsim.study.plots import plot_frontier
 
 from .common import check_output_file, emit_json, err, json_option, out, parse_fp_layers, print_table, si, wide_option
 
@@ -132,10 +132,11 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
          force, plot, quiet, as_json) -> None:
     """Search cyclic-precision schedules for the best one whose estimated cost on the target hardware fits the
     budget, show the top candidates, and write plan.json for 'cptsim train --plan'."""
-    from cptsim.hardware import load_profile
+    from cptsim.cost.hardware import load_profile
     from cptsim.planner.budget import parse_budget
     from cptsim.planner.planfile import write_plan
     from cptsim.planner.search import Workload, plan as make_plan, range_settings
+    from cptsim.study.evidence import LocalEvidence
     from cptsim.planner.space import parse_space
 
     # Everything that can be wrong with the flags is checked before any work.
@@ -168,7 +169,9 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
     if space.min_bits_auto:
         from .rangetest_cmd import print_result, run_with_progress
 
-        settings = range_settings(workload, space, range_steps, device)
+        from cptsim.study.rangetest import RangeTestSettings
+
+        settings = RangeTestSettings(**range_settings(workload, space, range_steps, device))
         settings.validate()
         rt = run_with_progress(settings, show=show)
         if not as_json:
@@ -181,7 +184,7 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
 
     result = make_plan(workload, hardware, bud, space, prefer_cyclic=prefer_cyclic, top=top, pilot=pilot,
                        pilot_steps=pilot_steps, pilot_dir=pilot_dir, device=device, range_test=rt,
-                       on_pilot=on_pilot, quality=quality, db=db)
+                       on_pilot=on_pilot, quality=quality, db=db, evidence=LocalEvidence())
     doc = result.to_json()
     if target.exists() and not force:  # appeared while we searched
         raise InputError(f"{target} already exists; pass --force to overwrite it or pick another --out")

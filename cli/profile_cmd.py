@@ -86,18 +86,10 @@ def resolve_workload(model: str, dataset: str | None, data_dir: str | None, inpu
 
 
 def build_profile(model: str, shape: tuple[int, ...], num_classes: int, fp_layers: str | None):
-    """Create the model, quantize it as training would, and profile one training step (per-sample MACs).
+    """``cptsim.measure.profiler.profile_named_model`` with --fp-layers as typed."""
+    from cptsim.measure.profiler import profile_named_model
 
-    The step runs at the fresh PrecisionState's 32 bits (no quantizer ops): MACs do not depend on the bits, and
-    the layers are the quantized ones, so each layer's `quantized` flag is what training will have."""
-    from cptsim.layers import quantize_model
-    from cptsim.models import create_model
-    from cptsim.profiler import profile_model
-
-    in_channels = shape[0] if len(shape) == 3 else 1
-    torch_model = create_model(model, num_classes=num_classes, in_channels=in_channels, input_shape=shape)
-    quantize_model(torch_model, fp_layers=parse_fp_layers(fp_layers))
-    return profile_model(torch_model, shape, batch_size=2, model_name=model)
+    return profile_named_model(model, shape, num_classes, parse_fp_layers(fp_layers))
 
 
 def _epoch_samples(info, data_dir) -> int | None:
@@ -135,9 +127,9 @@ def profile(model, dataset, data_dir, image_size, input_shape, num_classes, fp_l
             as_json) -> None:
     """Per-layer MACs (forward, dgrad, wgrad) of a model, measured in one real training step, and the BitOPs,
     energy and latency of one step at the given bits on a hardware profile."""
-    from cptsim.cost import estimate, step_cost
-    from cptsim.hardware import load_profile
-    from cptsim.quant import check_bits
+    from cptsim.cost.model import estimate, step_cost
+    from cptsim.cost.hardware import load_profile
+    from cptsim.numerics.quant import check_bits
 
     check_bits(bits, "--bits")
     check_bits(grad_bits, "--grad-bits")

@@ -45,7 +45,7 @@ Examples:
 def range_test(model, dataset, data_dir, batch_size, lr, q_start, q_max, g_bits, steps_per_stage, threshold, seed,
                device, quiet, as_json) -> None:
     """Run CPT's precision range test and suggest q_min (the lowest precision of a cyclic schedule)."""
-    from cptsim.rangetest import RangeTestSettings
+    from cptsim.study.rangetest import RangeTestSettings
 
     settings = RangeTestSettings(model=model, dataset=dataset, data_dir=data_dir, batch_size=batch_size, lr=lr,
                                  q_start=q_start, q_max=q_max, g_bits=g_bits, steps_per_stage=steps_per_stage,
@@ -62,7 +62,7 @@ def run_with_progress(settings, show: bool = True):
     """Run the range test with a rich progress bar on stderr (also used by `cptsim plan --min-bits auto`)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from cptsim.rangetest import run_range_test
+    from cptsim.study.rangetest import run_range_test
 
     columns = [TextColumn("[bold]range test"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[info]}"), TimeElapsedColumn()]

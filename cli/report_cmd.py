@@ -62,14 +62,14 @@ def _pct(x, none="-") -> str:
 @click.option("--force", is_flag=True, help="Let --fit-out replace an existing file.")
 @click.option("--no-calibrate", is_flag=True,
               help="Model host time with the shipped placeholder host profile instead of measuring this machine "
-                   "once (automatic when you have no host profile of your own; see cptsim.autocal).")
+                   "once (automatic when you have no host profile of your own; see cptsim.calibration.autocal).")
 @wide_option
 @json_option
 def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, force, no_calibrate, as_json) -> None:
     """Compare a run's executed cost with its plan, the host estimate with the measured time; plots and fit."""
-    from cptsim import plots as P
-    from cptsim import report as R
-    from cptsim.runs import REPORT_JSON, REPORT_PNG, RunDir, atomic_write_bytes
+    from cptsim.study import plots as P
+    from cptsim.study import report as R
+    from cptsim.run.rundir import REPORT_JSON, REPORT_PNG, RunDir, atomic_write_bytes
 
     REPORT_ENERGY_PNG = "report-energy.png"  # measured vs modelled GPU energy per epoch (CUDA runs with NVML)
 
@@ -84,12 +84,12 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
         P.require_matplotlib()  # fail before any work
         check_output_file("--plot", plot_path)
     if fit:
-        from cptsim.fit import check_fit_out
+        from cptsim.calibration.fit import check_fit_out
 
         check_fit_out(fit_out, force)
 
     if host != "host":  # a host profile the user named must exist; the default may be missing (a warning then)
-        from cptsim.fit import host_profile
+        from cptsim.calibration.fit import host_profile
 
         host_profile(host)
     reports = [R.build_report(d, targets, host=_host(d, host, no_calibrate), top=top) for d in run_dirs]
@@ -153,8 +153,8 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
 
 def _host(run_dir, host: str, no_calibrate: bool) -> str:
     """The host profile for one run: this machine measured once (at the run's threads and device) unless the user
-    named one, has their own host.toml, or said --no-calibrate (cptsim.autocal)."""
-    from cptsim.autocal import report_host
+    named one, has their own host.toml, or said --no-calibrate (cptsim.calibration.autocal)."""
+    from cptsim.calibration.autocal import report_host
 
     return report_host(run_dir, host, calibrate=not no_calibrate,
                        say=lambda s: err.print(s, highlight=False, markup=False))
@@ -168,8 +168,8 @@ def _write(path, data: bytes, writer) -> None:
 
 
 def _fit(run_dirs, holdout, host, fit_out, force) -> dict:
-    from cptsim.fit import RunSteps, fit_host, host_profile, write_fitted_profile
-    from cptsim.runs import RunDir
+    from cptsim.calibration.fit import RunSteps, fit_host, host_profile, write_fitted_profile
+    from cptsim.run.rundir import RunDir
 
     base = host_profile(host)
     fitted = [RunSteps.from_run(RunDir.open(d), base) for d in run_dirs]
@@ -188,12 +188,12 @@ def _fit(run_dirs, holdout, host, fit_out, force) -> dict:
 
 
 def _lock_runs(paths: list[str]):
-    """Take the lock of every run the report writes into (cptsim.runs.RunLock): (an ExitStack holding them, the
+    """Take the lock of every run the report writes into (cptsim.run.rundir.RunLock): (an ExitStack holding them, the
     paths locked). A run another process is writing is refused (exit 2, nothing written); one whose lock file
     cannot be made (a read-only place) is reported on without saving, as a failed write always was."""
     from contextlib import ExitStack
 
-    from cptsim.runs import RunLock, RunLocked
+    from cptsim.run.rundir import RunLock, RunLocked
 
     stack, locked = ExitStack(), set()
     for p in paths:

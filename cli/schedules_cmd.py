@@ -7,9 +7,9 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from cptsim import schedules as S
+from cptsim.cost import schedules as S
 from cptsim.errors import InputError
-from cptsim.plots import plot_schedules
+from cptsim.study.plots import plot_schedules
 
 from .common import check_output_file, emit_json, err, json_option, out
 

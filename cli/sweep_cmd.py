@@ -90,7 +90,7 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
           as_json) -> None:
     """Train a set of precision schedules x seeds on one workload, N processes at a time, each a normal run
     directory; record every finished run in the results database; report accuracy vs cost."""
-    from cptsim import sweep as SW
+    from cptsim.study import sweep as SW
 
     if plot:
         check_output_file("--plot", plot)
@@ -132,7 +132,7 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
                           f"({100 * p['vs_baseline']:.1f}% of static, score {p['score']:.4f})", highlight=False)
     db = None
     if not no_db:
-        from cptsim.results import ResultsDB
+        from cptsim.study.results import ResultsDB
 
         db = ResultsDB(db_path)
     runs = SW.prepare(out_dir, settings, texts, seed_list)
@@ -256,8 +256,8 @@ def _print_report(rep: dict) -> None:
 
 
 def _write_plot(rep: dict, path) -> None:
-    from cptsim.plots import sweep_figure
-    from cptsim.runs import atomic_write_bytes
+    from cptsim.study.plots import sweep_figure
+    from cptsim.fileio import atomic_write_bytes
 
     try:
         atomic_write_bytes(path, sweep_figure(rep))
@@ -266,7 +266,7 @@ def _write_plot(rep: dict, path) -> None:
 
 
 def _report(out_dir, db_path, workload_key, plot, as_json) -> None:
-    from cptsim import sweep as SW
+    from cptsim.study import sweep as SW
 
     if out_dir and (db_path or workload_key):
         raise InputError("--report reads either a sweep directory (--out DIR) or the database (--db, --workload)")
@@ -275,7 +275,7 @@ def _report(out_dir, db_path, workload_key, plot, as_json) -> None:
         if not rows:
             raise InputError(f"{out_dir} holds no finished run yet")
     else:
-        from cptsim.results import ResultsDB
+        from cptsim.study.results import ResultsDB
 
         with ResultsDB(db_path) as db:
             if workload_key is None:

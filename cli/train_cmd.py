@@ -34,7 +34,7 @@ Schedules: see 'cptsim schedules list' and 'cptsim schedules show --help' for th
 def _schedule_text(schedule: str, q_min, q_max, g_bits, cycles) -> str:
     """Combine --schedule text with the bit flags; a flag that contradicts the text is an error, not a guess."""
     from cptsim.errors import InputError
-    from cptsim.schedules import parse_schedule
+    from cptsim.cost.schedules import parse_schedule
 
     given = {k: v for k, v in {"q_min": q_min, "q_max": q_max, "g_bits": g_bits, "cycles": cycles}.items()
              if v is not None}
@@ -66,9 +66,9 @@ def _launch(nproc: int, out: str | None, resume_dir: str | None, model: str, sch
     ``max_restarts``, torchrun restarts every worker when one dies, and they resume the run (see `train`)."""
     import sys
 
-    from cptsim import dist
+    from cptsim.run import dist
     from cptsim.errors import InputError
-    from cptsim.runs import RunDir, RunLock
+    from cptsim.run.rundir import RunDir, RunLock
 
     if nproc < 1:
         raise InputError(f"--nproc must be at least 1, got {nproc}")
@@ -117,9 +117,9 @@ def _plan_config(plan: dict, params: dict, **runtime):
     that would change what the plan costs (one that only repeats the plan's value is fine)."""
     from click.core import ParameterSource
 
-    from cptsim import train as T
+    from cptsim.run import train as T
     from cptsim.errors import InputError
-    from cptsim.schedules import Schedule
+    from cptsim.cost.schedules import Schedule
 
     ctx = click.get_current_context()
     typed = {name for name in params
@@ -191,7 +191,7 @@ def _check_plan_data(plan: dict, cfg) -> None:
 def _warn_if_hardware_changed(plan: dict) -> None:
     """A plan's estimate holds for the hardware profile it was made with; say so if that file changed since."""
     from cptsim.errors import InputError
-    from cptsim.hardware import load_profile
+    from cptsim.cost.hardware import load_profile
 
     hw = plan["hardware"]
     try:
@@ -205,14 +205,14 @@ def _warn_if_hardware_changed(plan: dict) -> None:
                   f"(hash {hw['hash']} -> {current.content_hash}); re-plan to refresh the estimate")
 
 
-_TENSORBOARD = "cptsim.tensorboard"
+_TENSORBOARD = "cptsim.run.tensorboard"
 
 
 def _tensorboard_option(ctx, param, value):
     """--tensorboard DIR: checked when parsed (a missing package fails before anything is built), kept in ctx.meta
     for ``_tensorboard``: it changes what is logged, never what runs."""
     if value is not None:
-        from cptsim.tensorboard import require_tensorboard
+        from cptsim.run.tensorboard import require_tensorboard
 
         require_tensorboard()
     ctx.meta[_TENSORBOARD] = value
@@ -303,8 +303,8 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
           threads, eval_bits, recal_batches, val_split, checkpoint_every, nproc, max_restarts, keep_checkpoints,
           channels_last, list_models, quiet, as_json) -> None:
     """Run real quantized training with a cyclic precision schedule and record what ran."""
-    from cptsim import train as T
-    from cptsim.runs import run_summary
+    from cptsim.run import train as T
+    from cptsim.run.rundir import run_summary
 
     if list_models:
         from cptsim.models import list_models as names
@@ -324,7 +324,7 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
 
         raise InputError("--max-restarts goes with --nproc (under your own torchrun, give torchrun --max-restarts)")
     keep = {} if keep_checkpoints is None else {"keep_checkpoints": keep_checkpoints}
-    from cptsim import dist as D
+    from cptsim.run import dist as D
 
     if not resume_dir and D.restart_count() and out is not None and (Path(out) / "config.json").is_file():
         # torchrun restarted the job after a worker died: continue the run its first attempt began (the same
@@ -394,7 +394,7 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
             err.print(f"training {model} on {dataset} with {text} -> {out}  (eval at "
                       f"{f'{eval_bits} bits' if eval_bits else 'q_max'})")
         run = T.train(_tensorboard(cfg), out, progress=progress)
-    from cptsim import dist
+    from cptsim.run import dist
 
     dist.shutdown()
     if os.environ.get("RANK", "0") != "0":

@@ -2,15 +2,15 @@
 
 __version__ = "0.1.0"
 
-# The API for your own training loop (cptsim.api). Imported on first use, so that `import cptsim` (and the CLI,
+# The API for your own training loop (cptsim.run.api). Imported on first use, so that `import cptsim` (and the CLI,
 # which imports it) does not load torch before it needs it.
 _LAZY = {
-    "quantize_model": ("cptsim.layers", "quantize_model"),
-    "PrecisionState": ("cptsim.layers", "PrecisionState"),
-    "PrecisionScheduler": ("cptsim.api", "PrecisionScheduler"),
-    "RunRecorder": ("cptsim.api", "RunRecorder"),
-    "make_schedule": ("cptsim.schedules", "make_schedule"),
-    "parse_schedule": ("cptsim.schedules", "parse_schedule"),
+    "quantize_model": ("cptsim.numerics.layers", "quantize_model"),
+    "PrecisionState": ("cptsim.numerics.layers", "PrecisionState"),
+    "PrecisionScheduler": ("cptsim.run.api", "PrecisionScheduler"),
+    "RunRecorder": ("cptsim.run.api", "RunRecorder"),
+    "make_schedule": ("cptsim.cost.schedules", "make_schedule"),
+    "parse_schedule": ("cptsim.cost.schedules", "parse_schedule"),
 }
 __all__ = ["__version__", *_LAZY]
 

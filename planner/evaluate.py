@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from cptsim.errors import InputError
-from cptsim.schedules import FULL_PRECISION, Schedule
+from cptsim.cost.schedules import FULL_PRECISION, Schedule
 
 from .score import ALPHA, TAU0, step_fidelity
 from .space import CandidateList, SearchSpace
@@ -50,7 +50,7 @@ def step_cost_tables(profile_arrays, hardware, q_values, g_values, samples, step
 
     The per-layer costs of each kind of step are ``cptsim.cost.estimate``'s own (``cptsim.cost.StepCosts``; give
     ``step_costs`` of this profile and hardware to share them with later estimates), summed over layers and phases."""
-    from cptsim.cost import StepCosts
+    from cptsim.cost.model import StepCosts
 
     costs = step_costs if step_costs is not None else StepCosts(profile_arrays, hardware)
     qq, gg = (x.ravel() for x in np.meshgrid(np.asarray(q_values, dtype=np.int64),
@@ -118,7 +118,7 @@ class Candidates:
 
     def count_step_kinds(self, indices) -> None:
         """Count the step kinds of these candidates (one pass over the fast path's counts for all of them)."""
-        from cptsim.cost import step_key
+        from cptsim.cost.model import step_key
 
         wanted = np.array(sorted({int(i) for i in indices} - set(self._kinds)), dtype=np.int64)
         if not wanted.size:
@@ -349,8 +349,8 @@ def _cyclic_g_parts(cp, lo, hi, glo, ghi, pf, pdown, gid, groups, thr, T, add, p
 
 def evaluate(workload: Workload, hardware, space: SearchSpace | None = None) -> Candidates:
     """Cost (every metric) and score of every candidate of ``space`` by the fast path (module docstring)."""
-    from cptsim.hardware import load_profile
-    from cptsim.schedules import _REGISTRY
+    from cptsim.cost.hardware import load_profile
+    from cptsim.cost.schedules import _REGISTRY
 
     t0 = time.perf_counter()
     hw = load_profile(hardware) if isinstance(hardware, str) else hardware

@@ -34,10 +34,11 @@ import numpy as np
 from cptsim.errors import InputError
 
 from .evaluate import Candidates
+from .evidence import Evidence, need_evidence
 
 __all__ = ["run_pilot", "pilot_pool", "PILOT_VAL_SPLIT"]
 
-PILOT_VAL_SPLIT = 0.2  # of the training data, held out by cptsim.train.validation_split (a fixed subset)
+PILOT_VAL_SPLIT = 0.2  # of the training data, held out by cptsim.run.train.validation_split (a fixed subset)
 
 
 def pilot_pool(cands: Candidates, ranked: np.ndarray, k: int) -> list[int]:
@@ -72,13 +73,16 @@ def pilot_pool(cands: Candidates, ranked: np.ndarray, k: int) -> list[int]:
 
 def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot_dir: str | None,
               device: str = "cpu", on_event: Callable[[dict], None] | None = None,
-              db: str | None = None) -> tuple[int, dict]:
+              db: str | None = None, evidence: Evidence | None = None) -> tuple[int, dict]:
     """Successive halving over real short training runs of the candidates ``pool`` (indices, best proxy first).
 
     Round r trains every survivor from scratch for s_r steps (s_0 = ``pilot_steps``, default ``default_steps``;
     doubled each round, at most T) and ranks them by validation accuracy (module docstring). The better half
-    (ties: the better rank in ``pool``) survives; the last one standing wins. Returns (position in pool, record)."""
-    from cptsim.train import TrainConfig, train
+    (ties: the better rank in ``pool``) survives; the last one standing wins. Returns (position in pool, record).
+    ``evidence`` trains the runs and records them (``cptsim.planner.evidence``)."""
+    from cptsim.run.config import TrainConfig
+
+    evidence = need_evidence(evidence, "--pilot")
 
     w = cands.workload
     steps = default_steps(w) if pilot_steps is None else pilot_steps
@@ -110,7 +114,7 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
                 if on_event:
                     on_event({"event": "start", "round": r, "steps": steps, "schedule": s.to_text()})
                 t0 = time.perf_counter()
-                run = train(cfg, str(out), progress=False)
+                run = evidence.train(cfg, str(out))
                 metrics = run.read_metrics().records
                 last = metrics[-1] if metrics else {}
                 acc = float(last.get("val_acc", float("nan")))
@@ -126,7 +130,7 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
                     if "val_bpc" in last:
                         rec["val_bpc"] = float(last["val_bpc"])
                     rec["val_tokens"] = n_val * int(w.input_shape[0])
-                _record(run, db, rec)
+                _record(evidence, run, db, rec)
                 runs.append((pos, rec))
                 if on_event:
                     on_event({"event": "done", "round": r, **rec})
@@ -165,7 +169,7 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
 
 def is_text(w) -> bool:
     """A language-model workload: a text dataset, which has its own validation split (nothing is held out)."""
-    from cptsim.text_data import TEXT_DATASETS
+    from cptsim.data.text import TEXT_DATASETS
 
     return w.dataset in TEXT_DATASETS
 
@@ -184,13 +188,10 @@ def default_steps(w) -> int:
     return max(1, min(w.steps, max(w.steps // 4, 2 * epoch)))
 
 
-def _record(run, db, rec: dict) -> None:
+def _record(evidence: Evidence, run, db, rec: dict) -> None:
     """Put a finished pilot run into the results database; a database that cannot be written costs a note,
     not the plan."""
     try:
-        from cptsim.results import ResultsDB, record_run
-
-        with ResultsDB(db) as rdb:
-            record_run(run.path, rdb, source="pilot")
+        evidence.record(run, db)
     except Exception as e:  # noqa: BLE001 - the pilot's ranking does not depend on the database
         rec["db_error"] = f"{type(e).__name__}: {e}"

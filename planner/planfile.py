@@ -80,7 +80,7 @@ def validate_plan(plan: Any, where: str = "plan") -> dict:
         for k in keys:
             if k not in body:
                 raise InputError(f"{where}: {section}.{k} is missing")
-    from cptsim.schedules import Schedule
+    from cptsim.cost.schedules import Schedule
 
     Schedule.from_json(plan["schedule"])  # raises InputError on bad bits / names
     steps, batch = plan["workload"]["steps"], plan["workload"]["batch_size"]
@@ -108,7 +108,7 @@ def read_plan(path: str | Path) -> dict:
 
 def write_plan(plan: dict, path: str | Path) -> None:
     """Validate, then write atomically (a kill leaves the old file or the new one)."""
-    from cptsim.runs import atomic_write_json
+    from cptsim.fileio import atomic_write_json
 
     validate_plan(plan, str(path))
     atomic_write_json(Path(path), plan)

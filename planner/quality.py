@@ -1,7 +1,7 @@
 """What the planner ranks candidates by: the documented proxy score, or a model fitted to measured runs.
 
 ``--quality proxy`` (default) ranks by ``cptsim.planner.score`` (early-weighted fidelity). ``--quality db`` ranks by
-a model of *measured* final accuracy, fitted to the results database (``cptsim.results``: rows written by
+a model of *measured* final accuracy, fitted to the results database (``cptsim.study.results``: rows written by
 ``cptsim sweep`` and by pilots) for the very same workload (same workload key: model, data, size, batch, steps,
 optimiser). The model, ``monotone-linear/1``::
 
@@ -117,13 +117,12 @@ def fit_quality(schedules: list[str], X: np.ndarray, acc: np.ndarray, rng_seed: 
                         n_schedules=len(names), schedules=names, loo_spearman=loo)
 
 
-def load_measurements(workload, db=None) -> tuple[list[str], list[float], str, str]:
+def load_measurements(workload, db=None, evidence=None) -> tuple[list[str], list[float], str, str]:
     """(schedule texts, measured test accuracies, workload key, database path) of the database's runs of
-    ``workload`` (a planner Workload) that ran its full length."""
-    from cptsim.results import ResultsDB, workload_key
+    ``workload`` (a planner Workload) that ran its full length; ``evidence`` reads the database
+    (``cptsim.planner.evidence``)."""
+    from .evidence import need_evidence
 
-    key = workload_key(workload.to_json())
-    with ResultsDB(db) as rdb:
-        rows = [r for r in rdb.rows(workload_key=key) if r.get("test_acc") is not None]
-        path = str(rdb.path)
+    rows, key, path = need_evidence(evidence, "--quality db").measurements(workload.to_json(), db)
+    rows = [r for r in rows if r.get("test_acc") is not None]
     return [r["schedule"] for r in rows], [float(r["test_acc"]) for r in rows], key, path

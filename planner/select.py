@@ -42,10 +42,11 @@ from typing import Any, Callable
 import numpy as np
 
 from cptsim.errors import InputError
-from cptsim.schedules import Schedule
+from cptsim.cost.schedules import Schedule
 
 from .budget import Budget, format_quantity, parse_budget
 from .evaluate import COST_KEYS, METRIC_NAMES, Candidates, evaluate
+from .evidence import Evidence, need_evidence
 from .pilot import pilot_pool, run_pilot
 from .score import score_json
 from .space import SearchSpace
@@ -239,11 +240,11 @@ class Plan:
 
 
 def evaluation_json(schedule: Schedule, steps: int) -> dict:
-    """How a run of this plan is evaluated (``cptsim.train.evaluate``): at q_max, after BatchNorm statistics and
+    """How a run of this plan is evaluated (``cptsim.run.train.evaluate``): at q_max, after BatchNorm statistics and
     activation ranges are re-estimated at q_max. The statistics a model carries belong to the precision it last
     trained at, so a schedule that ends below q_max (one-cycle or odd-cycle triangular) would otherwise be scored
     with statistics of the wrong precision (issue 9: 24% instead of 92% on MNIST)."""
-    from cptsim.train import TrainConfig
+    from cptsim.run.config import TrainConfig
 
     cfg = TrainConfig()
     return {"bits": schedule.q_max, "final_bits": int(schedule.bits(steps)[-1]),
@@ -253,15 +254,15 @@ def evaluation_json(schedule: Schedule, steps: int) -> dict:
 
 
 def _quality_rank(cands: Candidates, mask: np.ndarray, cost: np.ndarray, base_bitops: float, db,
-                  notes: list[str]) -> tuple[np.ndarray | None, dict]:
+                  notes: list[str], evidence=None) -> tuple[np.ndarray | None, dict]:
     """Candidates under ``mask`` ranked by accuracy predicted from measured runs (``quality.py``), or None (with
     the reason in the returned document) when the database has too few runs of this workload."""
     from .quality import MIN_SCHEDULES, fit_quality, features, load_measurements
     from .score import score_bits
-    from cptsim.schedules import parse_schedule
+    from cptsim.cost.schedules import parse_schedule
 
     w = cands.workload
-    names, accs, key, path = load_measurements(w, db)
+    names, accs, key, path = load_measurements(w, db, evidence)
     doc = {"source": "db", "db": path, "workload_key": key, "runs": len(names), "schedules": len(set(names))}
     model = None
     if names:
@@ -303,7 +304,8 @@ def _ranked(cands: Candidates, mask: np.ndarray, cost: np.ndarray) -> np.ndarray
 
 def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = False, top: int = 10,
            pilot: int = 0, pilot_steps: int | None = None, pilot_dir: str | None = None, device: str = "cpu",
-           on_pilot: Callable[[dict], None] | None = None, quality: str = "proxy", db: str | None = None) -> Plan:
+           on_pilot: Callable[[dict], None] | None = None, quality: str = "proxy", db: str | None = None,
+           evidence: Evidence | None = None) -> Plan:
     """Pick the plan from evaluated candidates (budget semantics in the module docstring)."""
     t0 = time.perf_counter()
     if isinstance(budget, str):
@@ -375,7 +377,8 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
         raise InputError(f"--quality must be proxy or db, got {quality!r}")
     quality_doc, predicted, ranking = {"source": "proxy"}, None, "proxy"
     if quality == "db":
-        by_model, quality_doc = _quality_rank(cands, mask, cost, float(base.bitops["total"]), db, notes)
+        by_model, quality_doc = _quality_rank(cands, mask, cost, float(base.bitops["total"]), db, notes,
+                                              evidence)
         if by_model is not None:
             ranked, ranking = by_model, "db"
             predicted = quality_doc.pop("predicted")
@@ -392,7 +395,8 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
             raise InputError(f"--pilot K needs K >= 2 candidates to compare, got {pilot}")
         pool = pilot_pool(cands, ranked, pilot)
         if len(pool) >= 2:
-            winner_pos, pilot_doc = run_pilot(cands, pool, pilot_steps, pilot_dir, device, on_pilot, db=db)
+            winner_pos, pilot_doc = run_pilot(cands, pool, pilot_steps, pilot_dir, device, on_pilot, db=db,
+                                              evidence=evidence)
             ranked = np.concatenate(([pool[winner_pos]], ranked[ranked != pool[winner_pos]]))
             ranking = "pilot"
             if not pilot_doc.get("separated", True):
@@ -491,7 +495,8 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
 def plan(workload: Workload, hardware, budget: Budget | str, space: SearchSpace | None = None, *,
          prefer_cyclic: bool = False, top: int = 10, pilot: int = 0, pilot_steps: int | None = None,
          pilot_dir: str | None = None, device: str = "cpu", range_test=None,
-         on_pilot: Callable[[dict], None] | None = None, quality: str = "proxy", db: str | None = None) -> Plan:
+         on_pilot: Callable[[dict], None] | None = None, quality: str = "proxy", db: str | None = None,
+         evidence: Evidence | None = None) -> Plan:
     """The best-scoring schedule of ``space`` whose estimated cost on ``hardware`` fits ``budget``.
 
     ``hardware``: a HardwareProfile, name or path; ``budget``: a Budget or its text ("65%", "500kJ").
@@ -503,14 +508,13 @@ def plan(workload: Workload, hardware, budget: Budget | str, space: SearchSpace 
     rt_doc = None
     if space.min_bits_auto or range_test is not None:
         if range_test is None:
-            from cptsim.rangetest import run_range_test
-
-            range_test = run_range_test(range_settings(workload, space))
+            range_test = need_evidence(evidence, "--min-bits auto").range_test(range_settings(workload, space))
         space = space.with_min_bits(range_test.suggested_q_min) if space.min_bits_auto else space
         rt_doc = range_test.to_json()
     cands = evaluate(workload, hardware, space)
     p = select(cands, budget, prefer_cyclic=prefer_cyclic, top=top, pilot=pilot, pilot_steps=pilot_steps,
-               pilot_dir=pilot_dir, device=device, on_pilot=on_pilot, quality=quality, db=db)
+               pilot_dir=pilot_dir, device=device, on_pilot=on_pilot, quality=quality, db=db,
+               evidence=evidence)
     if rt_doc is not None:
         p.range_test = rt_doc
         p.notes.append(f"--min-bits auto: the precision range test suggests q_min = {range_test.suggested_q_min} "
@@ -519,12 +523,11 @@ def plan(workload: Workload, hardware, budget: Budget | str, space: SearchSpace 
 
 
 def range_settings(workload: Workload, space: SearchSpace, steps_per_stage: int | None = None, device="cpu"):
-    """The range test for this workload: forward bits from the space's lowest q_min up to its largest q_max."""
-    from cptsim.rangetest import RangeTestSettings
-
+    """The range test for this workload: forward bits from the space's lowest q_min up to its largest q_max
+    (the fields of ``cptsim.study.rangetest.RangeTestSettings``)."""
     top = baseline_schedule(space)
-    return RangeTestSettings(model=workload.model, dataset=workload.dataset, data_dir=workload.data_dir,
-                             batch_size=workload.batch_size, q_start=min(space.q_min_range[0], top.q_max - 1),
-                             q_max=top.q_max, g_bits=min(top.g_max, 16), steps_per_stage=steps_per_stage,
-                             seed=workload.seed, device=device, augment=workload.augment,
-                             image_size=getattr(workload, "image_size", None))
+    return dict(model=workload.model, dataset=workload.dataset, data_dir=workload.data_dir,
+                batch_size=workload.batch_size, q_start=min(space.q_min_range[0], top.q_max - 1),
+                q_max=top.q_max, g_bits=min(top.g_max, 16), steps_per_stage=steps_per_stage,
+                seed=workload.seed, device=device, augment=workload.augment,
+                image_size=getattr(workload, "image_size", None))

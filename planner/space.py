@@ -36,7 +36,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from cptsim.errors import InputError
-from cptsim.schedules import FULL_PRECISION, SCHEDULE_NAMES, Schedule, canonical_name
+from cptsim.cost.schedules import FULL_PRECISION, SCHEDULE_NAMES, Schedule, canonical_name
 
 __all__ = ["DEFAULT_CYCLES", "MAX_CANDIDATES", "CandidateList", "SearchSpace", "parse_space"]
 

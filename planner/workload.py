@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cptsim.errors import InputError
-from cptsim.schedules import Schedule
+from cptsim.cost.schedules import Schedule
 
 __all__ = ["Workload"]
 
@@ -27,7 +27,7 @@ class Workload:
     dataset: str
     batch_size: int
     steps: int
-    profile: Any  # cptsim.profiler.LayerProfile
+    profile: Any  # cptsim.measure.profiler.LayerProfile
     input_shape: tuple[int, ...]
     num_classes: int
     dataset_size: int | None = None
@@ -58,10 +58,10 @@ class Workload:
         (``cptsim.data.epoch_size``), else ``dataset_size``, else the dataset's nominal size. A ``dataset_size``
         that contradicts the data found is an InputError: the plan would cost a run other than the one trained."""
         from cptsim.data import dataset_info, epoch_size
-        from cptsim.layers import quantize_model, resolve_fp_layers
-        from cptsim.models import create_model
-        from cptsim.profiler import profile_model
-        from cptsim.train import TrainConfig, validate
+        from cptsim.numerics.layers import quantize_model, resolve_fp_layers
+        from cptsim.models import create_model, default_fp_layers
+        from cptsim.measure.profiler import profile_model
+        from cptsim.run.config import TrainConfig, validate
 
         if epochs is not None and steps is not None:
             raise InputError("give --epochs or --steps, not both")
@@ -82,7 +82,7 @@ class Workload:
         shape = tuple(int(s) for s in info.input_shape)
         t0 = time.perf_counter()
         net = create_model(model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape)
-        resolved = resolve_fp_layers(net, fp_layers)
+        resolved = default_fp_layers(net) if fp_layers is None else resolve_fp_layers(net, fp_layers)
         quantize_model(net, fp_layers=resolved)
         prof = profile_model(net, shape, batch_size=2, model_name=model)
         return cls(model=model, dataset=info.name, batch_size=batch_size, steps=steps, profile=prof,
@@ -124,7 +124,7 @@ class Workload:
         """The ``cptsim.cost.StepCosts`` of this workload's profile on ``hardware`` (a HardwareProfile object):
         one-step costs per kind of step, computed once per workload and hardware and shared by ``evaluate``'s
         tables and every ``estimate`` of this workload on that hardware. Kept while the profile is this one."""
-        from cptsim.cost import StepCosts
+        from cptsim.cost.model import StepCosts
 
         cache = self.__dict__.setdefault("_step_costs", {})
         hit = cache.get(id(hardware))
@@ -137,7 +137,7 @@ class Workload:
         """``cptsim.cost.estimate`` of this workload run with ``schedule``: the one cost model (the numbers of a
         call without ``step_costs``; a hardware profile object shares this workload's ``step_costs``).
         ``step_kinds``: the schedule's steps by kind when counted already (``Candidates.step_kinds``)."""
-        from cptsim.cost import estimate
+        from cptsim.cost.model import estimate
 
         shared = None if hardware is None or isinstance(hardware, str) else self.step_costs(hardware)
         return estimate(self.profile, schedule, hardware, steps=self.steps, batch_size=self.batch_size,
@@ -146,7 +146,7 @@ class Workload:
 
     def estimate_totals(self, schedule: Schedule, hardware, step_kinds: tuple | None = None) -> dict:
         """``cptsim.cost.estimate_totals``: the totals ``estimate`` gives (bitops, energy_j, latency_s), alone."""
-        from cptsim.cost import estimate_totals
+        from cptsim.cost.model import estimate_totals
 
         shared = None if hardware is None or isinstance(hardware, str) else self.step_costs(hardware)
         return estimate_totals(self.profile, schedule, hardware, steps=self.steps, batch_size=self.batch_size,

@@ -17,7 +17,7 @@ def _one_torch_thread():
 
 @pytest.fixture(autouse=True, scope="session")
 def _no_automatic_host_measurement():
-    """`cptsim report` measures this machine once when no host profile was (cptsim.autocal): seconds per test and a
+    """`cptsim report` measures this machine once when no host profile was (cptsim.calibration.autocal): seconds per test and a
     file in the user's profile dir. Tests model with the shipped profile; test_autocal.py turns it back on."""
     import os
 

@@ -61,7 +61,7 @@ def _own_loop(out, epochs=2, batch_size=64, quantize=True, **rec_kw):
 
 
 def test_scheduler_sets_the_schedules_bits_step_by_step_and_refuses_to_run_past_its_end():
-    from cptsim.schedules import parse_schedule
+    from cptsim.cost.schedules import parse_schedule
 
     precision = cptsim.PrecisionState()
     sched = cptsim.PrecisionScheduler(precision, SCHEDULE, total_steps=20)
@@ -100,7 +100,7 @@ def test_evaluating_runs_at_q_max_and_puts_the_step_bits_back():
 
 def test_recorded_run_reports_and_its_bitops_equal_cptsim_cost(tmp_path):
     from cptsim.cli.main import cli
-    from cptsim.report import build_report
+    from cptsim.study.report import build_report
 
     rec, sched, total = _own_loop(tmp_path / "run")
     lines = [json.loads(s) for s in (tmp_path / "run" / "trace.jsonl").read_text().splitlines()]
@@ -159,7 +159,7 @@ def test_a_model_without_quantized_layers_is_said_and_recorded_at_fp32_cost(tmp_
 
 
 def test_recorder_with_a_plan_writes_it_for_the_report(tmp_path):
-    from cptsim.report import build_report
+    from cptsim.study.report import build_report
 
     plan = _tiny_plan(tmp_path)
     _own_loop(tmp_path / "run", plan=plan)

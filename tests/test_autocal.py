@@ -2,8 +2,8 @@
 
 import pytest
 
-from cptsim.autocal import auto_profile_path, report_host
-from cptsim.runs import RunDir
+from cptsim.calibration.autocal import auto_profile_path, report_host
+from cptsim.run.rundir import RunDir
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import torch
 from click.testing import CliRunner
 
 from cptsim.cli.main import cli
-from cptsim.runs import CHECKPOINT, CHECKPOINTS, RunDir, checkpoint_file
+from cptsim.run.rundir import CHECKPOINT, CHECKPOINTS, RunDir, checkpoint_file
 
 ARGS = ["train", "--epochs", "2", "--batch-size", "128", "--quiet", "--checkpoint-every", "5"]  # 24 steps
 

@@ -1,4 +1,4 @@
-"""The CPU quantizer kernels (cptsim/_qkernels.c via cptsim.ckernels) against independent truth: the eager PyTorch
+"""The CPU quantizer kernels (cptsim/numerics/_qkernels.c via cptsim.numerics.ckernels) against independent truth: the eager PyTorch
 quantizers (bit for bit where the formula is deterministic), Random123's published Philox answers, the SR
 formula written again in torch ops on the kernel's own bytes, and the statistics of the bytes."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cptsim import ckernels, quant
-from cptsim.quant import (
+from cptsim.numerics import ckernels
+from cptsim.numerics import quant
+from cptsim.numerics.quant import (
     SR_RANDOM_BITS,
     choose_qparams,
     fake_quant_per_channel,
@@ -156,7 +157,7 @@ def test_layers_sharing_the_scratch_buffers_train_as_without_them(checkpointed, 
 
     from torch.utils.checkpoint import checkpoint
 
-    from cptsim.layers import quantize_model
+    from cptsim.numerics.layers import quantize_model
 
     g = 32 if against == "torch-path" else 6
     torch.manual_seed(0)
@@ -189,7 +190,7 @@ def test_one_key_per_backward_pass_and_one_stream_per_layer():
     """Inside a backward pass the first error quantization draws the Philox key from torch's generator and the
     others take the next streams under it: torch's generator advances by one key per step, not one per layer, and
     each layer's bytes are those of (key, its stream)."""
-    from cptsim.layers import quantize_model
+    from cptsim.numerics.layers import quantize_model
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 3))
@@ -267,7 +268,7 @@ def test_training_forward_in_one_call_matches_the_torch_ops(kind):
     import copy
     import os
 
-    from cptsim.layers import quantize_model
+    from cptsim.numerics.layers import quantize_model
 
     torch.manual_seed(0)
     fast, shape = {
@@ -334,7 +335,7 @@ def test_autograd_and_dispatch_modes_see_the_eager_ops():
 
 
 def test_runs_record_which_quantizers_they_ran(monkeypatch):
-    from cptsim.train import quantizer_path
+    from cptsim.run.train import quantizer_path
 
     assert quantizer_path("cpu") == "c-kernels"
     monkeypatch.setenv("CPTSIM_CKERNELS", "0")
@@ -349,7 +350,7 @@ def test_the_benchmark_floor_replaces_every_quantizer_with_a_copy():
     import importlib.util
     from pathlib import Path
 
-    from cptsim.layers import quantize_model
+    from cptsim.numerics.layers import quantize_model
     from cptsim.models import create_model
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_quant_step.py"

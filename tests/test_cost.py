@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from cptsim.cli.main import cli
-from cptsim.cost import bytes_moved, estimate, quant_elems, relative_to_static, step_cost, storage_bits
+from cptsim.cost.model import bytes_moved, estimate, quant_elems, relative_to_static, step_cost, storage_bits
 from cptsim.errors import InputError
-from cptsim.hardware import load_profile
-from cptsim.profiler import LayerProfile, LayerRecord
-from cptsim.schedules import cpt_relative_cost, describe, make_schedule, parse_schedule
+from cptsim.cost.hardware import load_profile
+from cptsim.measure.profiler import LayerProfile, LayerRecord
+from cptsim.cost.schedules import cpt_relative_cost, describe, make_schedule, parse_schedule
 
 HW = ["h100", "a100", "bitfusion", "stripes", "int8-systolic", "host"]
 

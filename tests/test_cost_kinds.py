@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from cptsim import cost
-from cptsim.cost import StepCosts, bits_histogram, estimate
-from cptsim.hardware import load_profile
+from cptsim.cost import model as cost
+from cptsim.cost.model import StepCosts, bits_histogram, estimate
+from cptsim.cost.hardware import load_profile
 from cptsim.planner.workload import Workload
-from cptsim.schedules import SCHEDULE_NAMES, Schedule
+from cptsim.cost.schedules import SCHEDULE_NAMES, Schedule
 
 
 def _schedules():
@@ -83,7 +83,7 @@ def test_shared_step_costs_give_the_estimate_of_a_fresh_computation(workload, hw
 
 @pytest.mark.parametrize("hw", [None, "bitfusion", "h100", "host"])
 def test_estimate_totals_are_the_totals_of_estimate(workload, hw):
-    from cptsim.cost import estimate_totals
+    from cptsim.cost.model import estimate_totals
 
     hw = load_profile(hw) if hw else None
     shared = StepCosts(workload.profile, hw)

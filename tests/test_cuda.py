@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cptsim import quant
+from cptsim.numerics import quant
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -31,7 +31,7 @@ class _ScalarReads(TorchDispatchMode):
 
 def test_quantized_layers_read_no_tensor_value_in_training_or_eval():
     from cptsim.models import create_model
-    from cptsim.layers import quantize_model
+    from cptsim.numerics.layers import quantize_model
 
     model = create_model("resnet20", num_classes=10, in_channels=3, input_shape=(3, 32, 32))
     quantize_model(model).set(4, 8)
@@ -48,8 +48,8 @@ def test_quantized_layers_read_no_tensor_value_in_training_or_eval():
 def test_training_steps_read_no_tensor_value_and_totals_once(tmp_path, monkeypatch):
     """Two runs that differ only in length make the same number of scalar reads (evaluation, checkpoint): the steps
     themselves make none, and read loss, accuracy and counts through one Dist.step_totals call each."""
-    from cptsim import dist
-    from cptsim.train import TrainConfig, train
+    from cptsim.run import dist
+    from cptsim.run.train import TrainConfig, train
 
     calls = []
     original = dist.Dist.step_totals
@@ -167,7 +167,7 @@ def test_cuda_training_step_synchronises_once(tmp_path, monkeypatch):
     """CPTSIM_SYNC_DEBUG=error: torch raises at any synchronisation inside a step but the read of its totals, which
     the trace counts (host_syncs) on every step past warm-up. CPT 3-8 in three cycles of 8 steps: each (bits, grad
     bits) key runs eagerly in the first cycle, is captured as a CUDA graph in the second, replayed in the third."""
-    from cptsim.train import TrainConfig, train
+    from cptsim.run.train import TrainConfig, train
 
     monkeypatch.setenv("CPTSIM_SYNC_DEBUG", "error")
     cfg = TrainConfig(model="resnet20", dataset="synthetic:3,32,32:10:1600", schedule="cpt:3-8:g8:n3", steps=24,
@@ -186,7 +186,7 @@ def test_cuda_training_step_synchronises_once(tmp_path, monkeypatch):
 def test_cuda_graph_steps_train_as_the_eager_ones_do(tmp_path, monkeypatch):
     """The same run with and without CUDA graphs: the same losses (up to the GPU's non-deterministic reductions),
     the same MAC counts, and the graphed one replays most of its steps."""
-    from cptsim.train import TrainConfig, train
+    from cptsim.run.train import TrainConfig, train
 
     traces = {}
     for graphs in ("0", "1"):
@@ -205,8 +205,8 @@ def test_cuda_graph_steps_train_as_the_eager_ones_do(tmp_path, monkeypatch):
 @cuda
 def test_cuda_trace_has_measured_energy_when_nvml_is_there(tmp_path):
     pytest.importorskip("pynvml")
-    from cptsim.energy import EnergyMeter
-    from cptsim.train import TrainConfig, train
+    from cptsim.measure.energy import EnergyMeter
+    from cptsim.run.train import TrainConfig, train
 
     if EnergyMeter.for_device("cuda") is None:
         pytest.skip("this GPU has no NVML energy counter")

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from cptsim.runs import RunDir
+from cptsim.run.rundir import RunDir
 
 BASE = ["train", "--epochs", "2", "--batch-size", "128", "--quiet"]
 

@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from cptsim.cli.main import cli
-from cptsim.runs import RunDir, RunLock
+from cptsim.run.rundir import RunDir, RunLock
 
 # Full precision, no BatchNorm (mlp): the 2-rank update equals the 1-rank one up to the order of float sums in the
 # gradient all-reduce (test_dist_crash.test_two_gloo_processes_match_one_process), hence its tolerance below.

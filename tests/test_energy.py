@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from cptsim.energy import EnergyMeter, nvml_index
+from cptsim.measure.energy import EnergyMeter, nvml_index
 
 
 def test_meter_reports_energy_and_power_between_reads():
@@ -28,8 +28,8 @@ def test_meter_start_leaves_out_what_was_drawn_before_it():
 def test_fit_takes_the_power_training_draws_from_measured_energy_and_predicts_energy():
     import numpy as np
 
-    from cptsim.fit import RunSteps, fit_host
-    from cptsim.hardware import load_profile
+    from cptsim.calibration.fit import RunSteps, fit_host
+    from cptsim.cost.hardware import load_profile
 
     base = load_profile("host")
     comp = np.tile([[0.004, 0.001, 0.001, 0.001]], (20, 1))
@@ -41,7 +41,7 @@ def test_fit_takes_the_power_training_draws_from_measured_energy_and_predicts_en
     doc = fit.evaluate(held)
     assert doc["measured_avg_power_w"] == pytest.approx(300.0)
     assert doc["energy_error_pct"] == pytest.approx((250 / 300 - 1) * 100, abs=2)
-    assert "power_w = NVML energy" in __import__("cptsim.fit", fromlist=["x"]).fitted_profile_toml(fit, "f")
+    assert "power_w = NVML energy" in __import__("cptsim.calibration.fit", fromlist=["x"]).fitted_profile_toml(fit, "f")
 
 
 def test_meter_never_reports_negative_energy():
@@ -58,7 +58,7 @@ def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
 
 
 def test_cpu_runs_have_no_energy_columns_and_no_meter(tmp_path):
-    from cptsim.train import TrainConfig, train
+    from cptsim.run.train import TrainConfig, train
 
     cfg = TrainConfig(model="digits-cnn", dataset="synthetic:1,8,8:10:64", schedule="cpt:3-8:g8:n2", steps=2,
                       batch_size=32)
@@ -69,7 +69,7 @@ def test_cpu_runs_have_no_energy_columns_and_no_meter(tmp_path):
 @pytest.fixture()
 def energy_run(tmp_path):
     """A finished CPU run whose trace is given energy columns, as a CUDA run with NVML writes them."""
-    from cptsim.train import TrainConfig, train
+    from cptsim.run.train import TrainConfig, train
 
     cfg = TrainConfig(model="digits-cnn", dataset="synthetic:1,8,8:10:96", schedule="cpt:3-8:g8:n2", epochs=2,
                       batch_size=32)
@@ -83,7 +83,7 @@ def energy_run(tmp_path):
 
 
 def _host_profile(tmp_path, power_w):
-    from cptsim.hardware import host_profile_text
+    from cptsim.cost.hardware import host_profile_text
 
     text = host_profile_text("gpuhost", "test", ["test"], {
         "matmul_gmac_s": 1000.0, "bandwidth_gb_s": 1000.0, "elementwise_gelem_s": 100.0, "layer_overhead_us": 10.0,
@@ -94,7 +94,7 @@ def _host_profile(tmp_path, power_w):
 
 
 def test_report_compares_measured_and_modelled_energy_per_epoch(energy_run, tmp_path):
-    from cptsim.report import build_report
+    from cptsim.study.report import build_report
 
     h = build_report(energy_run.path, host=_host_profile(tmp_path, 150.0)).data["host_time"]
     trace = energy_run.read_trace().records
@@ -108,8 +108,8 @@ def test_report_compares_measured_and_modelled_energy_per_epoch(energy_run, tmp_
 
 
 def test_report_without_measured_energy_says_how_to_get_it(tmp_path):
-    from cptsim.report import build_report
-    from cptsim.train import TrainConfig, train
+    from cptsim.study.report import build_report
+    from cptsim.run.train import TrainConfig, train
 
     cfg = TrainConfig(model="digits-cnn", dataset="synthetic:1,8,8:10:64", schedule="cpt:3-8:g8:n2", steps=2,
                       batch_size=32)
@@ -120,8 +120,8 @@ def test_report_without_measured_energy_says_how_to_get_it(tmp_path):
 
 def test_energy_figure_is_drawn_only_with_measured_energy(energy_run, tmp_path):
     pytest.importorskip("matplotlib")
-    from cptsim.plots import energy_figure
-    from cptsim.report import build_report
+    from cptsim.study.plots import energy_figure
+    from cptsim.study.report import build_report
 
     png = energy_figure(build_report(energy_run.path, host=_host_profile(tmp_path, 150.0)))
     assert png[:8] == b"\x89PNG\r\n\x1a\n"

@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from cptsim.cli.main import cli
-from cptsim.cost import estimate
+from cptsim.cost.model import estimate
 from cptsim.errors import InputError
-from cptsim.fit import (RunSteps, check_fit_out, fit_host, profile_factors, quality, step_components,
+from cptsim.calibration.fit import (RunSteps, check_fit_out, fit_host, profile_factors, quality, step_components,
                         write_fitted_profile)
-from cptsim.hardware import load_profile
+from cptsim.cost.hardware import load_profile
 
 TRUE = np.array([2.5, 0.6, 4.0, 1.5])  # k_c, k_m, k_q, k_o: what the "machine" does relative to the microbenchmarks
 
@@ -143,7 +143,7 @@ def test_fit_needs_a_host_profile(profiles):
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
-    from cptsim.train import TrainConfig, train
+    from cptsim.run.train import TrainConfig, train
 
     d = tmp_path_factory.mktemp("fit_runs")
     a = train(TrainConfig(epochs=1, batch_size=64, schedule="cpt:3-8:g8:n2"), str(d / "b64"), progress=False)
@@ -182,7 +182,7 @@ def test_report_fit_writes_the_profile_and_reports_hold_out_error(two_runs, tmp_
 
 
 def test_warmup_steps_are_left_out_of_fits_and_comparisons_and_said_so():
-    from cptsim.fit import steady_steps
+    from cptsim.calibration.fit import steady_steps
 
     marked = [{"epoch": 0, "warmup": True}, {"epoch": 0, "warmup": True}] + [{"epoch": 0}] * 8
     keep, note = steady_steps(marked, "cuda")

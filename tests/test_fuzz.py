@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from cptsim.cli.main import cli
 from cptsim.errors import InputError
-from cptsim.hardware import load_profile
+from cptsim.cost.hardware import load_profile
 from cptsim.planner.planfile import read_plan
-from cptsim.runs import RunDir
-from cptsim.schedules import parse_schedule
+from cptsim.run.rundir import RunDir
+from cptsim.cost.schedules import parse_schedule
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cptsim.cost import estimate, step_ops_cost
-from cptsim.gpu_calibration import ROWS, modelled_throughput, resnet50_profile
-from cptsim.hardware import load_profile
-from cptsim.profiler import LayerProfile
-from cptsim.schedules import parse_schedule
+from cptsim.cost.model import estimate, step_ops_cost
+from cptsim.calibration.gpu import ROWS, modelled_throughput, resnet50_profile
+from cptsim.cost.hardware import load_profile
+from cptsim.measure.profiler import LayerProfile
+from cptsim.cost.schedules import parse_schedule
 
 DATA = Path(__file__).parent / "data" / "imagenet-resnet50-profile.json"
 GPUS = ["a100", "v100", "h100", "t4", "rtx4090"]

@@ -1,4 +1,4 @@
-"""Data-parallel gradients in DDP-style buckets (cptsim.dist.GradBuckets): the sums equal a flat all-reduce's, the
+"""Data-parallel gradients in DDP-style buckets (cptsim.run.dist.GradBuckets): the sums equal a flat all-reduce's, the
 buckets' all-reduces start during backward, and a rank with no sample of a ragged batch contributes zeros."""
 
 import sys
@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 
 
 def _worker(rank: int, store_path: str, queue) -> None:
-    import cptsim.dist as cd
+    import cptsim.run.dist as cd
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
     try:

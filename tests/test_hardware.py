@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from cptsim.errors import InputError
-from cptsim.hardware import KINDS, list_profiles, load_profile
+from cptsim.cost.hardware import KINDS, list_profiles, load_profile
 
 SHIPPED = ["a100", "bitfusion", "h100", "host", "int8-systolic", "rtx4090", "stripes", "t4", "v100"]
 REPO_PROFILES = Path(__file__).resolve().parents[1] / "hw_profiles"
@@ -340,7 +340,7 @@ def test_efficiency_above_one_is_rejected(tmp_path):
 
 
 def test_calibrate_writes_a_host_profile_that_load_profile_prefers(tmp_path):
-    from cptsim.calibrate import calibrate_host, write_host_profile
+    from cptsim.calibration.calibrate import calibrate_host, write_host_profile
 
     measured = calibrate_host(device="cpu", seconds=0.15)
     assert measured["matmul_macs_per_s"] > 0 and measured["bandwidth_bytes_per_s"] > 0
@@ -359,7 +359,7 @@ def test_calibrate_rejects_cuda_without_a_gpu():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    from cptsim.calibrate import calibrate_host
+    from cptsim.calibration.calibrate import calibrate_host
 
     with pytest.raises(InputError, match="cuda"):
         calibrate_host(device="cuda", seconds=0.1)

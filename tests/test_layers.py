@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from cptsim.errors import InputError
-from cptsim.layers import (
+from cptsim.numerics.layers import (
     ACT_MOMENTUM,
     PrecisionState,
     QConv2d,
@@ -16,8 +16,8 @@ from cptsim.layers import (
     quantize_model,
     quantized_layer_names,
 )
-from cptsim import ckernels
-from cptsim.quant import (
+from cptsim.numerics import ckernels
+from cptsim.numerics.quant import (
     fake_quant_per_channel,
     fake_quant_per_tensor,
     fake_quant_stochastic,
@@ -76,7 +76,7 @@ def test_swap_keeps_the_same_parameter_objects_and_state_dict_keys():
 def test_forward_is_conv_of_quantized_operands_and_backward_uses_quantized_error(kernels, monkeypatch):
     """Second implementation: F.conv2d on Qa(x), Qw(W); dgrad / wgrad from torch.nn.grad with SR-quantized error.
 
-    With the C kernels (cptsim.ckernels) and without them (CPTSIM_CKERNELS=0, the eager quantizers): the kernels'
+    With the C kernels (cptsim.numerics.ckernels) and without them (CPTSIM_CKERNELS=0, the eager quantizers): the kernels'
     stochastic rounding draws other random bytes than fake_quant_stochastic, so the expected error is the one
     quant.quantize_error (what the layer calls) gives under the same seed; that it equals the eager formula in
     distribution is tests/test_ckernels.py's business, and with kernels off it is fake_quant_stochastic itself."""

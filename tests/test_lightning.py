@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 L = pytest.importorskip("lightning.pytorch")
 
-from cptsim.integrations.lightning import CPTCallback  # noqa: E402
+from cptsim.run.integrations.lightning import CPTCallback  # noqa: E402
 
 
 class Tiny(L.LightningModule):
@@ -35,7 +35,7 @@ class Tiny(L.LightningModule):
 
 
 def test_callback_trains_a_lightning_module_and_the_run_reports(tmp_path):
-    from cptsim.report import build_report
+    from cptsim.study.report import build_report
 
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(80, 1, 8, 8), torch.randint(10, (80,)))

@@ -11,14 +11,15 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from cptsim.study.evidence import LocalEvidence
 from cptsim.data import dataset_info, load_datasets
 from cptsim.errors import InputError
-import cptsim.layers
-from cptsim.layers import quantize_model
-from cptsim.lm import LSTMLayer, Matmul, QMatmul
+import cptsim.numerics.layers
+from cptsim.numerics.layers import quantize_model
+from cptsim.numerics.lm_layers import LSTMLayer, Matmul, QMatmul
 from cptsim.models import create_model, list_models
-from cptsim.profiler import MacCounter, profile_model
-from cptsim.text_data import TextStream
+from cptsim.measure.profiler import MacCounter, profile_model
+from cptsim.data.text import TextStream
 from cli_util import one_line_error, run_cli
 
 TINY_LSTM = "lstm-lm:layers=2,hidden=24"
@@ -91,7 +92,7 @@ def test_attention_matmuls_are_counted_and_quantized():
     T, B, C, heads = 12, 2, 32, 4
     m = _lm(TINY_GPT, T=T, bits=4)
     scores = m.blocks[0].attn.scores
-    assert isinstance(scores, QMatmul) and isinstance(scores, cptsim.layers.QUANTIZED_TYPES)
+    assert isinstance(scores, QMatmul) and isinstance(scores, cptsim.numerics.layers.QUANTIZED_TYPES)
     prof = {r.name: r for r in profile_model(m, (T,), batch_size=B).layers}
     for k in ("scores", "mix"):
         r = prof[f"blocks.0.attn.{k}"]
@@ -102,7 +103,7 @@ def test_attention_matmuls_are_counted_and_quantized():
 
 
 def test_qmatmul_quantizes_forward_and_error():
-    from cptsim.layers import PrecisionState
+    from cptsim.numerics.layers import PrecisionState
 
     torch.manual_seed(0)
     q = Matmul()
@@ -275,9 +276,9 @@ def test_image_model_on_text_is_exit_2(tmp_path):
 
 
 def test_cost_reproduces_cpts_lstm_saving_without_the_files():
-    from cptsim.hardware import load_profile
+    from cptsim.cost.hardware import load_profile
     from cptsim.planner.workload import Workload
-    from cptsim.schedules import parse_schedule
+    from cptsim.cost.schedules import parse_schedule
 
     w = Workload.build(model="lstm-lm", dataset="ptb", batch_size=20, epochs=39, fp_layers=[])
     hw = load_profile("bitfusion")
@@ -295,17 +296,17 @@ def test_hh_weight_is_quantized_once_per_forward_with_the_same_result(monkeypatc
     sees T calls, and the output and every gradient equal those of quantizing at each call."""
     import contextlib
 
-    import cptsim.lm
+    import cptsim.numerics.lm_layers
 
     T, B = 12, 3
     x, y = torch.randint(40, (B, T)), torch.randint(40, (B, T))
 
     def step(cached):
         if not cached:
-            monkeypatch.setattr(cptsim.lm, "reuse_quantized_weights", lambda *m: contextlib.nullcontext())
+            monkeypatch.setattr(cptsim.numerics.lm_layers, "reuse_quantized_weights", lambda *m: contextlib.nullcontext())
         calls = []
-        real = cptsim.layers.quantize_weight
-        monkeypatch.setattr(cptsim.layers, "quantize_weight", lambda w, b: calls.append(w.shape) or real(w, b))
+        real = cptsim.numerics.layers.quantize_weight
+        monkeypatch.setattr(cptsim.numerics.layers, "quantize_weight", lambda w, b: calls.append(w.shape) or real(w, b))
         m = _lm(TINY_LSTM, T=T, bits=6)
         m.train()
         torch.manual_seed(5)  # the same error rounding noise in both
@@ -341,8 +342,8 @@ def _lm_rows():
 
 
 def test_sweep_report_of_a_language_model_is_perplexity_lower_better():
-    from cptsim import sweep as SW
-    from cptsim.plots import sweep_figure
+    from cptsim.study import sweep as SW
+    from cptsim.study.plots import sweep_figure
 
     scores = {"static:4:g8": 0.1, "cos-rep:3-8:g8:n2": 0.2, "static:8:g8": 0.3}  # rank = lower perplexity
     rep = SW.sweep_report(_lm_rows(), score_fn=lambda text, steps: scores[text])
@@ -357,7 +358,7 @@ def test_sweep_report_of_a_language_model_is_perplexity_lower_better():
 
 
 def test_range_test_of_a_language_model_uses_validation_loss():
-    from cptsim.rangetest import RangeTestSettings, run_range_test, suggest_q_min
+    from cptsim.study.rangetest import RangeTestSettings, run_range_test, suggest_q_min
 
     s = RangeTestSettings(model="lstm-lm:layers=1,hidden=16,dropout=0", dataset="pydoc-chars", batch_size=8,
                           lr=1.0, momentum=0.0, weight_decay=0.0, q_start=6, q_max=7, steps_per_stage=2,
@@ -377,14 +378,14 @@ def test_pilot_ranks_language_models_by_validation_perplexity(tmp_path):
     from cptsim.planner.evaluate import evaluate
     from cptsim.planner.pilot import default_steps, is_text, run_pilot
     from cptsim.planner.workload import Workload
-    from cptsim.schedules import parse_schedule
+    from cptsim.cost.schedules import parse_schedule
 
     w = Workload.build(model="lstm-lm:layers=1,hidden=16,dropout=0", dataset="pydoc-chars", batch_size=8, steps=3,
                        lr=1.0, momentum=0.0, weight_decay=0.0)
     assert is_text(w) and default_steps(w) == 3  # nothing held out of a text dataset
     cands = evaluate(w, "bitfusion")
     pool = [cands.index(parse_schedule(t)) for t in ("static:8:g8", "cpt:5-8:g8:n1")]
-    winner, doc = run_pilot(cands, pool, 2, str(tmp_path / "p"), db=False)
+    winner, doc = run_pilot(cands, pool, 2, str(tmp_path / "p"), db=False, evidence=LocalEvidence())
     (rnd,) = doc["rounds"]
     assert "perplexity" in doc["measure"]
     assert all(r["val_ppl"] == pytest.approx(math.exp(r["val_loss"])) and r["val_tokens"] > 0 for r in rnd["runs"])

@@ -64,8 +64,8 @@ def test_report_fits_80_columns_and_wide_shows_every_column(small_run):
 
 
 def test_report_png_has_the_test_metric_over_steps(small_run):
-    from cptsim import plots as P
-    from cptsim import report as R
+    from cptsim.study import plots as P
+    from cptsim.study import report as R
 
     P.require_matplotlib()
     rep = R.build_report(str(small_run), ["bitfusion"], host="host", top=5)

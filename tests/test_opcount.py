@@ -1,13 +1,13 @@
-"""Every op of a training step, counted at the dispatcher (cptsim.opcount), and profile.json format /2."""
+"""Every op of a training step, counted at the dispatcher (cptsim.measure.opcount), and profile.json format /2."""
 
 import json
 
 import torch
 
-from cptsim.layers import quantize_model
+from cptsim.numerics.layers import quantize_model
 from cptsim.models import create_model
-from cptsim.opcount import OP_PHASES, OpProfile, count_step_ops
-from cptsim.profiler import LayerProfile, profile_model
+from cptsim.measure.opcount import OP_PHASES, OpProfile, count_step_ops
+from cptsim.measure.profiler import LayerProfile, profile_model
 
 
 def _digits(bits=32):

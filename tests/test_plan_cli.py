@@ -6,7 +6,7 @@ import json
 import pytest
 
 from cptsim.planner.planfile import read_plan
-from cptsim.runs import RunDir
+from cptsim.run.rundir import RunDir
 from cli_util import one_line_error as _one_line_error
 from cli_util import run_cli as _cli
 

@@ -9,7 +9,7 @@ import pytest
 
 from cptsim.errors import InputError
 from cptsim.planner.planfile import read_plan
-from cptsim.train import TrainConfig
+from cptsim.run.train import TrainConfig
 from cli_util import one_line_error as _one_line_error
 from cli_util import run_cli as _cli
 

@@ -8,12 +8,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from cptsim.cost import bits_histogram
+from cptsim.cost.model import bits_histogram
 from cptsim.planner.evaluate import COST_KEYS, evaluate
 from cptsim.planner.score import score_bits
 from cptsim.planner.space import SearchSpace, parse_space
 from cptsim.planner.workload import Workload
-from cptsim.schedules import Schedule
+from cptsim.cost.schedules import Schedule
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_index_finds_what_a_search_of_the_list_finds(workload):
 
 
 def test_step_costs_are_kept_per_hardware_and_profile(workload):
-    from cptsim.hardware import load_profile
+    from cptsim.cost.hardware import load_profile
 
     w = replace(workload)
     a, b = load_profile("bitfusion"), load_profile("h100")

@@ -10,11 +10,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from cptsim.cost import step_cost
+from cptsim.cost.model import step_cost
 from cptsim.errors import InputError
-from cptsim.layers import QConv2d, QLinear, quantize_model
+from cptsim.numerics.layers import QConv2d, QLinear, quantize_model
 from cptsim.models import create_model
-from cptsim.profiler import (COUNTERS, PHASES, PROFILE_FORMAT, LayerProfile, MacCounter, conv2d_macs, linear_macs,
+from cptsim.measure.profiler import (COUNTERS, PHASES, PROFILE_FORMAT, LayerProfile, MacCounter, conv2d_macs, linear_macs,
                              profile_model)
 
 
@@ -49,7 +49,7 @@ def _build(name, shape, bits, grad_bits):
 
 
 # token-mlp runs at gradient bits 32: with g < 32, QLinear's error quantizer returns a view that the model's
-# in-place ReLU then modifies, which autograd forbids (a cptsim.layers issue, reported; not the profiler's).
+# in-place ReLU then modifies, which autograd forbids (a cptsim.numerics.layers issue, reported; not the profiler's).
 WORKLOADS = [
     ("resnet20", (3, 32, 32), 4, 8),
     ("mobilenetv2", (3, 16, 16), 5, 8),

@@ -12,9 +12,10 @@ import pytest
 import torch
 import torch.nn as nn
 
+from cptsim.study.evidence import LocalEvidence
 from cptsim.planner.quality import MIN_SCHEDULES, fit_quality, features
 from cptsim.planner.score import score_bits
-from cptsim.schedules import parse_schedule
+from cptsim.cost.schedules import parse_schedule
 
 SHIPPED_DB = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "issue9.db"
 
@@ -56,8 +57,8 @@ def test_too_few_measured_schedules_fit_nothing():
 
 
 def _fake_rows(workload, accuracy_of, seeds=(0, 1)):
-    """Rows of runs of ``workload`` as cptsim.results stores them, with accuracy from ``accuracy_of(schedule)``."""
-    from cptsim.results import workload_key
+    """Rows of runs of ``workload`` as cptsim.study.results stores them, with accuracy from ``accuracy_of(schedule)``."""
+    from cptsim.study.results import workload_key
 
     wl = workload.to_json()
     rows = []
@@ -81,14 +82,14 @@ def digits_workload():
 
 def test_plan_quality_db_ranks_by_predicted_accuracy_and_records_it(digits_workload, tmp_path):
     from cptsim.planner import plan
-    from cptsim.results import ResultsDB
+    from cptsim.study.results import ResultsDB
 
     db = tmp_path / "r.db"
     T = digits_workload.steps
     with ResultsDB(db) as r:  # measured accuracy that follows the mean bits of a schedule
         for row in _fake_rows(digits_workload, lambda s: 0.8 + 0.02 * float(s.bits(T).mean())):
             r.add_run(row)
-    p = plan(digits_workload, "bitfusion", "65%", quality="db", db=str(db))
+    p = plan(digits_workload, "bitfusion", "65%", quality="db", db=str(db), evidence=LocalEvidence())
     doc = p.to_json()
     assert p.ranking == "db" and doc["quality"]["name"] == "monotone-linear/1"
     assert doc["quality"]["schedules"] == 7 and doc["quality"]["runs"] == 14
@@ -102,7 +103,8 @@ def test_plan_quality_db_ranks_by_predicted_accuracy_and_records_it(digits_workl
 def test_plan_quality_db_falls_back_to_the_proxy_with_too_few_runs(digits_workload, tmp_path):
     from cptsim.planner import plan
 
-    p = plan(digits_workload, "bitfusion", "65%", quality="db", db=str(tmp_path / "empty.db"))
+    p = plan(digits_workload, "bitfusion", "65%", quality="db", db=str(tmp_path / "empty.db"),
+             evidence=LocalEvidence())
     doc = p.to_json()
     assert p.ranking == "proxy" and doc["quality"]["fallback"] == "proxy"
     assert any("--quality db: 0 measured schedule(s)" in n for n in doc["notes"])
@@ -118,7 +120,7 @@ def test_recalibration_sets_batchnorm_statistics_to_those_of_the_evaluation_bits
     model produces at the evaluation bits -- computed here independently with forward hooks on a copy."""
     import copy
 
-    from cptsim.train import TrainConfig, build, recalibrate
+    from cptsim.run.train import TrainConfig, build, recalibrate
 
     cfg = TrainConfig(schedule="lin-tri:2-8:g8:n1", epochs=1, recal_batches=3)
     w = build(cfg)
@@ -160,7 +162,7 @@ def test_recalibration_sets_batchnorm_statistics_to_those_of_the_evaluation_bits
 def test_a_schedule_ending_low_is_evaluated_with_statistics_of_the_evaluation_bits(tmp_path):
     """The issue's failure, end to end on digits: a one-cycle triangular schedule ends at 2 bits; evaluated at 8 bits
     with its 2-bit statistics it scores far below the same weights evaluated after re-estimation."""
-    from cptsim.train import TrainConfig, train
+    from cptsim.run.train import TrainConfig, train
 
     accs = {}
     for recal in (0, 16):
@@ -176,7 +178,7 @@ def test_the_mnist_shaped_workload_gets_a_pick_evaluated_at_its_own_precision():
     at its evaluation bits, and the plan says so."""
     from cptsim.planner import Workload, plan
     from cptsim.planner.space import parse_space
-    from cptsim.train import TrainConfig
+    from cptsim.run.train import TrainConfig
 
     w = Workload.build(dataset="mnist", dataset_size=8000, epochs=3, batch_size=64)
     assert w.steps == 3 * 125
@@ -201,7 +203,7 @@ def test_the_mnist_shaped_workload_gets_a_pick_evaluated_at_its_own_precision():
 def _shipped(workload_filter):
     if not SHIPPED_DB.exists():
         pytest.skip("benchmarks/results/issue9.db not present")
-    from cptsim.results import ResultsDB
+    from cptsim.study.results import ResultsDB
 
     with ResultsDB(SHIPPED_DB) as db:
         rows = [r for r in db.rows(source="sweep") if workload_filter(r["workload"])]

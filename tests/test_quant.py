@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from cptsim.errors import InputError
-from cptsim.quant import (
+from cptsim.numerics.quant import (
     SR_RANDOM_BITS,
     check_bits,
     choose_qparams,
@@ -72,12 +72,12 @@ def test_per_channel_uses_each_channels_own_range(bits):
 @pytest.mark.parametrize("path", ["eager", "c-kernels"])
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_stochastic_rounding_is_unbiased(bits, path, monkeypatch):
-    """fake_quant_stochastic, and the CPU kernel (cptsim.ckernels) that quantize_error runs in its place."""
+    """fake_quant_stochastic, and the CPU kernel (cptsim.numerics.ckernels) that quantize_error runs in its place."""
     if path == "eager":
         sr = fake_quant_stochastic
     else:
-        from cptsim import ckernels
-        from cptsim.quant import quantize_error
+        from cptsim.numerics import ckernels
+        from cptsim.numerics.quant import quantize_error
 
         monkeypatch.delenv("CPTSIM_CKERNELS", raising=False)
         if ckernels.library() is None:

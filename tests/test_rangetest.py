@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from cptsim.cli.main import cli
 from cptsim.errors import InputError
-from cptsim.rangetest import RangeTestSettings, StageRow, run_range_test, suggest_q_min
+from cptsim.study.rangetest import RangeTestSettings, StageRow, run_range_test, suggest_q_min
 
 
 def _rows(start, accs, baseline=0.1):

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from cptsim.cli.main import cli
-from cptsim.runs import RunDir
+from cptsim.run.rundir import RunDir
 
 DIGITS_TRAIN = 1437
 BATCH = 128
@@ -37,10 +37,10 @@ def make_plan(schedule: str = SCHEDULE, steps: int = STEPS, batch: int = BATCH, 
     """A plan as `cptsim plan` writes one (the keys planfile.validate_plan and TrainConfig.from_plan read), its
     estimate from the cost model; ``ragged``: whether the estimate models the ragged last batch of each epoch."""
     from cptsim.cli.profile_cmd import build_profile
-    from cptsim.cost import estimate
-    from cptsim.hardware import load_profile
+    from cptsim.cost.model import estimate
+    from cptsim.cost.hardware import load_profile
     from cptsim.planner.planfile import validate_plan
-    from cptsim.schedules import parse_schedule
+    from cptsim.cost.schedules import parse_schedule
 
     sched = parse_schedule(schedule)
     hw = load_profile(hardware)
@@ -64,7 +64,7 @@ def make_plan(schedule: str = SCHEDULE, steps: int = STEPS, batch: int = BATCH, 
 
 
 def train_plan(plan: dict, out) -> RunDir:
-    from cptsim.train import TrainConfig, train
+    from cptsim.run.train import TrainConfig, train
 
     return train(TrainConfig.from_plan(plan), str(out), progress=False, plan=plan)
 
@@ -91,7 +91,7 @@ def plan_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hand_run(tmp_path_factory):
     """A run given its schedule by hand (no plan): one epoch of batch 64."""
-    from cptsim.train import TrainConfig, train
+    from cptsim.run.train import TrainConfig, train
 
     d = tmp_path_factory.mktemp("hand_run")
     return train(TrainConfig(schedule="rex-tri-h:4-8:g8:n2", epochs=1, batch_size=64), str(d / "run"),
@@ -193,8 +193,8 @@ def test_repeated_trace_lines_are_counted_once(plan_run, tmp_path):
 
 
 def test_host_time_is_the_cost_model_on_the_host_profile_vs_the_measured_steps(plan_run):
-    from cptsim.cost import estimate
-    from cptsim.hardware import load_profile
+    from cptsim.cost.model import estimate
+    from cptsim.cost.hardware import load_profile
 
     _, run = plan_run
     h = report_json(run.path)["runs"][0]["host_time"]

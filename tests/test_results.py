@@ -7,9 +7,9 @@ import time
 import pytest
 
 from cptsim.errors import InputError
-from cptsim.results import (COLUMN_NAMES, SCHEMA_VERSION, ResultsDB, default_db_path, proxy_score, record_run,
+from cptsim.study.results import (COLUMN_NAMES, SCHEMA_VERSION, ResultsDB, default_db_path, proxy_score, record_run,
                             run_row, workload_key)
-from cptsim.schedules import parse_schedule
+from cptsim.cost.schedules import parse_schedule
 
 WORKLOAD = {"model": "digits-cnn", "dataset": "digits", "dataset_size": 1437, "batch_size": 64, "steps": 3,
             "lr": 0.1, "lr_schedule": "cosine", "momentum": 0.9, "weight_decay": 5e-4, "fp_layers": ["fc"],
@@ -137,7 +137,7 @@ def test_two_processes_writing_at_once_lose_no_row(tmp_path):
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    from cptsim.train import TrainConfig, train
+    from cptsim.run.train import TrainConfig, train
 
     out = tmp_path_factory.mktemp("runs") / "r"
     train(TrainConfig(schedule="cos-rep:3-8:g8:n2", steps=3, seed=1), str(out), progress=False)

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from cptsim.cli.main import cli
-from cptsim.runs import LOCK_ENV, RunDir, RunLock, RunLocked, lock_file
+from cptsim.run.rundir import LOCK_ENV, RunDir, RunLock, RunLocked, lock_file
 
 ARGS = ["train", "--epochs", "2", "--quiet", "--schedule", "cpt:3-8:g8:n4"]
 

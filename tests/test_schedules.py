@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from cptsim.cli.schedules_cmd import schedules as schedules_group
 from cptsim.errors import InputError
-from cptsim.schedules import (
+from cptsim.cost.schedules import (
     ALIASES,
     SCHEDULE_NAMES,
     VALID_BITS,
@@ -335,7 +335,7 @@ def test_cli_main_turns_bad_schedule_into_exit_2():
 
 @pytest.mark.parametrize("T, n", [(100_000, 32), (20, 6), (7, 10), (64_001, 64), (345, 32), (1, 1), (5, 5)])
 def test_cycle_position_is_exact_integer_division(T, n):
-    from cptsim.schedules import cycle_position
+    from cptsim.cost.schedules import cycle_position
 
     k, z = cycle_position(T, n)
     kk, rr = np.divmod(np.arange(T, dtype=np.int64) * n, T)
@@ -346,7 +346,7 @@ def test_cycle_position_is_exact_integer_division(T, n):
 @pytest.mark.parametrize("name", ["cos-rep", "rex-rep", "cos-tri", "exp-tri-h", "rex-tri-v"])
 def test_bits_equal_the_per_step_definition_whether_cycles_divide_the_run_or_not(T, n, name):
     # bits() evaluates one cycle (or the distinct positions) and tiles/gathers; it must equal the formula per step
-    from cptsim.schedules import cycle_position, profile_fn
+    from cptsim.cost.schedules import cycle_position, profile_fn
 
     s = make_schedule(name, q_min=2, q_max=9, cycles=n)
     k, z = cycle_position(T, n)

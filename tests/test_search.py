@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cptsim.study.evidence import LocalEvidence
 from cptsim.errors import InputError
 from cptsim.planner import plan as public_plan
 from cptsim.planner.budget import Budget, parse_budget
@@ -18,8 +19,8 @@ from cptsim.planner.planfile import validate_plan
 from cptsim.planner.score import SCORE_NAME, score_bits, step_fidelity, step_weights
 from cptsim.planner.search import COST_KEYS, Workload, baseline_schedule, evaluate, select
 from cptsim.planner.space import SearchSpace
-from cptsim.schedules import Schedule, parse_schedule
-from cptsim.train import TrainConfig
+from cptsim.cost.schedules import Schedule, parse_schedule
+from cptsim.run.train import TrainConfig
 
 METRICS = ("bitops", "energy", "latency")
 
@@ -232,7 +233,7 @@ def test_early_steps_weigh_more(T):
 def test_pilot_ranks_by_real_short_runs_in_a_directory_of_its_own(cands, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     keep = tmp_path / "pilots"
-    p = select(cands, "65%", pilot=2, pilot_steps=3, pilot_dir=str(keep))
+    p = select(cands, "65%", pilot=2, pilot_steps=3, pilot_dir=str(keep), evidence=LocalEvidence())
     assert p.ranking == "pilot" and p.pilot["k"] == 2
     (rnd,) = p.pilot["rounds"]
     assert rnd["steps"] == 3 and len(rnd["runs"]) == 2
@@ -248,7 +249,7 @@ def test_pilot_ranks_by_real_short_runs_in_a_directory_of_its_own(cands, tmp_pat
         cfg = json.loads((d / "config.json").read_text())
         assert cfg["settings"]["val_split"] == PILOT_VAL_SPLIT and cfg["val_size"] > 0
         assert all("val_acc" in json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines())
-    from cptsim.results import ResultsDB
+    from cptsim.study.results import ResultsDB
 
     with ResultsDB() as db:  # conftest points CPTSIM_DB at a private file
         assert {r["run_path"] for r in db.rows(source="pilot")} >= {str(d.resolve()) for d in runs}
@@ -277,7 +278,7 @@ def test_default_pilot_length_is_long_enough_to_leave_chance(workload):
 
 
 def test_a_range_test_result_sets_min_bits_and_is_recorded(workload):
-    from cptsim.rangetest import RangeTestResult, RangeTestSettings, StageRow
+    from cptsim.study.rangetest import RangeTestResult, RangeTestSettings, StageRow
 
     rt = RangeTestResult(settings=RangeTestSettings(), baseline_acc=0.1, suggested_q_min=4, conclusive=True,
                          reason="first precision whose training accuracy improves by more than 5 points",
@@ -288,3 +289,10 @@ def test_a_range_test_result_sets_min_bits_and_is_recorded(workload):
     doc = p.to_json()
     assert doc["range_test"]["suggested_q_min"] == 4 and doc["space"]["min_bits"] == 4
     assert any("range test suggests q_min = 4" in n for n in doc["notes"])
+
+
+def test_a_pilot_without_evidence_is_a_clear_input_error(cands):
+    """The planner does not import the training loop (tests/test_layout.py): the runs a pilot needs are handed in,
+    and a call that hands in none is told how, instead of failing deep inside."""
+    with pytest.raises(InputError, match="LocalEvidence"):
+        select(cands, "65%", pilot=2, pilot_steps=3)

@@ -4,7 +4,7 @@ import pytest
 
 from cptsim.errors import InputError
 from cptsim.planner.space import SearchSpace, parse_space
-from cptsim.schedules import SCHEDULE_NAMES, Schedule
+from cptsim.cost.schedules import SCHEDULE_NAMES, Schedule
 
 
 def test_default_space_counts_every_valid_candidate_once():
@@ -108,7 +108,7 @@ def test_from_json_rejects_malformed_input():
 
 def test_candidates_are_the_schedules_the_validating_constructor_builds():
     # candidates() skips per-candidate validation (the space checked its ranges); the result must be identical
-    from cptsim.schedules import Schedule
+    from cptsim.cost.schedules import Schedule
 
     for space in (SearchSpace(), SearchSpace(g_bits=((6, 8), 8, 32), cycles=(1, 3, 7), q_min_range=(1, 5))):
         for s in space.candidates():

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cptsim.cost import bytes_moved, storage_bits
+from cptsim.cost.model import bytes_moved, storage_bits
 from cptsim.errors import InputError
-from cptsim.hardware import load_profile, parse_profile
+from cptsim.cost.hardware import load_profile, parse_profile
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_storage_widths.py"
 

@@ -14,10 +14,10 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from cptsim import sweep as SW
+from cptsim.study import sweep as SW
 from cptsim.cli.main import cli
 from cptsim.errors import InputError
-from cptsim.results import ResultsDB
+from cptsim.study.results import ResultsDB
 
 STEPS = "4"
 
@@ -133,7 +133,7 @@ def test_report_refuses_rows_of_two_workloads_and_says_when_no_correlation_exist
 
 
 def test_report_figure_is_a_png():
-    from cptsim.plots import sweep_figure
+    from cptsim.study.plots import sweep_figure
 
     png = sweep_figure(SW.sweep_report(_rows(), score_fn=lambda text, steps: SCORES[text]))
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

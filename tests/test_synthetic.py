@@ -53,7 +53,7 @@ def test_unknown_dataset_names_the_synthetic_form():
 
 
 def test_training_on_synthetic_data_runs_and_resumes_identically(tmp_path):
-    from cptsim.train import TrainConfig, resume, train
+    from cptsim.run.train import TrainConfig, resume, train
 
     cfg = TrainConfig(model="digits-cnn", dataset="synthetic:1,8,8:10:100", schedule="cpt:3-8:g8:n2", epochs=2,
                       batch_size=32, checkpoint_every=3)

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("tensorboard")
 
-from cptsim.tensorboard import read_scalars  # noqa: E402
+from cptsim.run.tensorboard import read_scalars  # noqa: E402
 
 
 def _trace(run):

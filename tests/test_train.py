@@ -11,8 +11,8 @@ import torch
 from click.testing import CliRunner
 
 from cptsim.cli.main import cli
-from cptsim.runs import RunDir
-from cptsim.train import cpu_threads, lr_factor
+from cptsim.run.rundir import RunDir
+from cptsim.run.train import cpu_threads, lr_factor
 
 ARGS = ["train", "--epochs", "2", "--batch-size", "128", "--quiet", "--schedule", "cpt:3-8:g8:n4"]
 
@@ -80,7 +80,7 @@ def test_resume_of_a_finished_run_changes_nothing(reference_run):
 
 def test_small_inputs_train_on_one_thread_unless_asked():
     assert cpu_threads(None, (1, 8, 8)) == 1
-    from cptsim.train import _DEFAULT_THREADS
+    from cptsim.run.train import _DEFAULT_THREADS
 
     assert cpu_threads(None, (3, 32, 32)) == _DEFAULT_THREADS  # torch's own default, whatever ran before
     assert cpu_threads(2, (1, 8, 8)) == 2
@@ -135,9 +135,9 @@ def test_existing_run_dir_is_refused_not_overwritten(reference_run):
 def test_trace_counts_what_ran_and_the_cost_model_reproduces_it(reference_run):
     """Executed BitOPs summed from the trace == the cost model's estimate of the same schedule, to the BitOP
     (the estimate models the ragged last batch of each epoch: 1437 = 11 x 128 + 29)."""
-    from cptsim.cost import estimate
-    from cptsim.profiler import LayerProfile
-    from cptsim.schedules import parse_schedule
+    from cptsim.cost.model import estimate
+    from cptsim.measure.profiler import LayerProfile
+    from cptsim.cost.schedules import parse_schedule
 
     profile = LayerProfile.from_json(reference_run.read_json("profile.json"))
     trace = reference_run.read_trace().records

@@ -20,7 +20,7 @@ import socket
 from pathlib import Path
 from typing import Callable
 
-from .errors import InputError
+from cptsim.errors import InputError
 
 AUTO_SECONDS = 4.0  # the measurement's budget: a few seconds, once per machine, thread count and device
 NO_CALIBRATE_ENV = "CPTSIM_NO_CALIBRATE"
@@ -38,7 +38,7 @@ def machine_id() -> str:
 
 def auto_profile_path(device: str = "cpu", threads: int = 1) -> Path:
     """Where the automatic measurement of this machine at ``threads`` threads on ``device`` is kept."""
-    from .hardware import user_profile_dir
+    from cptsim.cost.hardware import user_profile_dir
 
     return user_profile_dir() / f"host-auto-{device}-t{int(threads)}-{machine_id()}.toml"
 
@@ -47,7 +47,7 @@ def _run_conditions(run_dir) -> tuple[str, int]:
     """(device kind, CPU threads) a run trained with, from its config.json."""
     import torch
 
-    from .runs import RunDir
+    from cptsim.run.rundir import RunDir
 
     cfg = RunDir.open(run_dir).read_config()
     device = str((cfg.get("settings") or {}).get("device") or "cpu").split(":")[0]
@@ -65,7 +65,7 @@ def report_host(run_dir, host: str = "host", calibrate: bool = True,
     automatic measurement of this machine for the run's thread count and device: read if kept, else measured now
     (``say`` gets a line before and after) unless ``calibrate`` is False or CPTSIM_NO_CALIBRATE is set, in which
     case the shipped placeholder ("host") is used."""
-    from .hardware import user_profile_dir
+    from cptsim.cost.hardware import user_profile_dir
 
     if host != "host" or (user_profile_dir() / "host.toml").is_file():
         return host
@@ -108,7 +108,7 @@ def measure(path: Path, device: str, threads: int, seconds: float = AUTO_SECONDS
     try:
         written, _ = write_host_profile(measured, path)
         text = written.read_text().replace(_MICRO_COMMENT, _STEP_COMMENT.format(micro=micro * 1e6))
-        from .runs import atomic_write_bytes
+        from cptsim.fileio import atomic_write_bytes
 
         atomic_write_bytes(written, text.encode())
     except (InputError, OSError) as e:
@@ -119,7 +119,7 @@ def measure(path: Path, device: str, threads: int, seconds: float = AUTO_SECONDS
 
 
 _MICRO_COMMENT = "per layer-phase, tiny-layer training step"
-_STEP_COMMENT = ("per layer-phase: a whole SGD step of cptsim.autocal's reference CNN less its modelled work "
+_STEP_COMMENT = ("per layer-phase: a whole SGD step of cptsim.calibration.autocal's reference CNN less its modelled work "
                  "(tiny-layer step alone: {micro:.0f} us)")
 
 
@@ -150,8 +150,8 @@ def step_overhead(measured: dict, device: str, budget_s: float, batch: int = 64)
 
     from .calibrate import _median_time, write_host_profile
     from .fit import step_components
-    from .layers import quantize_model
-    from .profiler import profile_model
+    from cptsim.numerics.layers import quantize_model
+    from cptsim.measure.profiler import profile_model
 
     gen = torch.Generator().manual_seed(0)
     with torch.random.fork_rng(devices=[]):

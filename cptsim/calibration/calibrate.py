@@ -4,11 +4,11 @@ Four figures, each the median of repeated timings within a fixed time budget, wi
 
 * FP32 matmul MAC rate over a few conv-as-GEMM shapes (the median across shapes);
 * memory bandwidth of a large tensor copy, counting bytes read + bytes written (how callers count ``bytes_moved``);
-* element-wise rate of cptsim's quantizers (``cptsim.quant``: one round-to-nearest and one stochastic pass, 4M elements);
+* element-wise rate of cptsim's quantizers (``cptsim.numerics.quant``: one round-to-nearest and one stochastic pass, 4M elements);
 * the fixed cost of one layer-phase: a training step of tiny quantized conv + BN + ReLU layers, per layer-phase.
 
 On CUDA the figures are those of the GPU executing a training step as ``cptsim train`` runs it there: one CUDA
-graph per step (``cptsim.cudagraph``), so the host's dispatch is hidden and every term is GPU time, which adds up.
+graph per step (``cptsim.run.cudagraph``), so the host's dispatch is hidden and every term is GPU time, which adds up.
 So the MAC rate is that of convolutions forward + backward (cuDNN, TF32 as torch allows it by default), not of an
 FP32 matmul; the quantizer rate is that of the fused quantizers; quantizer passes and the tiny-layer step are timed
 as CUDA graph replays (eagerly, if capture fails or CPTSIM_CUDA_GRAPHS=0, which is then how training runs too).
@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .energy import nvml_index
-from .errors import InputError
-from .hardware import HardwareProfile, check_profile_file_name, host_profile_text, load_profile, user_profile_dir
+from cptsim.measure.energy import nvml_index
+from cptsim.errors import InputError
+from cptsim.cost.hardware import HardwareProfile, check_profile_file_name, host_profile_text, load_profile, user_profile_dir
 
 # (M, K, N) of conv layers lowered to GEMMs: ResNet-ish 3x3 convs (K = 9 x C_in) over a batch of feature maps.
 MATMUL_SHAPES = ((512, 1152, 1024), (1024, 576, 256), (256, 2304, 512))
@@ -85,7 +85,7 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
         # stochastic-rounding pass (errors); the rate is per element per quantizer call, averaged over the two.
         # (quantize_activation / quantize_error: the fused quantizers on CUDA, fake_quant / fake_quant_stochastic
         # on a CPU)
-        from .quant import quantize_activation, quantize_error
+        from cptsim.numerics.quant import quantize_activation, quantize_error
 
         q = torch.randn(ELEMENTWISE_NUMEL, device=device)
 
@@ -160,7 +160,7 @@ def gemm_tiers(budget_s: float, n: int = TIER_GEMM) -> list[dict]:
 def gpu_profile_toml(measured: dict, name: str) -> str:
     """A ``gpu`` profile of the measured GPU: its tiers at the measured GEMM rates, the measured copy bandwidth and
     power, so the cost model can price real low-precision GEMMs on this very card (``cptsim hw show NAME``)."""
-    from .hardware import _toml_value, parse_profile
+    from cptsim.cost.hardware import _toml_value, parse_profile
 
     tiers = [t for t in measured.get("tiers") or [] if t.get("macs_per_s")]
     if not tiers:
@@ -201,7 +201,7 @@ def gpu_profile_toml(measured: dict, name: str) -> str:
 
 def write_gpu_profile(measured: dict, host_path: Path) -> tuple[Path, HardwareProfile]:
     """Write the measured ``gpu`` profile next to the host profile, as ``<host stem>-gpu.toml``."""
-    from .runs import atomic_write_bytes
+    from cptsim.fileio import atomic_write_bytes
 
     path = host_path.with_name(f"{host_path.stem}-gpu.toml")
     text = gpu_profile_toml(measured, name=path.stem)
@@ -224,7 +224,7 @@ def _layer_overhead_s(device: str, budget_s: float, sync) -> float:
     import torch
     import torch.nn as nn
 
-    from .layers import quantize_model
+    from cptsim.numerics.layers import quantize_model
 
     net = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
                         nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()).to(device)
@@ -244,7 +244,7 @@ def _graphed(fn: Callable[[], object], device: str) -> Callable[[], object]:
         return fn
     import torch
 
-    from .cudagraph import graphs_enabled
+    from cptsim.run.cudagraph import graphs_enabled
 
     if not graphs_enabled():
         return fn
@@ -306,7 +306,7 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
     source = (f"measured on this machine by `cptsim hw calibrate` ({measured['measured_at']}, torch "
               f"{measured['torch_version']}, {dev}, {measured['threads']} threads): {rate_of} "
               f"{', '.join('x'.join(map(str, s['shape'])) for s in measured['matmul_by_shape'])}; tensor copy of "
-              f"{COPY_NUMEL[dev] * 4 // 2**20} MB; cptsim.quant round-to-nearest + stochastic on {ELEMENTWISE_NUMEL} elements")
+              f"{COPY_NUMEL[dev] * 4 // 2**20} MB; cptsim.numerics.quant round-to-nearest + stochastic on {ELEMENTWISE_NUMEL} elements")
     params = {
         "device": dev, "calibrated": True, "threads": int(measured["threads"]), "cpu": measured["cpu"] or "unknown",
         "torch_version": measured["torch_version"], "measured_at": measured["measured_at"],
@@ -326,7 +326,7 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
               "+ layer_overhead per executed layer-phase"]
     if dev == "cuda":
         header.append("CUDA: the rates are GPU time of a step replayed as a CUDA graph (as cptsim train runs it), "
-                      "so the terms add up; see cptsim.calibrate")
+                      "so the terms add up; see cptsim.calibration.calibrate")
     return host_profile_text(name, description, [source], params,
                              {"compute_efficiency": 1.0, "memory_efficiency": 1.0}, header, comments)
 
@@ -336,7 +336,7 @@ def write_host_profile(measured: dict, out: str | os.PathLike | None = None) -> 
 
     The profile's name is the file's stem ("host" by default), so a file in the user's profile dir loads by name.
     """
-    from .runs import atomic_write_bytes
+    from cptsim.fileio import atomic_write_bytes
 
     path = output_path(out)
     text = host_profile_toml(measured, name=path.stem)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from cptsim.errors import InputError
 
 TERMS = ("compute", "memory", "elementwise", "layer_overhead")
 PRIOR_WEIGHT = 0.01      # residual weight of log(factor): pins only what the steps cannot tell apart
@@ -46,7 +46,7 @@ FACTOR_BOUND = 1000.0    # factors stay within [1/1000, 1000]
 
 def host_profile(hw) -> "object":
     """A loaded ``host`` profile (name, path or HardwareProfile); InputError for any other kind."""
-    from .hardware import HardwareProfile, load_profile
+    from cptsim.cost.hardware import HardwareProfile, load_profile
 
     prof = hw if isinstance(hw, HardwareProfile) else load_profile(hw)
     if prof.kind != "host":
@@ -62,7 +62,7 @@ def step_components(profile, records, host) -> np.ndarray:
     ``profile``: the run's LayerProfile (or arrays); ``records``: trace lines (batch_size, bits, grad_bits).
     The same formulas as ``cost.estimate`` (bytes at the host's 32-bit storage, quantizer passes of q, g < 32).
     """
-    from .cost import _arrays, _check_bits_array, bytes_moved, quant_elems, storage_bits
+    from cptsim.cost.model import _arrays, _check_bits_array, bytes_moved, quant_elems, storage_bits
 
     a = _arrays(profile)
     host = host_profile(host)
@@ -290,7 +290,7 @@ def fit_host(runs: list[RunSteps], base) -> HostFit:
 
 def fitted_profile_toml(fit: HostFit, name: str) -> str:
     """The text of a host profile: the base profile's measured rates with the fitted calibration."""
-    from .hardware import host_profile_text
+    from cptsim.cost.hardware import host_profile_text
 
     base = fit.base
     now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
@@ -323,7 +323,7 @@ def check_fit_out(path: str | os.PathLike, force: bool = False) -> Path:
         raise InputError(f"--fit-out must name a .toml file, got {str(path)!r}")
     if p.is_dir():
         raise InputError(f"--fit-out names a directory, not a file: {p}")
-    from .hardware import check_profile_file_name
+    from cptsim.cost.hardware import check_profile_file_name
 
     check_profile_file_name(p, "--fit-out")
     if p.exists() and not force:
@@ -338,8 +338,8 @@ def write_fitted_profile(fit: HostFit, path: str | os.PathLike, force: bool = Fa
 
     The profile's name is the file's stem, so a file in the user's profile dir loads by that name.
     """
-    from .hardware import load_profile
-    from .runs import atomic_write_bytes
+    from cptsim.cost.hardware import load_profile
+    from cptsim.fileio import atomic_write_bytes
 
     p = check_fit_out(path, force)
     text = fitted_profile_toml(fit, p.stem)

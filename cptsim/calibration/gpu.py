@@ -44,7 +44,7 @@ NUM_CLASSES = 1000
 STEPS = 20
 # AMP casts every conv and linear layer to FP16: the measured runs have no layer kept in full precision (cptsim's
 # default keeps ResNet-50's stem, downsample convs and classifier at 32 bits, CPT's convention)
-FP_LAYERS = "none"
+FP_LAYERS: list[str] = []  # every layer quantized: AMP runs every conv and linear in FP16
 
 
 def resnet50_profile(path=None):
@@ -53,13 +53,13 @@ def resnet50_profile(path=None):
     import json
     from pathlib import Path
 
-    from .profiler import LayerProfile
+    from cptsim.measure.profiler import LayerProfile
 
     if path is not None and Path(path).is_file():
         return LayerProfile.from_json(json.loads(Path(path).read_text()))
-    from cptsim.cli.profile_cmd import build_profile
+    from cptsim.measure.profiler import profile_named_model
 
-    prof = build_profile(MODEL, INPUT_SHAPE, NUM_CLASSES, FP_LAYERS)
+    prof = profile_named_model(MODEL, INPUT_SHAPE, NUM_CLASSES, FP_LAYERS)
     if path is not None:
         Path(path).write_text(json.dumps(prof.to_json()))
     return prof
@@ -67,8 +67,8 @@ def resnet50_profile(path=None):
 
 def modelled_throughput(profile, hardware, row: Row) -> float:
     """Images per second the cost model gives for ``row`` on ``hardware`` (a profile object or name)."""
-    from .cost import estimate
-    from .schedules import parse_schedule
+    from cptsim.cost.model import estimate
+    from cptsim.cost.schedules import parse_schedule
 
     c = estimate(profile, parse_schedule(row.schedule), hardware, steps=STEPS, batch_size=row.batch_size,
                  per_layer=False)
@@ -78,8 +78,8 @@ def modelled_throughput(profile, hardware, row: Row) -> float:
 def fit_tier_efficiency(profile, hardware, row: Row, lo: float = 1e-3, hi: float = 1.0) -> tuple[str, float]:
     """(tier name, efficiency) that makes the model give the row's published img/s, by bisection (time falls
     monotonically as the efficiency rises). Returns ``hi`` when even that is too slow."""
-    from .hardware import load_profile
-    from .schedules import parse_schedule
+    from cptsim.cost.hardware import load_profile
+    from cptsim.cost.schedules import parse_schedule
 
     hw = copy.deepcopy(load_profile(hardware) if isinstance(hardware, str) else hardware)
     q = int(parse_schedule(row.schedule).bits(1)[0])

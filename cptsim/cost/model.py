@@ -1,6 +1,6 @@
 """The one cost model that plan, train and report share: BitOPs, bytes, energy and latency of training steps.
 
-Pure, vectorized functions over a profile's per-layer arrays (``cptsim.profiler.ProfileArrays``: L layers x the
+Pure, vectorized functions over a profile's per-layer arrays (``cptsim.measure.profiler.ProfileArrays``: L layers x the
 three phases fwd / dgrad / wgrad). Nothing here loops over steps: a schedule takes few distinct (q, g) pairs, and
 every per-step quantity is a function of (q, g, samples in the step) alone, so a run is costed from its histogram
 of (q, g, samples) triples (``np.bincount`` on small integer keys) times the cost of one step of each triple.
@@ -50,8 +50,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .errors import InputError
-from .profiler import PHASES, LayerProfile, ProfileArrays
+from cptsim.errors import InputError
+from cptsim.measure.profiler import PHASES, LayerProfile, ProfileArrays
 from .schedules import FULL_PRECISION, VALID_BITS, Schedule
 
 __all__ = [
@@ -467,7 +467,7 @@ def _aggregate(a: ProfileArrays, h: _Hist, hw, costs: StepCosts | None = None) -
 
 def step_ops_cost(a: ProfileArrays, hw, q, g, samples):
     """(time s, energy J), each (K, 3) per step kind (q, g, samples) and phase, of everything in a step besides
-    the layers' GEMMs -- the memory-bound ops and kernel launches of the profile's op list (``cptsim.opcount``) --
+    the layers' GEMMs -- the memory-bound ops and kernel launches of the profile's op list (``cptsim.measure.opcount``) --
     on hardware whose kind models them (``gpu``); None when the kind does not or the profile has no op list."""
     if getattr(a, "ops", None) is None or not hasattr(hw, "step_ops_cost"):
         return None

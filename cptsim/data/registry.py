@@ -92,7 +92,7 @@ def dataset_info(name: str, data_dir=None, image_size: int | None = None) -> Dat
     spec = _spec(name)
     if image_size is not None and spec.info.name != "imagefolder":
         _check_image_size(spec, image_size)
-    if spec.info.name in _INFO:  # text datasets: the files say the vocabulary and the size (cptsim.text_data)
+    if spec.info.name in _INFO:  # text datasets: the files say the vocabulary and the size (cptsim.data.text)
         return _INFO[spec.info.name](data_dir)
     if spec.info.name.startswith(SYNTHETIC + ":"):
         return spec.info
@@ -122,7 +122,7 @@ def dataset_size(name: str, data_dir=None) -> int | None:
 
 
 _SIZES: dict[str, Callable[[Path], int | None]] = {}  # dataset -> its train split's length, from the files
-_INFO: dict[str, Callable[[object], DataInfo]] = {}  # dataset -> its DataInfo read from its files (text: cptsim.text_data)
+_INFO: dict[str, Callable[[object], DataInfo]] = {}  # dataset -> its DataInfo read from its files (text: cptsim.data.text)
 
 
 def epoch_size(name: str, data_dir=None, given: int | None = None) -> tuple[int | None, str | None]:
@@ -160,10 +160,31 @@ def load_datasets(name: str, data_dir=None, augment: bool = True,
 
 def _register(info: DataInfo, needs_dir: str | None):
     def deco(loader):
-        _DATASETS[info.name] = _Spec(info, needs_dir, loader)
+        register_dataset(info, loader, needs_dir=needs_dir)
         return loader
 
     return deco
+
+
+def register_dataset(info: DataInfo, loader: Callable[[Path | None, bool], tuple[Dataset, Dataset]], *,
+                     needs_dir: str | None = None, size: Callable[[Path], int | None] | None = None,
+                     info_from_files: Callable[[object], DataInfo] | None = None) -> None:
+    """Register a dataset family's dataset (the text corpora in ``cptsim.data.text`` come in this way).
+
+    ``loader(root, augment) -> (train, test)``; ``needs_dir``: what --data-dir must hold (None: nothing, the data
+    ships with a package); ``size(root)``: the train split's length read from the files, without loading them;
+    ``info_from_files(data_dir)``: the DataInfo read from the files when it depends on them (a corpus's vocabulary).
+    """
+    _DATASETS[info.name] = _Spec(info, needs_dir, loader)
+    if size is not None:
+        _SIZES[info.name] = size
+    if info_from_files is not None:
+        _INFO[info.name] = info_from_files
+
+
+def nominal_info(name: str) -> DataInfo:
+    """The DataInfo a dataset was registered with (before any file is read)."""
+    return _spec(name).info
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -560,6 +581,3 @@ class SyntheticDataset(TensorDataset):
         if dev.type == "cuda":
             idx = idx.pin_memory().to(dev, non_blocking=True)
         return x.index_select(0, idx), y.index_select(0, idx)
-
-
-from . import text_data as _text_data  # noqa: E402,F401  (registers ptb, wikitext-2, wikitext-103, pydoc-chars)

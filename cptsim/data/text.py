@@ -31,8 +31,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from .data import _DATASETS, _INFO, _SIZES, DataInfo, _Spec
-from .errors import InputError
+from cptsim.errors import InputError
+
+from .registry import DataInfo, nominal_info, register_dataset
 
 __all__ = ["TextStream", "TEXT_DATASETS", "text_info", "evaluate_lm", "lm_metrics", "EOS", "UNK"]
 
@@ -149,7 +150,7 @@ def _corpus(name: str, root: Path | None):
 
 def text_info(name: str, data_dir) -> DataInfo:
     """DataInfo from the files (vocabulary size, sequences per split) when they are there, else the nominal one."""
-    info = _DATASETS[name].info
+    info = nominal_info(name)
     if name != EMBEDDED:
         if data_dir is None or str(data_dir) == "" or not Path(data_dir).expanduser().is_dir():
             return info
@@ -164,7 +165,7 @@ def text_info(name: str, data_dir) -> DataInfo:
 def _loader(name: str):
     def load(root, augment):
         (train, valid, test), vocab = _corpus(name, root)
-        T = _DATASETS[name].info.input_shape[0]
+        T = nominal_info(name).input_shape[0]
         char = name == EMBEDDED
         streams = [TextStream(ids, T, vocab, char, name) for ids in (train, valid, test)]
         for split, s in zip(("train", "valid", "test"), streams):
@@ -195,12 +196,11 @@ def _register() -> None:
     for name, (vocab, train_tokens, test_tokens) in _NOMINAL.items():
         info = DataInfo(name, (T,), vocab, (train_tokens - 1) // T, (test_tokens - 1) // T)
         needs = f"a folder holding {', '.join(_FILES[name])}"
-        _DATASETS[name] = _Spec(info, needs, _loader(name))
-        _SIZES[name] = _size(name)
+        register_dataset(info, _loader(name), needs_dir=needs, size=_size(name),
+                         info_from_files=lambda data_dir, name=name: text_info(name, data_dir))
     # The embedded corpus's figures are computed (cheaply: ~0.1 s) the first time they are asked for.
-    _DATASETS[EMBEDDED] = _Spec(DataInfo(EMBEDDED, (CHAR_BPTT,), 0, None, None), None, _loader(EMBEDDED))
-    for name in TEXT_DATASETS:
-        _INFO[name] = lambda data_dir, name=name: text_info(name, data_dir)
+    register_dataset(DataInfo(EMBEDDED, (CHAR_BPTT,), 0, None, None), _loader(EMBEDDED),
+                     info_from_files=lambda data_dir: text_info(EMBEDDED, data_dir))
 
 
 _register()

@@ -1,6 +1,6 @@
 """Every op of a training step, counted at the dispatcher: bytes read and written and kernel launches per op.
 
-The per-layer MACs (``cptsim.profiler``) cost the GEMMs; a real step also runs batch norm, activations, residual
+The per-layer MACs (``cptsim.measure.profiler``) cost the GEMMs; a real step also runs batch norm, activations, residual
 adds, pooling, the loss, the optimizer's update and (when the model runs fake-quantized) the quantizers' own
 passes. On a GPU those memory-bound ops and the per-kernel overhead are a large share of the time. They are
 counted here under a ``TorchDispatchMode`` -- the mechanism of ``torch.utils.flop_counter.FlopCounterMode`` -- so
@@ -36,7 +36,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .errors import InputError
+from cptsim.errors import InputError
 
 __all__ = ["OP_PHASES", "OpRecord", "OpProfile", "OpCounter", "count_step_ops"]
 

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .errors import InputError
+from cptsim.errors import InputError
+from cptsim.numerics.lm_layers import Matmul, matmul_macs
 
 __all__ = [
     "PHASES",
@@ -47,7 +48,7 @@ __all__ = [
 
 PHASES = ("fwd", "dgrad", "wgrad")
 NUMEL_KEYS = ("weight", "input", "output")
-PROFILE_FORMAT = "cptsim.profile/2"  # /2 adds "ops": every op of the step (cptsim.opcount)
+PROFILE_FORMAT = "cptsim.profile/2"  # /2 adds "ops": every op of the step (cptsim.measure.opcount)
 READABLE_FORMATS = ("cptsim.profile/1", PROFILE_FORMAT)
 
 
@@ -74,6 +75,7 @@ def linear_macs(module: nn.Linear, input: torch.Tensor, output: torch.Tensor) ->
 COUNTERS: dict[type, Callable[[nn.Module, torch.Tensor, Any], int]] = {
     nn.Conv2d: conv2d_macs,
     nn.Linear: linear_macs,
+    Matmul: matmul_macs,  # attention's two activation-by-activation matmuls (cptsim.numerics.lm_layers)
 }
 
 
@@ -92,7 +94,7 @@ def counter_for(cls: type) -> tuple[type, Callable] | None:
 
 
 def _is_quantized(module: nn.Module) -> bool:
-    from .layers import QUANTIZED_TYPES
+    from cptsim.numerics.layers import QUANTIZED_TYPES
 
     return isinstance(module, QUANTIZED_TYPES)
 
@@ -131,7 +133,7 @@ class ProfileArrays:
     quantized: np.ndarray
     numel: np.ndarray
     calls: np.ndarray
-    ops: Any = None  # the step's other ops (cptsim.opcount.OpProfile), when the profile has them
+    ops: Any = None  # the step's other ops (cptsim.measure.opcount.OpProfile), when the profile has them
 
     def __len__(self) -> int:
         return len(self.names)
@@ -154,7 +156,7 @@ class LayerProfile:
     model: str
     input_shape: list[int]
     layers: list[LayerRecord] = field(default_factory=list)
-    ops: Any = None  # cptsim.opcount.OpProfile: every op of the step (format /2); None in /1 files
+    ops: Any = None  # cptsim.measure.opcount.OpProfile: every op of the step (format /2); None in /1 files
 
     def to_json(self) -> dict:
         d = {"format": PROFILE_FORMAT, "model": self.model, "input_shape": [int(s) for s in self.input_shape],
@@ -406,3 +408,21 @@ def profile_model(model: nn.Module, example_batch_or_input_shape: Any, batch_siz
 
         prof.ops = count_step_ops(model, x)  # the step's other ops, on fresh copies (the MACs above are untouched)
         return prof
+
+
+def profile_named_model(model: str, shape: tuple[int, ...], num_classes: int,
+                        fp_layers: list[str] | None = None) -> "LayerProfile":
+    """Create a registry model, quantize it as training would, and profile one training step (per-sample MACs).
+
+    ``fp_layers``: globs of layers kept at full precision; None = the model's own convention, resolved by the
+    registry (``cptsim.models.default_fp_layers``); [] = quantize every layer. The step runs at the fresh
+    PrecisionState's 32 bits (no quantizer ops): MACs do not depend on the bits, and the layers are the quantized
+    ones, so each layer's ``quantized`` flag is what training will have."""
+    from cptsim.models import create_model, default_fp_layers
+    from cptsim.numerics.layers import quantize_model, resolve_fp_layers
+
+    in_channels = shape[0] if len(shape) == 3 else 1
+    torch_model = create_model(model, num_classes=num_classes, in_channels=in_channels, input_shape=shape)
+    keep = default_fp_layers(torch_model) if fp_layers is None else resolve_fp_layers(torch_model, fp_layers)
+    quantize_model(torch_model, fp_layers=keep)
+    return profile_model(torch_model, shape, batch_size=2, model_name=model)

@@ -15,7 +15,9 @@ from typing import Callable
 
 import torch.nn as nn
 
-from .errors import InputError
+from cptsim.errors import InputError
+
+from .registry import FP_LAYERS_ATTR, _Entry, register_resolver
 
 SOURCES = ("torchvision", "timm")
 TIMM_INSTALL = "pip install 'cptsim[timm]' (or pip install timm)"
@@ -134,3 +136,18 @@ def resolve(source: str, name: str, fp_attr: str) -> tuple[Callable[..., nn.Modu
         return build, f"timm {arch} (random init, no weights downloaded)", f"{source}:{arch}"
 
     raise InputError(f"unknown model source {source!r}; choose from: {', '.join(SOURCES)}")
+
+
+def _register() -> None:
+    """``torchvision:NAME`` and ``timm:NAME``: any classifier of those libraries, by its own (case-kept) name."""
+    def resolver_for(source: str):
+        def resolver(raw: str) -> _Entry:
+            builder, description, canonical = resolve(source, raw.partition(":")[2].strip(), FP_LAYERS_ATTR)
+            return _Entry(canonical, builder, family=source, input="imagenet", description=description)
+        return resolver
+
+    for source in ("torchvision", "timm"):
+        register_resolver(resolver_for(source), prefix=source)
+
+
+_register()

@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .errors import InputError
-from .lm import LSTMLayer, TransformerBlock
-from .models import FP_LAYERS_ATTR, _Entry
+from cptsim.errors import InputError
+from cptsim.numerics.lm_layers import LSTMLayer, TransformerBlock
+from .registry import FP_LAYERS_ATTR, _Entry, register_model, register_resolver
 
 __all__ = ["LSTMLM", "TransformerLM", "LM_FAMILIES", "is_language_model"]
 
@@ -33,7 +33,7 @@ class LSTMLM(nn.Module):
 
     "Medium" by default: 2 layers of 650, embedding 650, dropout 0.5, untied, weights uniform in [-0.05, 0.05].
     In training (grad on) the hidden state carries across calls, detached: the training data come as
-    contiguous streams, row r of step i+1 continuing row r of step i (cptsim.text_data). It lives in the
+    contiguous streams, row r of step i+1 continuing row r of step i (cptsim.data.text). It lives in the
     ``carry`` buffer, so a checkpoint holds it and a resumed run continues with exactly that state; the loop calls
     ``reset_state`` at the start of every epoch. Evaluation carries its own state (``forward_state``).
     """
@@ -204,3 +204,14 @@ def _gpt_entry(key: str, opts: str) -> _Entry:
 
 # name -> entry maker(full key, option text); cptsim.models resolves "name" and "name:options" through it
 LM_FAMILIES = {"lstm-lm": _lstm_entry, "transformer-lm": _gpt_entry}
+
+
+def _register() -> None:
+    """Each language model under its name, and its "name:options" form through a resolver."""
+    for name, make in LM_FAMILIES.items():
+        entry = make(name, "")
+        register_model(name, family=entry.family, input=entry.input, description=entry.description)(entry.builder)
+        register_resolver(lambda raw, make=make: make(raw.lower(), raw.lower().partition(":")[2]), prefix=name)
+
+
+_register()

@@ -1,12 +1,12 @@
 /* cptsim's CPU quantizer kernels: one pass over the tensor where the eager PyTorch form takes six to nine.
  *
- * Built on first use by cptsim/ckernels.py (cc -O3 -march=native -fopenmp -ffp-contract=off -fno-math-errno
+ * Built on first use by cptsim/numerics/ckernels.py (cc -O3 -march=native -fopenmp -ffp-contract=off -fno-math-errno
  * -fno-trapping-math; no fast-math, which would change results; -fno-trapping-math lets floorf vectorise) and called
  * through ctypes on the raw float32 storage of dense CPU tensors. No PyTorch headers: the file compiles in a fraction
  * of a second with the system C compiler, and the OpenMP runtime it links (libgomp.so.1) is the one torch has
  * already loaded, so the threads are torch's.
  *
- * The arithmetic is the eager quantizers' (cptsim/quant.py), operation for operation in float32 and in the same
+ * The arithmetic is the eager quantizers' (cptsim/numerics/quant.py), operation for operation in float32 and in the same
  * order, so round-to-nearest is bit-identical to fake_quant and stochastic rounding computes the same formula on
  * different random bytes:
  *   cpt_fq_rtn, cpt_fq_rtn_rows: out = (clamp(round_half_even(x * inv + zp), 0, qmax) - zp) * scale
@@ -243,7 +243,7 @@ void cpt_fq_rtn(const float *x, float *out, int64_t n, float lo, float hi, float
     }
 }
 
-/* An activation in training, in one call (cptsim.layers' CPU path): its batch range (torch.aminmax; written to
+/* An activation in training, in one call (cptsim.numerics.layers' CPU path): its batch range (torch.aminmax; written to
  * batch[0], batch[1]), the layer's running range for eval updated as layers._QuantMixin._input_range does with
  * torch ops -- first batch: copied; later: r = r * m, then r + (1 - m) * v as add_(v, alpha=1 - m), which torch's
  * CPU kernel computes as one fused multiply-add -- and the round-to-nearest pass of cpt_fq_rtn with the batch range.

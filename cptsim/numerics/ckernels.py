@@ -1,6 +1,6 @@
-"""The CPU quantizers as compiled one-pass kernels (``cptsim/_qkernels.c``), with the eager ones as the fallback.
+"""The CPU quantizers as compiled one-pass kernels (``cptsim/numerics/_qkernels.c``), with the eager ones as the fallback.
 
-Why: on a CPU each in-place pass of the eager quantizers (``cptsim.quant.fake_quant``: multiply, add, round,
+Why: on a CPU each in-place pass of the eager quantizers (``cptsim.numerics.quant.fake_quant``: multiply, add, round,
 clamp, subtract, multiply; stochastic rounding nine passes and torch's Mersenne-Twister draws) reads and writes
 the whole activation or error tensor. A quantized resnet20 step ran 1.37-1.39x an FP32 step that way (issue 13);
 one fused pass per quantizer is what brings it near the convolutions' own time.
@@ -9,7 +9,7 @@ How: the C file is compiled on first use with the system C compiler (``$CC``, el
 ``$CPTSIM_HOME/kernels`` (else ``$XDG_CACHE_HOME/cptsim/kernels``, else ``~/.cache/cptsim/kernels``), under a name
 that hashes the source, the compiler and the CPU, and loaded with ctypes (which releases the GIL during the call).
 Compiling takes well under a second. The kernels are used for dense float32 CPU tensors only, and never while a
-``TorchDispatchMode`` (``cptsim.opcount``, ``FlopCounterMode``) or ``torch.compile`` is tracing, nor for an input
+``TorchDispatchMode`` (``cptsim.measure.opcount``, ``FlopCounterMode``) or ``torch.compile`` is tracing, nor for an input
 that needs autograd to see the op: those take the eager functions, as does everything when ``CPTSIM_CKERNELS=0``
 or when no compiler is found or the build fails (``status()`` says why; nothing is printed).
 
@@ -21,7 +21,7 @@ What they compute (tests/test_ckernels.py checks both against the eager function
   ``fake_quant_sr``) -- deterministic under ``torch.manual_seed``, resumable from torch's RNG state, independent of
   the thread count; the same distribution as the eager path, not the same draws.
 
-In CPU training ``cptsim.layers`` runs each quantized layer as one autograd node on these kernels: the input's range
+In CPU training ``cptsim.numerics.layers`` runs each quantized layer as one autograd node on these kernels: the input's range
 and running range in the same call as its quantization (``fake_quant_rtn_tracked``), the short-lived outputs in
 reused buffers (``scratch``).
 """
@@ -150,7 +150,7 @@ def usable(x: torch.Tensor) -> bool:
     if torch.is_grad_enabled() and x.requires_grad:
         return False  # autograd must see the op (callers inside an autograd.Function or a hook never get here)
     if torch._C._len_torch_dispatch_stack() or torch.compiler.is_compiling():
-        return False  # a dispatch mode (cptsim.opcount, FlopCounterMode) must see every aten op; dynamo must trace
+        return False  # a dispatch mode (cptsim.measure.opcount, FlopCounterMode) must see every aten op; dynamo must trace
     if not enabled():
         return False
     return _lib is not None if _tried else library() is not None

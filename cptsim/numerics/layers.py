@@ -23,8 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .errors import InputError
-from . import ckernels
+from cptsim.errors import InputError
+from cptsim.numerics import ckernels
 from .quant import FULL_PRECISION, check_bits, qrange, quantize_activation, quantize_error, quantize_weight
 
 ACT_MOMENTUM = 0.9  # running-range momentum for eval, as in the SBM/CPT code
@@ -311,7 +311,7 @@ QUANTIZED_TYPES = (QConv2d, QLinear)
 
 def register_quantized(fp_cls: type, q_cls: type) -> None:
     """Let quantize_model swap ``fp_cls`` for ``q_cls`` (which has ``_init_quant(precision)`` and an ``act_count``
-    buffer); cptsim.lm registers attention's activation-by-activation Matmul this way."""
+    buffer); cptsim.numerics.lm_layers registers attention's activation-by-activation Matmul this way."""
     global QUANTIZED_TYPES
     _SWAP[fp_cls] = q_cls
     if q_cls not in QUANTIZED_TYPES:
@@ -323,18 +323,32 @@ def quantizable_layers(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if type(m) in _SWAP or isinstance(m, QUANTIZED_TYPES)]
 
 
+# The attribute in which a model declares its own full-precision layers (the model registry sets it on what
+# create_model builds). The convention lives here, with the quantizer, so that a model from anywhere -- the
+# registry, a user's own loop -- is quantized by one rule, and numerics never has to ask the registry.
+FP_LAYERS_ATTR = "cptsim_fp_layers"
+
+
+def declared_fp_layers(model: nn.Module) -> list[str]:
+    """The model's own ``cptsim_fp_layers`` if it has one, otherwise its last ``nn.Linear`` in
+    ``named_modules`` order (CPT's CIFAR convention: every conv quantized, the final classifier not)."""
+    own = getattr(model, FP_LAYERS_ATTR, None)
+    if own is not None:
+        return list(own)
+    last = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    return last[-1:]
+
+
 def resolve_fp_layers(model: nn.Module, patterns: list[str] | None) -> list[str]:
     """Expand full-precision layer patterns (fnmatch globs over module names) to layer names.
 
-    None means the model's own convention (`cptsim.models.default_fp_layers`); an empty list quantizes every
-    layer. A pattern that matches no Conv2d/Linear is an error: a typo would silently quantize a layer the user
-    meant to keep in FP32.
+    None means the model's own convention (``declared_fp_layers``; ``cptsim.models.default_fp_layers`` for a
+    registry model); an empty list quantizes every layer. A pattern that matches no Conv2d/Linear is an error:
+    a typo would silently quantize a layer the user meant to keep in FP32.
     """
     names = quantizable_layers(model)
     if patterns is None:
-        from .models import default_fp_layers
-
-        return [n for n in default_fp_layers(model) if n in names]
+        return [n for n in declared_fp_layers(model) if n in names]
     chosen: list[str] = []
     for pat in patterns:
         hits = [n for n in names if fnmatch.fnmatchcase(n, pat)]

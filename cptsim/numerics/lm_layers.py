@@ -2,7 +2,7 @@
 
 Nothing here knows about bits except ``QMatmul``: the LSTM and the Transformer block are made of ordinary
 ``nn.Linear`` modules (and ``Matmul`` for attention's two activation-by-activation products), and
-``cptsim.layers.quantize_model`` swaps them in place exactly as it swaps a CNN's layers, all sharing one
+``cptsim.numerics.layers.quantize_model`` swaps them in place exactly as it swaps a CNN's layers, all sharing one
 ``PrecisionState``. So the gate GEMMs of the LSTM are quantized exactly like ``QLinear`` (weights per output
 channel, inputs per tensor, errors stochastically rounded in backward), and full-precision patterns
 (``--fp-layers``) name them like any other layer.
@@ -78,7 +78,7 @@ class LSTMLayer(nn.Module):
         x_gates = self.ih(x)
         outputs = []
         # hh is called (and counted, and its input quantized) once per time step, but its weight is the same
-        # at every step: quantized once per forward (cptsim.layers.reuse_quantized_weights), not T times.
+        # at every step: quantized once per forward (cptsim.numerics.layers.reuse_quantized_weights), not T times.
         with reuse_quantized_weights(self.hh):
             for t in range(x.shape[0]):
                 # The order of RNN.cpp's LSTMCell: linear_hh(hx) + linear_ih(input), then the gate nonlinearities.
@@ -194,12 +194,3 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
         return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
-
-
-def _register_counter() -> None:
-    from .profiler import COUNTERS
-
-    COUNTERS[Matmul] = matmul_macs  # the profiler's table: one entry per counted module type
-
-
-_register_counter()

@@ -8,7 +8,7 @@ uniform, asymmetric, min/max ranges.
 * errors (output gradients) in backward: one range per tensor, *stochastic* rounding.
 
 Bits are integers 1..16 (that many bits, 2**b levels) or 32, which means full precision and no quantizer at
-all. Everything here is stateless; the modules that hold running ranges live in `cptsim.layers`.
+all. Everything here is stateless; the modules that hold running ranges live in `cptsim.numerics.layers`.
 
 The quantizer's element-wise passes are what makes fake-quantized training slower than FP32 on a CPU, so the
 functions below are written for few allocations and vectorised in-place passes (see the note at fake_quant).
@@ -21,8 +21,8 @@ import warnings
 
 import torch
 
-from . import ckernels
-from .errors import InputError
+from cptsim.numerics import ckernels
+from cptsim.errors import InputError
 
 FULL_PRECISION = 32
 VALID_BITS = frozenset(range(1, 17)) | {FULL_PRECISION}
@@ -214,7 +214,7 @@ def fused_status() -> dict:
 
 # ----------------------------------------------------------------------------------------------------------------------
 # The quantizers the layers call. CUDA: the fused (compiled) forms above. CPU: the one-pass C kernels of
-# cptsim.ckernels where they are built and usable (dense float32, no dispatch mode tracing), else the eager functions.
+# cptsim.numerics.ckernels where they are built and usable (dense float32, no dispatch mode tracing), else the eager functions.
 # The C kernels compute the quantization parameters as choose_qparams does (the same float32 operations), so
 # round-to-nearest is bit-identical either way and stochastic rounding is the same formula on other uniform bytes.
 

@@ -13,11 +13,11 @@
     rec.epoch(test_acc=acc)              # one metrics.jsonl line
     rec.close()
 
-``PrecisionScheduler`` is ``cptsim.train``'s schedule lookup without the loop: step t of T gets the schedule's
+``PrecisionScheduler`` is ``cptsim.run.train``'s schedule lookup without the loop: step t of T gets the schedule's
 bits for t. Calling ``step()`` more than ``total_steps`` times is an InputError (the schedule has no bits past
 its end: make the scheduler for the number of steps you run, or ``load_state_dict`` a longer one).
 
-``RunRecorder`` writes a normal run directory through ``cptsim.runs`` (config.json, profile.json, trace.jsonl,
+``RunRecorder`` writes a normal run directory through ``cptsim.run.rundir`` (config.json, profile.json, trace.jsonl,
 metrics.jsonl, and plan.json when given a plan), so ``cptsim report`` reads it as it reads a ``cptsim train`` run.
 Each step's MACs are counted by forward hooks (``profiler.MacCounter``) from ``sched.step()`` to ``rec.step()``
 and costed with the training loop's formula (``cost.step_cost``); the step time is the wall time between the two.
@@ -39,10 +39,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from . import __version__
-from .errors import InputError
-from .layers import QUANTIZED_TYPES, PrecisionState, quantized_layer_names
-from .schedules import Schedule, parse_schedule
+from cptsim import __version__
+from cptsim.errors import InputError
+from cptsim.numerics.layers import QUANTIZED_TYPES, PrecisionState, quantized_layer_names
+from cptsim.cost.schedules import Schedule, parse_schedule
 
 __all__ = ["PrecisionScheduler", "RunRecorder"]
 
@@ -153,7 +153,7 @@ def _model_device(model: nn.Module) -> str:
 
 
 def _read_plan(plan) -> dict:
-    from .planner.planfile import read_plan, validate_plan
+    from cptsim.planner.planfile import read_plan, validate_plan
 
     if isinstance(plan, (str, Path)):
         return read_plan(plan)
@@ -169,12 +169,12 @@ class RunRecorder:
     ``dataset`` default to the model's class name and "custom"); it lands in config.json's settings.
     ``plan``: a plan (dict or plan.json path) the run executes, so the report compares with it.
     ``optimizer``: its learning rate goes into each trace line. ``tensorboard``: a log directory for
-    TensorBoard scalars (``cptsim.tensorboard``), modelled energy on ``tensorboard_hw``."""
+    TensorBoard scalars (``cptsim.run.tensorboard``), modelled energy on ``tensorboard_hw``."""
 
     def __init__(self, path, model: nn.Module, scheduler: PrecisionScheduler, config: dict | None = None,
                  plan=None, optimizer=None, tensorboard=None, tensorboard_hw: str | None = None):
-        from .profiler import MacCounter
-        from .runs import PLAN, RunDir, RunLock
+        from cptsim.measure.profiler import MacCounter
+        from .rundir import PLAN, RunDir, RunLock
 
         if not isinstance(model, nn.Module):
             raise InputError(f"RunRecorder needs the torch model being trained, got {type(model).__name__}")
@@ -225,7 +225,7 @@ class RunRecorder:
             }
             self._spe_given = steps_per_epoch is not None
             if plan_doc is not None:
-                from .planner.planfile import plan_digest
+                from cptsim.planner.planfile import plan_digest
 
                 self._config["plan"] = {"digest": plan_digest(plan_doc), "schedule": plan_doc["schedule"],
                                         "budget": plan_doc.get("budget")}
@@ -271,9 +271,9 @@ class RunRecorder:
         """Record the training step just run (after ``sched.step()`` and the step's forward/backward/update):
         one trace.jsonl line. ``batch_size`` defaults to the batch the model last saw in training mode. Returns
         the line."""
-        from .cost import step_cost
-        from .profiler import PHASES
-        from .runs import PROFILE
+        from cptsim.cost.model import step_cost
+        from cptsim.measure.profiler import PHASES
+        from .rundir import PROFILE
 
         self._check_open()
         dt = time.perf_counter() - self._t0

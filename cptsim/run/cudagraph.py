@@ -1,4 +1,4 @@
-"""CUDA graphs for the training step: its forward, loss and backward replayed as one graph (``cptsim.train``).
+"""CUDA graphs for the training step: its forward, loss and backward replayed as one graph (``cptsim.run.train``).
 
 Why: a quantized ResNet-20 step at batch 128 is a few hundred kernels of a few microseconds each. Launched one by
 one from Python (dispatch, autograd, the quantizers' compiled wrappers) such a step took 2.9x the FP32 one on an

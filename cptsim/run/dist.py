@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .errors import InputError
+from cptsim.errors import InputError
 
 
 @dataclass

@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from cptsim.errors import InputError
+from cptsim.fileio import atomic_write_bytes, atomic_write_json, fsync_dir  # noqa: F401  (re-exported)
 
 RUN_FORMAT = "cptsim.run/1"
 
@@ -56,39 +57,7 @@ PLAN = "plan.json"
 PROFILE = "profile.json"
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write a whole file so that a kill leaves the old file or the new one; permissions as a plain open() gives."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600: runs and profiles are meant to be shared
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
-
-
-def fsync_dir(path: Path) -> None:
-    """Make the renames and unlinks done in directory `path` durable (a rename is in the directory, not the file)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+# The atomic writes live in cptsim.fileio, the base layer, because every stage writes files this way.
 
 
 # ---- one writer per run ------------------------------------------------------------------------------------------
@@ -528,7 +497,7 @@ class RunDir:
         plan = self.read_json(PLAN)
         if plan is None:
             return None
-        from .planner.planfile import validate_plan
+        from cptsim.planner.planfile import validate_plan
 
         return validate_plan(plan, str(self.path / PLAN))
 
@@ -537,7 +506,7 @@ class RunDir:
         d = self.read_json(PROFILE)
         if d is None:
             return None
-        from .profiler import LayerProfile
+        from cptsim.measure.profiler import LayerProfile
 
         try:
             return LayerProfile.from_json(d)
@@ -628,7 +597,7 @@ def run_summary(run: RunDir) -> dict:
         "eval_bits": cfg["eval_bits"],
         "final_test_acc": accs[-1] if accs else None,
         "best_test_acc": max(accs) if accs else None,
-        # language models (cptsim.text_data): perplexity at q_max, lower is better; None for classifiers
+        # language models (cptsim.data.text): perplexity at q_max, lower is better; None for classifiers
         "final_test_ppl": metrics[-1].get("test_ppl") if metrics else None,
         "final_val_ppl": metrics[-1].get("val_ppl") if metrics else None,
         "final_test_bpc": metrics[-1].get("test_bpc") if metrics else None,

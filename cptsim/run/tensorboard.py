@@ -18,8 +18,8 @@ from __future__ import annotations
 import atexit
 import weakref
 
-from .errors import InputError
-from .runs import RunDir
+from cptsim.errors import InputError
+from .rundir import RunDir
 
 DEFAULT_HARDWARE = "bitfusion"
 _EPOCH_TAGS = {"test_acc": "test/acc", "test_loss": "test/loss", "train_loss": "train/epoch_loss",
@@ -53,7 +53,7 @@ class TensorBoardLogger:
     run's plan hardware, else bitfusion)."""
 
     def __init__(self, log_dir, run: RunDir | None = None, hardware=None, profile=None):
-        from .hardware import load_profile
+        from cptsim.cost.hardware import load_profile
 
         self.hw = load_profile(hardware) if hardware is not None else _plan_hardware(run)
         self.log_dir = str(log_dir)
@@ -75,7 +75,7 @@ class TensorBoardLogger:
         key = (int(line["batch_size"]), int(line["bits"]), int(line["grad_bits"]))
         e = self._energy_of.get(key)
         if e is None:
-            from .cost import estimate
+            from cptsim.cost.model import estimate
 
             c = estimate(self.profile, {"batch_size": key[0], "bits": key[1], "grad_bits": key[2]}, self.hw,
                          per_layer=False)
@@ -132,7 +132,7 @@ class TensorBoardLogger:
 
 def _plan_hardware(run: RunDir | None):
     """The hardware the run's plan was made for (its file if still there, else by name), else the default."""
-    from .hardware import load_profile
+    from cptsim.cost.hardware import load_profile
 
     plan = run.read_json("plan.json") if run is not None else None
     hw = plan.get("hardware") if isinstance(plan, dict) else None

@@ -12,7 +12,7 @@ Determinism (what makes a resumed run identical to an uninterrupted one):
   global RNG, whose state (every rank's) is saved in the checkpoint;
 * the schedule and learning rate are pure functions of the global step.
 
-Data parallel (torchrun, see cptsim.dist): every rank walks the same global batches; rank r takes the r-th of
+Data parallel (torchrun, see cptsim.run.dist): every rank walks the same global batches; rank r takes the r-th of
 `world` near-equal contiguous chunks of each, so each sample is seen exactly once per epoch (no padding), a rank
 may get none of a small last batch, and the schedule is indexed by the global step. Gradients are summed across
 ranks and divided by the global batch, so the update is that of the global batch. Rank 0 alone writes the run dir.
@@ -33,87 +33,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from . import __version__
-from .errors import InputError, RunFailed, RunStopped
-from .runs import RunDir
+from cptsim import __version__
+from cptsim.errors import InputError, RunFailed, RunStopped
+from .rundir import RunDir
 
-LR_SCHEDULES = ("step", "cosine", "constant")
-
-
-@dataclass
-class TrainConfig:
-    """Everything that defines a training run. Defaults: the embedded digits workload with CPT 3-8 / 8."""
-
-    model: str = "digits-cnn"
-    dataset: str = "digits"
-    data_dir: str | None = None
-    schedule: str = "cpt:3-8:g8:n32"
-    epochs: int = 15
-    steps: int | None = None  # total steps; overrides epochs when given (the run stops mid-epoch if need be)
-    batch_size: int = 64
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    lr_schedule: str = "cosine"
-    fp_layers: list[str] | None = None  # None: the model's convention (final classifier in FP32)
-    seed: int = 0
-    device: str = "cpu"
-    workers: int = 0
-    augment: bool = True
-    checkpoint_every: int | None = None  # steps between checkpoints; None: at the end of every epoch
-    keep_checkpoints: int = 2  # checkpoints kept (newest first): older ones are the fallback for a damaged one
-    threads: int | None = None  # CPU threads for torch; None: auto (see cpu_threads)
-    # Evaluation (see `evaluate`): the precision the model is evaluated at (None: the schedule's q_max), how many
-    # training batches re-estimate BatchNorm statistics and activation ranges at that precision first (0: none),
-    # and the fraction of the training set held out as a validation split (0: evaluate on the test split only).
-    eval_bits: int | None = None
-    recal_batches: int = 16
-    val_split: float = 0.0
-    channels_last: bool = False  # NHWC activations and weights (faster convolutions on tensor-core GPUs)
-    tensorboard: str | None = None  # also log the trace and metrics here as TensorBoard scalars (cptsim.tensorboard)
-    # imagefolder: side of the square input (None: the images' own size when they share one, else 224); config.json
-    # records the size resolved, so a resumed run, the plan and the report see the same input shape.
-    image_size: int | None = None
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise InputError(f"unknown training settings: {', '.join(sorted(unknown))}")
-        return cls(**d)
-
-    @classmethod
-    def from_plan(cls, plan: dict, **overrides) -> "TrainConfig":
-        """The exact workload and schedule a plan (planner/planfile.py) was made for.
-
-        ``overrides`` replace settings that do not change what the plan costs (seed, lr, momentum, weight_decay,
-        lr_schedule, augment, data_dir: a sweep over seeds of one plan) and the run-time ones (device, workers,
-        threads, ...). One that would change the cost (``PLAN_FIXED``: model, dataset, schedule, batch size, run
-        length, full-precision layers) is an InputError unless it equals the plan's value: re-plan instead."""
-        from .schedules import Schedule
-
-        w = plan["workload"]
-        keys = ("model", "dataset", "data_dir", "batch_size", "steps", "lr", "lr_schedule", "momentum",
-                "weight_decay", "seed", "fp_layers", "augment", "image_size")
-        settings = {k: w[k] for k in keys if k in w}
-        settings["schedule"] = Schedule.from_json(plan["schedule"]).to_text()
-        if w.get("epochs") is not None:  # recorded for the reader; the plan's steps decide the run length
-            settings["epochs"] = w["epochs"]
-        ev = plan.get("evaluation")
-        if isinstance(ev, dict) and isinstance(ev.get("recal_batches"), int):  # how the planner expects it judged
-            settings["recal_batches"] = ev["recal_batches"]
-        planned = settings | {"epochs": w.get("epochs")}
-        changed = [k for k in PLAN_FIXED if k in overrides and overrides[k] != planned.get(k)]
-        if changed:
-            raise InputError("a plan fixes what it costs: " + ", ".join(
-                f"--{k.replace('_', '-')} {overrides[k]} differs from the plan's {planned.get(k)}" for k in changed)
-                + "; re-plan with those settings instead")
-        return cls.from_dict(settings | {k: v for k, v in overrides.items() if k not in PLAN_FIXED})
-
-
-# The settings a plan's cost depends on: TrainConfig.from_plan refuses to change them.
-PLAN_FIXED = ("model", "dataset", "schedule", "batch_size", "steps", "epochs", "fp_layers", "image_size")
+from .config import LR_SCHEDULES, PLAN_FIXED, TrainConfig, validate  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -134,71 +58,6 @@ class Workload:
     quantized_layers: list[str] = field(default_factory=list)
     val_loader: DataLoader | None = None  # held out of train_set (cfg.val_split), without augmentation
     eval_bits: int = 8                    # cfg.eval_bits, or the schedule's q_max
-
-
-def validate(cfg: TrainConfig) -> None:
-    """Every setting checked before anything is built or written (a plan file or an old config feeds these too)."""
-    for name, v in (("model", cfg.model), ("dataset", cfg.dataset), ("lr-schedule", cfg.lr_schedule),
-                    ("device", cfg.device), ("schedule", cfg.schedule)):
-        if not isinstance(v, str):
-            raise InputError(f"--{name} must be a string, got {v!r}")
-    if cfg.data_dir is not None and not isinstance(cfg.data_dir, str):
-        raise InputError(f"--data-dir must be a path, got {cfg.data_dir!r}")
-    for name, v in (("lr", cfg.lr), ("momentum", cfg.momentum), ("weight-decay", cfg.weight_decay)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise InputError(f"--{name} must be a finite number, got {v!r}")
-    for name, v in (("epochs", cfg.epochs), ("batch-size", cfg.batch_size), ("seed", cfg.seed),
-                    ("steps", cfg.steps), ("workers", cfg.workers), ("threads", cfg.threads),
-                    ("checkpoint-every", cfg.checkpoint_every)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise InputError(f"--{name} must be an integer, got {v!r}")
-    if not isinstance(cfg.augment, bool):
-        raise InputError(f"augment must be true or false, got {cfg.augment!r}")
-    if cfg.epochs < 1:
-        raise InputError(f"--epochs must be at least 1, got {cfg.epochs}")
-    if cfg.steps is not None and cfg.steps < 1:
-        raise InputError(f"--steps must be at least 1, got {cfg.steps}")
-    if cfg.batch_size < 1:
-        raise InputError(f"--batch-size must be at least 1, got {cfg.batch_size}")
-    if cfg.lr <= 0:
-        raise InputError(f"--lr must be a positive number, got {cfg.lr}")
-    if not 0 <= cfg.momentum < 1:
-        raise InputError(f"--momentum must be in [0, 1), got {cfg.momentum}")
-    if cfg.weight_decay < 0:
-        raise InputError(f"--weight-decay must be >= 0, got {cfg.weight_decay}")
-    if cfg.fp_layers is not None and (not isinstance(cfg.fp_layers, list)
-                                      or not all(isinstance(x, str) for x in cfg.fp_layers)):
-        raise InputError(f"full-precision layers must be a list of names, got {cfg.fp_layers!r}")
-    if cfg.lr_schedule not in LR_SCHEDULES:
-        raise InputError(f"unknown --lr-schedule {cfg.lr_schedule!r}; choose one of {', '.join(LR_SCHEDULES)}")
-    if cfg.device not in ("cpu", "cuda") and not cfg.device.startswith("cuda:"):
-        raise InputError(f"--device must be cpu or cuda, got {cfg.device!r}")
-    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError("--device cuda asked for, but PyTorch sees no CUDA device on this machine")
-    if cfg.checkpoint_every is not None and cfg.checkpoint_every < 1:
-        raise InputError(f"--checkpoint-every must be at least 1 step, got {cfg.checkpoint_every}")
-    if isinstance(cfg.keep_checkpoints, bool) or not isinstance(cfg.keep_checkpoints, int) \
-            or cfg.keep_checkpoints < 1:
-        raise InputError(f"--keep-checkpoints must be an integer >= 1, got {cfg.keep_checkpoints!r}")
-    if cfg.threads is not None and cfg.threads < 1:
-        raise InputError(f"--threads must be at least 1, got {cfg.threads}")
-    if cfg.workers < 0:
-        raise InputError(f"--workers must be >= 0, got {cfg.workers}")
-    if cfg.eval_bits is not None:
-        from .quant import check_bits
-
-        if isinstance(cfg.eval_bits, bool) or not isinstance(cfg.eval_bits, int):
-            raise InputError(f"--eval-bits must be an integer, got {cfg.eval_bits!r}")
-        check_bits(cfg.eval_bits, "--eval-bits")
-    if isinstance(cfg.recal_batches, bool) or not isinstance(cfg.recal_batches, int) or cfg.recal_batches < 0:
-        raise InputError(f"--recal-batches must be an integer >= 0, got {cfg.recal_batches!r}")
-    if isinstance(cfg.val_split, bool) or not isinstance(cfg.val_split, (int, float)) \
-            or not 0 <= cfg.val_split < 0.5:
-        raise InputError(f"--val-split must be a fraction in [0, 0.5), got {cfg.val_split!r}")
-    if cfg.image_size is not None:
-        from .data import resolve_image_size
-
-        resolve_image_size(cfg.dataset, cfg.data_dir, cfg.image_size)  # its range; imagefolder's flag only
 
 
 def lr_factor(kind: str, step: int, total: int) -> float:
@@ -241,10 +100,10 @@ def local_share(global_batch: torch.Tensor, rank: int, world: int) -> torch.Tens
 
 def build(cfg: TrainConfig) -> Workload:
     """Resolve a config into model, data and schedule. Model init draws from the seeded global RNG."""
-    from .data import load_datasets
-    from .layers import quantize_model, quantized_layer_names, resolve_fp_layers
-    from .models import create_model
-    from .schedules import parse_schedule
+    from cptsim.data import load_datasets
+    from cptsim.numerics.layers import quantize_model, quantized_layer_names, resolve_fp_layers
+    from cptsim.models import create_model, default_fp_layers
+    from cptsim.cost.schedules import parse_schedule
 
     validate(cfg)
     schedule = parse_schedule(cfg.schedule)
@@ -255,7 +114,8 @@ def build(cfg: TrainConfig) -> Workload:
     torch.manual_seed(cfg.seed)
     model = create_model(cfg.model, num_classes=info.num_classes, in_channels=info.input_shape[0],
                          input_shape=tuple(info.input_shape))
-    fp_layers = resolve_fp_layers(model, cfg.fp_layers)
+    # None: the model's own convention, resolved by the registry; else the user's globs, expanded
+    fp_layers = default_fp_layers(model) if cfg.fp_layers is None else resolve_fp_layers(model, cfg.fp_layers)
     precision = quantize_model(model, fp_layers=fp_layers)
     model.to(cfg.device)
     if not isinstance(cfg.channels_last, bool):
@@ -264,7 +124,7 @@ def build(cfg: TrainConfig) -> Workload:
         model.to(memory_format=torch.channels_last)
 
     val_loader = None
-    valid = getattr(train_set, "valid", None)  # a text dataset's own validation split (cptsim.text_data)
+    valid = getattr(train_set, "valid", None)  # a text dataset's own validation split (cptsim.data.text)
     if valid is not None:
         val_loader = DataLoader(valid, batch_size=max(cfg.batch_size, 256), shuffle=False)
     elif cfg.val_split:
@@ -295,7 +155,7 @@ def validation_split(cfg: TrainConfig, train_set):
     split."""
     from torch.utils.data import Subset
 
-    from .data import load_datasets
+    from cptsim.data import load_datasets
 
     n = len(train_set)
     n_val = int(round(cfg.val_split * n))
@@ -338,9 +198,10 @@ def epoch_batches(cfg: TrainConfig, w: Workload, epoch: int, first: int, last: i
 
 
 def quantizer_path(device: str) -> str:
-    """Which quantizers a run on this device executes: their random draws differ (cptsim.ckernels), so a run is
+    """Which quantizers a run on this device executes: their random draws differ (cptsim.numerics.ckernels), so a run is
     reproduced draw for draw only on the same path."""
-    from . import ckernels, quant
+    from cptsim.numerics import ckernels
+    from cptsim.numerics import quant
 
     if str(device).startswith("cuda"):
         return "fused (torch.compile)" if quant.fusion_enabled() else "eager"
@@ -380,7 +241,7 @@ def reset_statistics(model: nn.Module) -> list:
     """Forget what the model learnt about its activations: BatchNorm running statistics (switched to a plain
     cumulative average, as ``torch.optim.swa_utils.update_bn`` does) and the quantized layers' running input
     ranges. Returns what ``restore_momenta`` needs to put the BatchNorm momenta back."""
-    from .layers import QUANTIZED_TYPES
+    from cptsim.numerics.layers import QUANTIZED_TYPES
 
     saved = []
     for m in model.modules():
@@ -436,8 +297,8 @@ def evaluate(w: Workload, device: str, loader: DataLoader | None = None) -> tupl
     w.model.eval()
     w.precision.set(w.eval_bits, w.schedule.g_max)
     split = (loader or w.test_loader).dataset
-    if getattr(split, "is_text", False):  # per token, the state carried along the text (cptsim.text_data)
-        from .text_data import evaluate_lm
+    if getattr(split, "is_text", False):  # per token, the state carried along the text (cptsim.data.text)
+        from cptsim.data.text import evaluate_lm
 
         return evaluate_lm(w.model, split, device)
     loss_sum, correct, n = 0.0, 0, 0
@@ -466,9 +327,9 @@ def _fault(name: str) -> int | None:
 
 def _lock_run(path, d, check=None):
     """Rank 0 runs ``check`` and takes the run's lock (or adopts the one its launcher holds, see
-    cptsim.runs.RunLock); every rank learns whether it could, so that a refused job stops on all ranks (exit 2)
+    cptsim.run.rundir.RunLock); every rank learns whether it could, so that a refused job stops on all ranks (exit 2)
     and writes nothing."""
-    from .runs import RunLock
+    from .rundir import RunLock
 
     lock, error = None, None
     if d.is_main:
@@ -487,10 +348,10 @@ def train(cfg: TrainConfig, out: str, progress: bool = True, plan: dict | None =
     """Start a new run in directory `out` (which must not exist or be empty) and train it to the end.
 
     With `plan`, the run records the plan it executed (a copy as plan.json, its digest in config.json).
-    The run's lock (cptsim.runs.RunLock) is held from before the directory is created until this returns.
+    The run's lock (cptsim.run.rundir.RunLock) is held from before the directory is created until this returns.
     """
-    from . import dist
-    from .runs import PLAN
+    from cptsim.run import dist
+    from .rundir import PLAN
 
     d = dist.from_env(cfg.device)
     w = build(cfg)
@@ -500,7 +361,7 @@ def train(cfg: TrainConfig, out: str, progress: bool = True, plan: dict | None =
         if d.is_main:
             config = resolved_config(cfg, w, d.world)
             if plan is not None:
-                from .planner.planfile import plan_digest
+                from cptsim.planner.planfile import plan_digest
 
                 config["plan"] = {"digest": plan_digest(plan), "schedule": plan["schedule"],
                                   "budget": plan.get("budget")}
@@ -519,7 +380,7 @@ def resume(run_path: str, progress: bool = True, keep_checkpoints: int | None = 
 
     A checkpoint that is missing, truncated, fails its checksum or does not load is passed over for the one
     before it (one line on stderr says so). ``keep_checkpoints`` replaces the run's --keep-checkpoints."""
-    from . import dist
+    from cptsim.run import dist
 
     run = RunDir.open(run_path)
     cfg = TrainConfig.from_dict(run.read_config()["settings"])
@@ -631,9 +492,9 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from .cost import step_cost
-    from .profiler import PHASES, MacCounter
-    from .runs import PROFILE
+    from cptsim.cost.model import step_cost
+    from cptsim.measure.profiler import PHASES, MacCounter
+    from .rundir import PROFILE
 
     device, model = cfg.device, w.model
     params = [p for p in model.parameters() if p.requires_grad]
@@ -655,7 +516,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
     channels_last = cfg.channels_last
     meter = None
     if device.startswith("cuda") and d.is_main:
-        from .energy import EnergyMeter
+        from cptsim.measure.energy import EnergyMeter
 
         meter = EnergyMeter.for_device(device)  # None without NVML or without the GPU's energy counter
     sync_check = _SyncCheck(os.environ.get("CPTSIM_SYNC_DEBUG", "") if device.startswith("cuda") else "",
@@ -665,7 +526,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
         from .tensorboard import logged_run
 
         run = logged_run(run, cfg.tensorboard)
-    graphs = None  # one process on a GPU: forward + backward replayed as CUDA graphs (cptsim.cudagraph)
+    graphs = None  # one process on a GPU: forward + backward replayed as CUDA graphs (cptsim.run.cudagraph)
     if device.startswith("cuda") and not d.active:
         from .cudagraph import GraphedSteps, graphs_enabled
 
@@ -776,7 +637,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                             "grad_bits": gbits, "macs": dict(zip(PHASES, c[:3])),
                             "bitops": dict(zip(PHASES, c[3:])),
                             "lr": lr, "time_s": round(dt, 6), "loss": loss_v}
-                    if energy is not None:  # NVML: this GPU's energy counter over the step (see cptsim.energy)
+                    if energy is not None:  # NVML: this GPU's energy counter over the step (see cptsim.measure.energy)
                         line["energy_j"], line["power_w"] = energy
                     if batch is not None and graphed:
                         line["graph"] = True  # replayed as a CUDA graph (what the CUDA host profile models)
@@ -811,7 +672,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 if w.val_loader is not None:
                     rec["val_loss"], rec["val_acc"] = evaluate(w, device, w.val_loader)
                 if getattr(w.train_set, "is_text", False):  # per token; perplexity, bits per character
-                    from .text_data import lm_metrics
+                    from cptsim.data.text import lm_metrics
 
                     lm_metrics(rec, w.train_set.seq_len, w.train_set.char_level)
                 run.append_metrics(rec)

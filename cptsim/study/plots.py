@@ -17,7 +17,7 @@ import io
 
 import numpy as np
 
-from .errors import InputError
+from cptsim.errors import InputError
 
 
 def require_matplotlib():
@@ -41,7 +41,7 @@ def _png(fig) -> bytes:
 
 def write_png(fig, path, flag: str = "--plot", **savefig_kw) -> None:
     """Write a figure as PNG atomically; an unwritable path is bad input (exit 2) naming ``flag``."""
-    from .runs import atomic_write_bytes
+    from cptsim.fileio import atomic_write_bytes
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", **savefig_kw)
@@ -52,7 +52,7 @@ def write_png(fig, path, flag: str = "--plot", **savefig_kw) -> None:
 
 
 def run_figure(report) -> bytes:
-    """PNG bytes of one run's five panels (a ``cptsim.report.RunReport``): bits over steps, the test metric under
+    """PNG bytes of one run's five panels (a ``cptsim.study.report.RunReport``): bits over steps, the test metric under
     it over the same steps; cumulative BitOPs planned vs executed; per-layer BitOPs share; host time per epoch,
     measured vs modelled."""
     plt = require_matplotlib()
@@ -237,7 +237,7 @@ def plot_frontier(p, path: str) -> None:
     colour by schedule, the Pareto frontier, the budget line and the chosen schedule."""
     plt = require_matplotlib()
 
-    from .planner.search import COST_KEYS, METRIC_NAMES
+    from cptsim.planner.search import COST_KEYS, METRIC_NAMES
 
     c = p.candidates
     key = COST_KEYS[p.metric]
@@ -311,7 +311,7 @@ _MARKERS = "osD^v<>phX*P8"
 
 
 def sweep_figure(report: dict) -> bytes:
-    """PNG bytes of a sweep report (``cptsim.sweep.sweep_report``): left, mean test accuracy vs BitOPs relative to
+    """PNG bytes of a sweep report (``cptsim.study.sweep.sweep_report``): left, mean test accuracy vs BitOPs relative to
     the static baseline, one point per schedule with its seed spread (mean +- std error bars), one marker and colour
     per schedule family; right, mean accuracy vs the proxy score, with the Spearman rank correlation. A language
     model's report (``measure`` ppl) plots test perplexity instead, lower is better."""

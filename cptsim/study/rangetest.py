@@ -4,7 +4,7 @@ CPT (Fu et al., ICLR 2021) says q_min "can be identified using a simple precisio
 few training epochs" but ships no implementation. The accepted reading (reference/papers.md), done here as a
 real short training run:
 
-1. build the real workload (quantized model, real data) with `cptsim.train.build`;
+1. build the real workload (quantized model, real data) with `cptsim.run.train.build`;
 2. measure the untrained model's accuracy on the first `baseline_batches` training batches, in eval mode at
    q_start bits: the level the first stage's improvement is measured from;
 3. train ONE model in stages at forward precision q_start, q_start+1, ..., q_max (`steps_per_stage` SGD steps
@@ -32,7 +32,7 @@ learns (12% untrained -> 23% over the 2-bit epoch -> 68% at 3 bits), so the test
 
 Language models (a text dataset, which has its own validation split): accuracy means little for them, so the
 measure is the validation loss instead - the per-token loss on the dataset's validation split, at the end of each
-stage, in eval mode at that stage's precision, the state carried along the text (``cptsim.text_data.evaluate_lm``);
+stage, in eval mode at that stage's precision, the state carried along the text (``cptsim.data.text.evaluate_lm``);
 the baseline is the untrained model's at q_start. improvement(q) is the *relative* fall of the validation loss,
 (loss(q-1) - loss(q)) / loss(q-1), so the threshold is again a fraction: 0.05 = the loss falls by 5%. The model's
 gradient clipping (``cptsim_grad_clip``) applies as in training.
@@ -48,7 +48,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .errors import InputError
+from cptsim.errors import InputError
 
 __all__ = ["FORMAT", "RangeTestSettings", "StageRow", "RangeTestResult", "run_range_test", "suggest_q_min"]
 
@@ -193,7 +193,7 @@ ProgressFn = Callable[[int, int, dict], None]  # (steps done, total steps, {"bit
 
 def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = None) -> RangeTestResult:
     """Run the precision range test for real (see the module docstring) and return every stage and the suggestion."""
-    from .train import TrainConfig, build, epoch_batches
+    from cptsim.run.train import TrainConfig, build, epoch_batches
 
     settings.validate()
     t0 = time.perf_counter()
@@ -210,7 +210,7 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
     clip = getattr(model, "cptsim_grad_clip", None)
 
     def val_loss() -> float:
-        from .text_data import evaluate_lm
+        from cptsim.data.text import evaluate_lm
 
         model.eval()
         try:

@@ -1,6 +1,6 @@
 """What a run cost against what was planned, and how far the host estimate was from the measured time.
 
-``build_report(run_dir)`` reads a run directory (through ``cptsim.runs``, the one place that parses its files) and
+``build_report(run_dir)`` reads a run directory (through ``cptsim.run.rundir``, the one place that parses its files) and
 returns a ``RunReport``: one JSON-able document (``.data``) and the per-step series its plots draw (``.series``).
 
 Sections of ``.data`` (the keys scripts may rely on; extend freely, rename never without bumping REPORT_FORMAT):
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from cptsim.errors import InputError
 
 REPORT_FORMAT = "cptsim.report/1"
 AGREE_PCT = 0.5                       # executed vs planned BitOPs of an uninterrupted run of a plan
@@ -80,7 +80,7 @@ def _bits_range(values) -> str:
 
 def per_step_bitops(arrays, q, g, n) -> np.ndarray:
     """BitOPs of each step (bits q, g and n samples), summed over layers and phases: ``cost.bitops`` per step kind."""
-    from .cost import bitops
+    from cptsim.cost.model import bitops
 
     q, g, n = (np.asarray(v, dtype=np.int64) for v in (q, g, n))
     if q.size == 0:
@@ -109,10 +109,10 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
     ``hardware``: target profiles (names or paths) to model the executed run on; default the plan's hardware (if
     any) plus h100 and bitfusion. ``host``: the profile that estimates this machine's wall time.
     """
-    from .cost import estimate
-    from .hardware import load_profile
-    from .runs import RunDir
-    from .schedules import Schedule
+    from cptsim.cost.model import estimate
+    from cptsim.cost.hardware import load_profile
+    from cptsim.run.rundir import RunDir
+    from cptsim.cost.schedules import Schedule
 
     run = RunDir.open(path)
     cfg = run.read_config()
@@ -171,7 +171,7 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
     # ---- BitOPs: planned vs executed ------------------------------------------------------------------------
     plan_prof = prof
     if plan and isinstance(plan.get("profile"), dict):
-        from .profiler import LayerProfile
+        from cptsim.measure.profiler import LayerProfile
 
         try:
             plan_prof = LayerProfile.from_json(plan["profile"])
@@ -270,7 +270,7 @@ def _accuracy(cfg: dict, metrics: list[dict]) -> dict:
 
 
 def _perplexity(metrics: list[dict]) -> dict:
-    """Language models (cptsim.text_data): test/validation perplexity at q_max, lower is better; {} otherwise."""
+    """Language models (cptsim.data.text): test/validation perplexity at q_max, lower is better; {} otherwise."""
     ppl = [(m.get("epoch"), m["test_ppl"]) for m in metrics if isinstance(m.get("test_ppl"), (int, float))]
     if not ppl:
         return {}
@@ -292,7 +292,7 @@ def _trace_bitops(steps: list[dict]) -> dict | None:
 
 def _planned_estimate(plan, plan_prof, sched, steps, batch, train_size) -> tuple[bool, dict]:
     """(whether the plan modelled the ragged last batch, the planned BitOPs and where they come from)."""
-    from .cost import estimate
+    from cptsim.cost.model import estimate
 
     def est(ds):
         return estimate(plan_prof, sched, None, steps=steps, batch_size=batch, dataset_size=ds, per_layer=False)
@@ -375,8 +375,8 @@ def _reasons(plan, cfg, sched, run_sched, executed, steps, step_ids, q, g, n, pq
 
 
 def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> dict | None:
-    from .cost import estimate
-    from .fit import host_profile, measured_times, profile_factors, steady_steps, step_components
+    from cptsim.cost.model import estimate
+    from cptsim.calibration.fit import host_profile, measured_times, profile_factors, steady_steps, step_components
 
     try:
         host = host_profile(host_name)
@@ -389,7 +389,7 @@ def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> di
         warnings.append(f"host time not compared: {e}")
         return None
     # Warm-up steps (compiling, CUDA graph capture: seconds each on a GPU) are compared by no per-step model: left
-    # out of time and energy alike, and said so (cptsim.fit.steady_steps)
+    # out of time and energy alike, and said so (cptsim.calibration.fit.steady_steps)
     keep, warmup_note = steady_steps(steps, (cfg.get("settings") or {}).get("device", "cpu"))
     with_warmup = {"measured_s": float(meas.sum()),
                    "measured_energy_j": (float(sum(r["energy_j"] for r in steps))

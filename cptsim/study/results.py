@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from cptsim.errors import InputError
 
 SCHEMA_VERSION = 1
 SOURCES = ("sweep", "pilot", "train")
@@ -160,7 +160,7 @@ def proxy_score(schedule, total_steps: int) -> float:
 
     Uses ``cptsim.planner.score.schedule_score`` when the planner provides one, else ``score_bits`` on the
     schedule's bits per step."""
-    from .planner import score as S
+    from cptsim.planner import score as S
 
     fn = getattr(S, "schedule_score", None)
     if fn is not None:
@@ -169,7 +169,7 @@ def proxy_score(schedule, total_steps: int) -> float:
 
 
 def score_name() -> str:
-    from .planner import score as S
+    from cptsim.planner import score as S
 
     return str(getattr(S, "SCORE_NAME", "proxy"))
 
@@ -280,7 +280,7 @@ class ResultsDB:
             r["extra"] = json.dumps(r["extra"], sort_keys=True)
         if r.get("schedule") and any(r.get(k) is None for k in ("family", "q_min", "q_max", "g_min", "g_max",
                                                                   "cycles")):
-            from .schedules import parse_schedule
+            from cptsim.cost.schedules import parse_schedule
 
             s = parse_schedule(r["schedule"])
             for k, v in (("family", s.name), ("q_min", s.q_min), ("q_max", s.q_max), ("g_min", s.g_min),
@@ -344,11 +344,11 @@ def run_finished(run) -> bool:
 
 
 def run_row(run_dir, source: str = "train") -> dict:
-    """The results row of a finished run directory, read through ``cptsim.runs.RunDir`` (nothing is written).
+    """The results row of a finished run directory, read through ``cptsim.run.rundir.RunDir`` (nothing is written).
     InputError if the run is not finished."""
-    from .cost import estimate
-    from .runs import RunDir
-    from .schedules import Schedule
+    from cptsim.cost.model import estimate
+    from cptsim.run.rundir import RunDir
+    from cptsim.cost.schedules import Schedule
 
     run = run_dir if isinstance(run_dir, RunDir) else RunDir.open(run_dir)
     cfg = run.read_config()

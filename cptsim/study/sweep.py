@@ -5,7 +5,7 @@ A sweep lives in one directory OUT::
     OUT/sweep.json              the workload (as `cptsim train` settings) and every schedule and seed asked for
     OUT/<schedule-slug>-s<seed>/  a run directory, written by its own `cptsim train` process
     OUT/<schedule-slug>-s<seed>.log   that process's stdout and stderr
-    OUT/.<name>.lock            the run's lock (cptsim.runs.RunLock): taken by the sweep, handed to the `cptsim train`
+    OUT/.<name>.lock            the run's lock (cptsim.run.rundir.RunLock): taken by the sweep, handed to the `cptsim train`
                                 process that trains the run (it adopts it), so nothing else writes the run meanwhile
 
 Resumable as a whole: rerunning the same sweep skips finished runs (an evaluation recorded after the last step),
@@ -13,7 +13,7 @@ continues interrupted ones with `cptsim train --resume` (from their last checkpo
 run still held by a live process of an earlier, killed sweep is left alone ("busy"). The workload of OUT is fixed
 by its first sweep; a rerun may add schedules or seeds but not change the workload.
 
-Each finished run's row goes into the results database (``cptsim.results``) as it finishes.
+Each finished run's row goes into the results database (``cptsim.study.results``) as it finishes.
 
 ``sweep_report(rows)`` summarises rows of one workload: per schedule the mean and spread of accuracy over seeds,
 its cost relative to static q_max, the planner's proxy score, and the Spearman rank correlation between score and
@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from .errors import InputError
+from cptsim.errors import InputError
 
 SWEEP_FORMAT = "cptsim.sweep/1"
 SWEEP_FILE = "sweep.json"
@@ -80,9 +80,9 @@ class SweepSettings:
     def validate(self) -> None:
         """The checks `cptsim train` makes (settings, model name, dataset and its folder), before any process is
         started, so a bad flag fails once here rather than once per run."""
-        from .data import dataset_info
-        from .models import create_model
-        from .train import TrainConfig, validate
+        from cptsim.data import dataset_info
+        from cptsim.models import create_model
+        from cptsim.run.config import TrainConfig, validate
 
         validate(TrainConfig(model=self.model, dataset=self.dataset, data_dir=self.data_dir, epochs=self.epochs,
                              steps=self.steps, batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
@@ -115,7 +115,7 @@ class SweepSettings:
 
 def parse_schedule_list(text: str | None) -> list[str]:
     """--schedules "cpt:3-8:g8:n32,static:5": canonical texts, in order, each once."""
-    from .schedules import parse_schedule
+    from cptsim.cost.schedules import parse_schedule
 
     if text is None:
         return []
@@ -164,10 +164,10 @@ def planner_schedules(settings: SweepSettings, budgets: list[str], hw: str, top:
     """The planner's top-``top`` schedules at each budget: {"schedule", "budget", "rank", "score", "vs_baseline"}.
 
     The workload is planned exactly as `cptsim plan` would plan these flags (``cptsim.planner.plan``)."""
-    from .hardware import load_profile
-    from .planner import Workload, plan
-    from .planner.budget import parse_budget
-    from .planner.space import parse_space
+    from cptsim.cost.hardware import load_profile
+    from cptsim.planner import Workload, plan
+    from cptsim.planner.budget import parse_budget
+    from cptsim.planner.space import parse_space
 
     if top < 1:
         raise InputError(f"--top must be at least 1, got {top}")
@@ -215,9 +215,9 @@ class SweepRun:
 
     @property
     def lock_path(self) -> Path:
-        from .runs import lock_file
+        from cptsim.run.rundir import lock_file
 
-        return lock_file(self.path)  # the run's own lock (cptsim.runs.RunLock), which its training adopts
+        return lock_file(self.path)  # the run's own lock (cptsim.run.rundir.RunLock), which its training adopts
 
     def to_json(self) -> dict:
         r = self.row or {}
@@ -255,7 +255,7 @@ def _sweep_doc(out: Path, settings: SweepSettings, schedules: list[str], seeds: 
 def run_state(run: SweepRun) -> str:
     """new | done | partial, for a run directory of this sweep; InputError if it holds another run."""
     from .results import run_finished
-    from .runs import CONFIG, RunDir
+    from cptsim.run.rundir import CONFIG, RunDir
 
     p = run.path
     if not p.exists() or (p.is_dir() and not any(p.iterdir())):
@@ -264,7 +264,7 @@ def run_state(run: SweepRun) -> str:
         raise InputError(f"{p} exists but is not a run directory (no {CONFIG}); move it away and rerun the sweep")
     rd = RunDir.open(p)
     cfg = rd.read_config()
-    from .schedules import Schedule
+    from cptsim.cost.schedules import Schedule
 
     have = Schedule.from_json(cfg["schedule"]).to_text()
     seed = cfg["settings"].get("seed")
@@ -277,7 +277,7 @@ def run_state(run: SweepRun) -> str:
 
 def prepare(out: str | os.PathLike, settings: SweepSettings, schedules: list[str], seeds: list[int]) -> list[SweepRun]:
     """The runs of this sweep, in order (schedule-major), each with its action; writes OUT/sweep.json."""
-    from .runs import atomic_write_json
+    from cptsim.fileio import atomic_write_json
 
     if not schedules:
         raise InputError("nothing to sweep: give --schedules and/or --top K --budget B")
@@ -348,9 +348,9 @@ def execute(runs: list[SweepRun], settings: SweepSettings, jobs: int = 1, db=Non
     Events: ("start" | "progress" | "end", run). SIGINT / SIGTERM stop the sweep: running trainings get SIGINT
     (they checkpoint and stop), no new one starts, and RunStopped is raised once they have exited.
     """
-    from .errors import RunStopped
+    from cptsim.errors import RunStopped
     from .results import run_finished, run_row
-    from .runs import ExclusiveLock, RunDir, RunLock
+    from cptsim.run.rundir import ExclusiveLock, RunDir, RunLock
 
     if jobs < 1:
         raise InputError(f"--jobs must be at least 1, got {jobs}")
@@ -503,7 +503,7 @@ def _last_error(log: Path) -> str | None:
 def rows_from_dir(out: str | os.PathLike) -> list[dict]:
     """The results rows of the finished runs in a sweep directory, read from the run directories themselves."""
     from .results import run_finished, run_row
-    from .runs import CONFIG, RunDir
+    from cptsim.run.rundir import CONFIG, RunDir
 
     out = Path(out)
     if not (out / SWEEP_FILE).is_file():
@@ -540,12 +540,12 @@ def sweep_report(rows: list[dict], score_fn: Callable[[str, int], float] | None 
     """Summarise results rows of ONE workload (see the module docstring for what is computed).
 
     ``score_fn(schedule_text, total_steps)``: the score to correlate; default the planner's current proxy score
-    (``cptsim.results.proxy_score``), so a revised score is judged on old runs without re-training. Accuracy
+    (``cptsim.study.results.proxy_score``), so a revised score is judged on old runs without re-training. Accuracy
     spread is the sample standard deviation over seeds (ddof 1; 0 for one seed). Cost is BitOPs relative to the
     costliest static baseline among the rows (static q_max of the schedule with the highest q_max), so every
     schedule sits on one axis."""
     from .results import proxy_score, score_name
-    from .schedules import parse_schedule
+    from cptsim.cost.schedules import parse_schedule
 
     if not rows:
         raise InputError("no finished runs to report on")

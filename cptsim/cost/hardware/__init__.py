@@ -18,7 +18,7 @@ from .bit_fusion import BitFusionProfile, bitfusion_macs_per_unit_cycle, brick_f
 from .bit_serial import BitSerialProfile, bit_serial_lane_cycles_per_mac
 from .fixed_int import FixedIntProfile, fixed_int_passes
 from .host import HostProfile, host_time_components
-# _toml_value is private but cptsim.calibrate writes TOML values with it
+# _toml_value is private but cptsim.calibration.calibrate writes TOML values with it
 from .files import (_toml_value, host_profile_text, list_profiles, load_profile, parse_profile,  # noqa: F401
                     profile_origin, user_profile_dir)
 

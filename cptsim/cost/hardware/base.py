@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import InputError
+from cptsim.errors import InputError
 
 MIN_BITS, MAX_BITS = 1, 32
 FULL_PRECISION_BITS = 32

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from cptsim.errors import InputError
 from .base import _KIND_CLASSES, _NAME_RE, Field, HardwareProfile, _Checker, kinds
 
 

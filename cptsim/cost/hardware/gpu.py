@@ -1,7 +1,7 @@
 """The ``gpu`` kind: precision tiers with published dense peak rates, and the time of a whole training step.
 
 A training step on a GPU is not only its GEMMs. The time model (``GPUProfile.step_ops_cost`` with the GEMMs of ``gemm_cost``, used by ``cptsim.cost`` when
-the layer profile carries the step's op list, ``cptsim.opcount``) is the sum of
+the layer profile carries the step's op list, ``cptsim.measure.opcount``) is the sum of
 
 * the GEMMs, per layer and phase: a roofline of their MACs at the tier's peak x the tier's ``efficiency`` against
   their own DRAM bytes at bandwidth x ``memory_efficiency``;
@@ -163,7 +163,7 @@ class GPUProfile(HardwareProfile):
 
     def step_ops_cost(self, ops, q, g, samples) -> tuple[np.ndarray, np.ndarray]:
         """(time s, energy J), each (K, 3) for K step kinds x the phases (fwd, dgrad, wgrad), of everything in a
-        step besides the layers' GEMMs: the memory-bound ops of ``ops`` (a ``cptsim.opcount.OpProfile``) and
+        step besides the layers' GEMMs: the memory-bound ops of ``ops`` (a ``cptsim.measure.opcount.OpProfile``) and
         every kernel launch. Forward ops are charged to fwd, backward ops to dgrad, the optimizer to wgrad."""
         return gpu_step_ops_cost(ops.summary(), ops.element_bits, self.compute_bits(np.asarray(q)),
                                  self.compute_bits(np.maximum(q, g)), samples, self._bandwidth * self._meff,

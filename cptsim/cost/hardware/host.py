@@ -31,10 +31,10 @@ class HostProfile(HardwareProfile):
     The overhead term is what makes small layers and small batches cost more than their MACs say: a training step
     of a CIFAR ResNet at batch 32 on a CPU is dominated by per-op costs, not by arithmetic.
     energy = power_w x time            (power_w = 0 means unknown: energy is reported as 0)
-    Rates are measured by ``cptsim hw calibrate`` (cptsim.calibrate); the shipped host.toml is a placeholder.
+    Rates are measured by ``cptsim hw calibrate`` (cptsim.calibration.calibrate); the shipped host.toml is a placeholder.
 
     On a CUDA device (``device = "cuda"``) the same sum is the overlap model: ``cptsim train`` replays each step as a
-    CUDA graph (cptsim.cudagraph), so the host's dispatch -- what adds to the GPU's time when ops launch one by one,
+    CUDA graph (cptsim.run.cudagraph), so the host's dispatch -- what adds to the GPU's time when ops launch one by one,
     and overlaps it otherwise -- is one launch per step and hidden; what remains is GPU time, whose terms follow one
     another on the device and add up. ``hw calibrate --device cuda`` measures every rate that way (conv forward +
     backward, fused quantizers and the tiny-layer step replayed as graphs), so ``layer_overhead`` is the GPU's

@@ -1,3 +1,3 @@
-"""cptsim inside other training frameworks: ``cptsim.integrations.lightning.CPTCallback`` (PyTorch Lightning,
-``pip install 'cptsim[lightning]'``). Each integration drives ``cptsim.api``'s scheduler and recorder, so its runs
+"""cptsim inside other training frameworks: ``cptsim.run.integrations.lightning.CPTCallback`` (PyTorch Lightning,
+``pip install 'cptsim[lightning]'``). Each integration drives ``cptsim.run.api``'s scheduler and recorder, so its runs
 are ordinary run directories for ``cptsim report``."""

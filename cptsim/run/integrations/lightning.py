@@ -1,11 +1,11 @@
 """Cyclic precision training in PyTorch Lightning: ``CPTCallback`` (``pip install 'cptsim[lightning]'``).
 
-    from cptsim.integrations.lightning import CPTCallback
+    from cptsim.run.integrations.lightning import CPTCallback
     trainer = L.Trainer(max_epochs=15, callbacks=[CPTCallback("cpt:3-8:g8:n32", run_dir="runs/lit")])
     trainer.fit(module, train_loader, val_loader)
     # then: cptsim report runs/lit
 
-What it does, with ``cptsim.api`` underneath: at fit start it quantizes the LightningModule's Conv2d / Linear
+What it does, with ``cptsim.run.api`` underneath: at fit start it quantizes the LightningModule's Conv2d / Linear
 layers (unless they already are; the last Linear stays FP32, as ``cptsim.quantize_model``), spreads the schedule
 over ``trainer.estimated_stepping_batches``, and opens a ``RunRecorder`` on ``run_dir``. Every training batch sets
 its bits first and is recorded after (bits, measured MACs and BitOPs, time, loss); validation runs at q_max;
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import InputError
+from cptsim.errors import InputError
 
 try:
     from lightning.pytorch import Callback
@@ -26,7 +26,7 @@ except ImportError:  # the standalone package, or neither
     try:
         from pytorch_lightning import Callback
     except ImportError as e:
-        raise ImportError(f"cptsim.integrations.lightning needs PyTorch Lightning ({e}); install it with "
+        raise ImportError(f"cptsim.run.integrations.lightning needs PyTorch Lightning ({e}); install it with "
                           "pip install 'cptsim[lightning]'") from None
 
 
@@ -54,7 +54,7 @@ class CPTCallback(Callback):
 
     ``schedule``: text form or Schedule. ``run_dir``: the new run directory. ``config``: what describes the run
     (model, dataset, train_size, ...: config.json settings). ``plan``: a plan the run executes. ``tensorboard``:
-    a TensorBoard log directory (``cptsim.tensorboard``). ``fp_layers``: layers kept FP32 when the callback
+    a TensorBoard log directory (``cptsim.run.tensorboard``). ``fp_layers``: layers kept FP32 when the callback
     quantizes (None: the last Linear). ``metric``: the callback metric recorded as test_acc."""
 
     def __init__(self, schedule, run_dir, config: dict | None = None, plan=None, tensorboard=None,
@@ -69,8 +69,8 @@ class CPTCallback(Callback):
 
     # ---- fit ----------------------------------------------------------------------------------------------------
     def on_fit_start(self, trainer, pl_module) -> None:
-        from ..api import PrecisionScheduler, RunRecorder, _precision_of
-        from ..layers import quantize_model
+        from cptsim.run.api import PrecisionScheduler, RunRecorder, _precision_of
+        from cptsim.numerics.layers import quantize_model
 
         if getattr(trainer, "accumulate_grad_batches", 1) != 1:
             raise InputError("CPTCallback records one step per batch: use accumulate_grad_batches=1")

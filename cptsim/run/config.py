@@ -1,0 +1,158 @@
+"""A run's configuration: ``TrainConfig`` (everything that defines a training run) and ``validate``.
+
+Apart from the training loop so that the planner, which must check a workload before it plans for it, can import
+what a run is without importing the loop that runs it (imports run down the data flow: the planner comes before
+the run).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+
+from cptsim.errors import InputError
+
+LR_SCHEDULES = ("step", "cosine", "constant")
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run. Defaults: the embedded digits workload with CPT 3-8 / 8."""
+
+    model: str = "digits-cnn"
+    dataset: str = "digits"
+    data_dir: str | None = None
+    schedule: str = "cpt:3-8:g8:n32"
+    epochs: int = 15
+    steps: int | None = None  # total steps; overrides epochs when given (the run stops mid-epoch if need be)
+    batch_size: int = 64
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    lr_schedule: str = "cosine"
+    fp_layers: list[str] | None = None  # None: the model's convention (final classifier in FP32)
+    seed: int = 0
+    device: str = "cpu"
+    workers: int = 0
+    augment: bool = True
+    checkpoint_every: int | None = None  # steps between checkpoints; None: at the end of every epoch
+    keep_checkpoints: int = 2  # checkpoints kept (newest first): older ones are the fallback for a damaged one
+    threads: int | None = None  # CPU threads for torch; None: auto (see cpu_threads)
+    # Evaluation (see `evaluate`): the precision the model is evaluated at (None: the schedule's q_max), how many
+    # training batches re-estimate BatchNorm statistics and activation ranges at that precision first (0: none),
+    # and the fraction of the training set held out as a validation split (0: evaluate on the test split only).
+    eval_bits: int | None = None
+    recal_batches: int = 16
+    val_split: float = 0.0
+    channels_last: bool = False  # NHWC activations and weights (faster convolutions on tensor-core GPUs)
+    tensorboard: str | None = None  # also log the trace and metrics here as TensorBoard scalars (cptsim.run.tensorboard)
+    # imagefolder: side of the square input (None: the images' own size when they share one, else 224); config.json
+    # records the size resolved, so a resumed run, the plan and the report see the same input shape.
+    image_size: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise InputError(f"unknown training settings: {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+    @classmethod
+    def from_plan(cls, plan: dict, **overrides) -> "TrainConfig":
+        """The exact workload and schedule a plan (planner/planfile.py) was made for.
+
+        ``overrides`` replace settings that do not change what the plan costs (seed, lr, momentum, weight_decay,
+        lr_schedule, augment, data_dir: a sweep over seeds of one plan) and the run-time ones (device, workers,
+        threads, ...). One that would change the cost (``PLAN_FIXED``: model, dataset, schedule, batch size, run
+        length, full-precision layers) is an InputError unless it equals the plan's value: re-plan instead."""
+        from cptsim.cost.schedules import Schedule
+
+        w = plan["workload"]
+        keys = ("model", "dataset", "data_dir", "batch_size", "steps", "lr", "lr_schedule", "momentum",
+                "weight_decay", "seed", "fp_layers", "augment", "image_size")
+        settings = {k: w[k] for k in keys if k in w}
+        settings["schedule"] = Schedule.from_json(plan["schedule"]).to_text()
+        if w.get("epochs") is not None:  # recorded for the reader; the plan's steps decide the run length
+            settings["epochs"] = w["epochs"]
+        ev = plan.get("evaluation")
+        if isinstance(ev, dict) and isinstance(ev.get("recal_batches"), int):  # how the planner expects it judged
+            settings["recal_batches"] = ev["recal_batches"]
+        planned = settings | {"epochs": w.get("epochs")}
+        changed = [k for k in PLAN_FIXED if k in overrides and overrides[k] != planned.get(k)]
+        if changed:
+            raise InputError("a plan fixes what it costs: " + ", ".join(
+                f"--{k.replace('_', '-')} {overrides[k]} differs from the plan's {planned.get(k)}" for k in changed)
+                + "; re-plan with those settings instead")
+        return cls.from_dict(settings | {k: v for k, v in overrides.items() if k not in PLAN_FIXED})
+
+
+# The settings a plan's cost depends on: TrainConfig.from_plan refuses to change them.
+PLAN_FIXED = ("model", "dataset", "schedule", "batch_size", "steps", "epochs", "fp_layers", "image_size")
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Every setting checked before anything is built or written (a plan file or an old config feeds these too)."""
+    for name, v in (("model", cfg.model), ("dataset", cfg.dataset), ("lr-schedule", cfg.lr_schedule),
+                    ("device", cfg.device), ("schedule", cfg.schedule)):
+        if not isinstance(v, str):
+            raise InputError(f"--{name} must be a string, got {v!r}")
+    if cfg.data_dir is not None and not isinstance(cfg.data_dir, str):
+        raise InputError(f"--data-dir must be a path, got {cfg.data_dir!r}")
+    for name, v in (("lr", cfg.lr), ("momentum", cfg.momentum), ("weight-decay", cfg.weight_decay)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise InputError(f"--{name} must be a finite number, got {v!r}")
+    for name, v in (("epochs", cfg.epochs), ("batch-size", cfg.batch_size), ("seed", cfg.seed),
+                    ("steps", cfg.steps), ("workers", cfg.workers), ("threads", cfg.threads),
+                    ("checkpoint-every", cfg.checkpoint_every)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise InputError(f"--{name} must be an integer, got {v!r}")
+    if not isinstance(cfg.augment, bool):
+        raise InputError(f"augment must be true or false, got {cfg.augment!r}")
+    if cfg.epochs < 1:
+        raise InputError(f"--epochs must be at least 1, got {cfg.epochs}")
+    if cfg.steps is not None and cfg.steps < 1:
+        raise InputError(f"--steps must be at least 1, got {cfg.steps}")
+    if cfg.batch_size < 1:
+        raise InputError(f"--batch-size must be at least 1, got {cfg.batch_size}")
+    if cfg.lr <= 0:
+        raise InputError(f"--lr must be a positive number, got {cfg.lr}")
+    if not 0 <= cfg.momentum < 1:
+        raise InputError(f"--momentum must be in [0, 1), got {cfg.momentum}")
+    if cfg.weight_decay < 0:
+        raise InputError(f"--weight-decay must be >= 0, got {cfg.weight_decay}")
+    if cfg.fp_layers is not None and (not isinstance(cfg.fp_layers, list)
+                                      or not all(isinstance(x, str) for x in cfg.fp_layers)):
+        raise InputError(f"full-precision layers must be a list of names, got {cfg.fp_layers!r}")
+    if cfg.lr_schedule not in LR_SCHEDULES:
+        raise InputError(f"unknown --lr-schedule {cfg.lr_schedule!r}; choose one of {', '.join(LR_SCHEDULES)}")
+    if cfg.device not in ("cpu", "cuda") and not cfg.device.startswith("cuda:"):
+        raise InputError(f"--device must be cpu or cuda, got {cfg.device!r}")
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError("--device cuda asked for, but PyTorch sees no CUDA device on this machine")
+    if cfg.checkpoint_every is not None and cfg.checkpoint_every < 1:
+        raise InputError(f"--checkpoint-every must be at least 1 step, got {cfg.checkpoint_every}")
+    if isinstance(cfg.keep_checkpoints, bool) or not isinstance(cfg.keep_checkpoints, int) \
+            or cfg.keep_checkpoints < 1:
+        raise InputError(f"--keep-checkpoints must be an integer >= 1, got {cfg.keep_checkpoints!r}")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise InputError(f"--threads must be at least 1, got {cfg.threads}")
+    if cfg.workers < 0:
+        raise InputError(f"--workers must be >= 0, got {cfg.workers}")
+    if cfg.eval_bits is not None:
+        from cptsim.numerics.quant import check_bits
+
+        if isinstance(cfg.eval_bits, bool) or not isinstance(cfg.eval_bits, int):
+            raise InputError(f"--eval-bits must be an integer, got {cfg.eval_bits!r}")
+        check_bits(cfg.eval_bits, "--eval-bits")
+    if isinstance(cfg.recal_batches, bool) or not isinstance(cfg.recal_batches, int) or cfg.recal_batches < 0:
+        raise InputError(f"--recal-batches must be an integer >= 0, got {cfg.recal_batches!r}")
+    if isinstance(cfg.val_split, bool) or not isinstance(cfg.val_split, (int, float)) \
+            or not 0 <= cfg.val_split < 0.5:
+        raise InputError(f"--val-split must be a fraction in [0, 0.5), got {cfg.val_split!r}")
+    if cfg.image_size is not None:
+        from cptsim.data import resolve_image_size
+
+        resolve_image_size(cfg.dataset, cfg.data_dir, cfg.image_size)  # its range; imagefolder's flag only

@@ -1,0 +1,8 @@
+"""study/: what is learnt from many runs, and how it is shown.
+
+- ``sweep``: schedules x seeds as runs; ``results``: the SQLite database of measured runs (one schema, here);
+- ``rangetest``: the precision range test (suggests q_min); ``report``: estimated vs executed vs measured;
+- ``plots``: every figure; ``evidence``: the trainer the planner's pilot and range test are given.
+
+May import everything below it (errors ... run, calibration). Only the CLI imports study.
+"""
