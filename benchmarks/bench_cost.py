@@ -6,7 +6,7 @@ The profile is synthetic (100 layers, CNN-like sizes, a first layer without dgra
 is the median of repeated timings (timeit, best-of-loop per repeat, median over repeats). "warm" means the
 schedule's (q, g, samples) histogram is cached from an earlier call with the same schedule, steps, batch and
 dataset size -- what the planner and `cptsim cost` get when one schedule is costed on several profiles;
-"cold" includes generating the per-step bits (cptsim.schedules) and the histogram.
+"cold" includes generating the per-step bits (cptsim.cost.schedules) and the histogram.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import timeit
 
 import numpy as np
 
-from cptsim import cost as C
-from cptsim.hardware import load_profile
-from cptsim.profiler import LayerProfile, LayerRecord
-from cptsim.schedules import parse_schedule
+from cptsim.cost import model as C
+from cptsim.cost.hardware import load_profile
+from cptsim.measure.profiler import LayerProfile, LayerRecord
+from cptsim.cost.schedules import parse_schedule
 
 
 def synthetic_profile(layers: int, seed: int = 0) -> LayerProfile:
@@ -72,7 +72,7 @@ def main() -> None:
 
     est()()  # fill the histogram cache
     figures = [
-        ("schedule bits + grad_bits (cptsim.schedules)", _time(lambda: (sched.bits(T), sched.grad_bits(T)))),
+        ("schedule bits + grad_bits (cptsim.cost.schedules)", _time(lambda: (sched.bits(T), sched.grad_bits(T)))),
         ("(q, g, samples) histogram of those bits", _time(lambda: C.bits_histogram(q, g, B, N))),
         ("estimate, BitOPs only, warm", _time(est())),
         ("estimate, BitOPs only, cold", _time(cold())),

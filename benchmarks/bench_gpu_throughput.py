@@ -16,8 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
-from cptsim.gpu_calibration import ROWS, SOURCE, fit_tier_efficiency, modelled_throughput, resnet50_profile
-from cptsim.hardware import load_profile
+from cptsim.calibration.gpu import ROWS, SOURCE, fit_tier_efficiency, modelled_throughput, resnet50_profile
+from cptsim.cost.hardware import load_profile
 
 DEFAULT_PROFILE = Path(__file__).resolve().parents[1] / "tests" / "data" / "imagenet-resnet50-profile.json"
 

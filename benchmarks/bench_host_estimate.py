@@ -79,10 +79,10 @@ def main() -> int:
 
     tv_cifar.check_integrity = lambda fpath, md5=None: os.path.isfile(fpath)
 
-    from cptsim.calibrate import calibrate_host, write_host_profile
-    from cptsim.fit import RunSteps, fit_host, write_fitted_profile
-    from cptsim.runs import RunDir
-    from cptsim.train import TrainConfig, train
+    from cptsim.calibration.calibrate import calibrate_host, write_host_profile
+    from cptsim.calibration.fit import RunSteps, fit_host, write_fitted_profile
+    from cptsim.run.rundir import RunDir
+    from cptsim.run.train import TrainConfig, train
 
     t_start = time.perf_counter()
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))

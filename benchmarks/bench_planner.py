@@ -27,9 +27,9 @@ import json
 import statistics
 import time
 
-from cptsim import cost as cost_model
+from cptsim.cost import model as cost_model
 from cptsim.errors import InputError
-from cptsim.hardware import load_profile
+from cptsim.cost.hardware import load_profile
 from cptsim.planner.budget import parse_budget
 from cptsim.planner.evaluate import evaluate
 from cptsim.planner.select import select

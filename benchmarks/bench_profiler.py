@@ -24,9 +24,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cptsim.layers import quantize_model
+from cptsim.numerics.layers import quantize_model
 from cptsim.models import create_model
-from cptsim.profiler import MacCounter
+from cptsim.measure.profiler import MacCounter
 
 
 def _step(model, opt, x, y, counter=None) -> float:

@@ -7,7 +7,7 @@ Copies of the same model (one swapped to quantized layers at 8/8 bits, one plain
 on the same batch; the figure is median(quantized step) / median(FP32 step), and beside it the median of the
 rounds' own ratios. Alternating them, in an order that reverses every round (so that no copy always follows the
 same one), keeps a noisy shared machine from favouring either. The quantized model runs cptsim's CPU quantizer
-kernels (cptsim.ckernels) when they are built, which the output says; unless --no-eager, a third copy runs the
+kernels (cptsim.numerics.ckernels) when they are built, which the output says; unless --no-eager, a third copy runs the
 eager PyTorch quantizers (CPTSIM_CKERNELS=0 during its steps) in the same rounds, so the kernels' gain is measured
 side by side too. A breakdown splits the quantized step's extra time down by op: torch.profiler self-CPU time per
 aten op, quantized step minus FP32 step.
@@ -37,7 +37,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from cptsim.layers import quantize_model
+from cptsim.numerics.layers import quantize_model
 from cptsim.models import create_model
 
 
@@ -51,12 +51,12 @@ def _step(model, opt, x, y) -> float:
 
 
 class _CopyQuantizers:
-    """While active, cptsim.ckernels' quantizers are plain copies into the same outputs (the floor, see above)."""
+    """While active, cptsim.numerics.ckernels' quantizers are plain copies into the same outputs (the floor, see above)."""
 
     NAMES = ("fake_quant_rtn_tracked", "fake_quant_rtn", "fake_quant_sr", "fake_quant_rtn_channels")
 
     def __enter__(self):
-        from cptsim import ckernels
+        from cptsim.numerics import ckernels
 
         def copy(x, slot=None):
             x, out = ckernels._dense_in_out(x.detach(), slot)
@@ -101,7 +101,7 @@ def _breakdown(fp, opt_fp, q, opt_q, x, y, top: int = 8) -> dict[str, float]:
 def _memory_child(model: str, batch_size: int, bits: int, grad_bits: int, quantized: bool) -> None:
     """In a fresh process: one training step; prints the max RSS above the pre-step RSS, in MB."""
     torch.set_num_threads(1)
-    from cptsim import ckernels
+    from cptsim.numerics import ckernels
 
     ckernels.library()  # build/load the kernels before the baseline, as a training run has by its first step
     torch.manual_seed(0)
@@ -203,7 +203,7 @@ def main() -> None:
     opt_fl = torch.optim.SGD(fl.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(a.batch_size, *shape)
     y = torch.randint(0, 10, (a.batch_size,))
-    from cptsim import ckernels
+    from cptsim.numerics import ckernels
 
     kern = ckernels.status()
     floor = not a.no_floor and kern["in_use"]  # the floor stands in for the kernels: without them it means nothing
@@ -235,7 +235,7 @@ def main() -> None:
     res = {
         "model": a.model, "batch_size": a.batch_size, "bits": a.bits, "grad_bits": a.grad_bits,
         "threads": torch.get_num_threads(), "rounds": a.rounds,
-        "quantizers": "C kernels (cptsim.ckernels)" if kern["in_use"] else f"eager ({kern['why_not']})",
+        "quantizers": "C kernels (cptsim.numerics.ckernels)" if kern["in_use"] else f"eager ({kern['why_not']})",
         "fp32_step_ms": round(med_fp * 1e3, 2), "quant_step_ms": round(med_q * 1e3, 2),
         "ratio": round(med_q / med_fp, 3),
         "ratio_paired_median": round(statistics.median(q_ / f_ for f_, q_ in zip(t_fp, t_q)), 3),

@@ -20,9 +20,9 @@ import re
 from importlib import resources
 
 from cptsim.cli.profile_cmd import build_profile
-from cptsim.cost import estimate
-from cptsim.hardware import parse_profile
-from cptsim.schedules import parse_schedule
+from cptsim.cost.model import estimate
+from cptsim.cost.hardware import parse_profile
+from cptsim.cost.schedules import parse_schedule
 
 PROFILES = ("bitfusion", "stripes")
 WIDTHS = (32, 16, "operand")

@@ -8,11 +8,11 @@ import time
 
 import torch
 
-from cptsim.cost import estimate
-from cptsim.hardware import load_profile
-from cptsim.layers import quantize_model
+from cptsim.cost.model import estimate
+from cptsim.cost.hardware import load_profile
+from cptsim.numerics.layers import quantize_model
 from cptsim.models import create_model
-from cptsim.profiler import profile_model
+from cptsim.measure.profiler import profile_model
 
 dev = "cuda"
 print(torch.cuda.get_device_name(0), torch.__version__)
@@ -61,4 +61,4 @@ c = estimate(prof, {"batch_size": [B], "bits": [32], "grad_bits": [32]}, load_pr
 print(f"measured eager step (batch {B}, fp32): {eager_us:.0f} us; CUDA kernels/step {kernels:.0f}, "
       f"kernel busy time/step {busy_us:.0f} us")
 print(f"modelled on h100 profile: {c.latency_s['total'] * 1e6:.0f} us/step, "
-      f"{prof.ops.totals()['launches']:.0f} launches/step counted by cptsim.opcount")
+      f"{prof.ops.totals()['launches']:.0f} launches/step counted by cptsim.measure.opcount")

@@ -44,9 +44,9 @@ def main() -> int:
 
     from cptsim.planner import Workload, plan
     from cptsim.planner.space import parse_space
-    from cptsim.results import ResultsDB, workload_key
-    from cptsim.schedules import parse_schedule
-    from cptsim.sweep import sweep_report
+    from cptsim.study.results import ResultsDB, workload_key
+    from cptsim.cost.schedules import parse_schedule
+    from cptsim.study.sweep import sweep_report
 
     out = []
     with ResultsDB(args.db) as db:
@@ -73,8 +73,8 @@ def main() -> int:
                        for t in rep["schedules"]]}
             out.append(doc)
             if args.plot:
-                from cptsim.plots import sweep_figure
-                from cptsim.runs import atomic_write_bytes
+                from cptsim.study.plots import sweep_figure
+                from cptsim.run.rundir import atomic_write_bytes
 
                 Path(args.plot).mkdir(parents=True, exist_ok=True)
                 atomic_write_bytes(Path(args.plot) / f"quality-{key}.png", sweep_figure(rep))
