@@ -1,0 +1,930 @@
+#!/usr/bin/env python
+"""Time-boxed GPU measurements for cptsim issue 23 (per-op GPU time model), one JSON file out.
+
+    python benchmarks/gpu_measure.py --out FILE.json [--budget 330] [--sections a,b,d,c,e,b2]   # on a GPU machine
+    python benchmarks/gpu_measure.py --device cpu --quick --out /tmp/smoke.json                 # CPU smoke test
+
+Run from the cptsim repo root (for section d). Needs torch, timm, numpy; pynvml optional. No network.
+The H100 run of issue 23 is benchmarks/results/gpu23_H100.{json,log} (timm AMP training img/s, resnet20 steps,
+micro-benchmarks, NVML energy); benchmarks/bench_gpu_zoo.py --source h100-measured compares it with cptsim.
+Sections, in the order they run (each item guarded; every item's result or error or "skipped" goes in the JSON,
+which is rewritten after every item so a kill still leaves data):
+  a  device facts
+  b  timm training throughput, AMP fp16 (+GradScaler), NCHW and channels_last, 13 models at timm's 3090 batches
+  d  cptsim resnet20 batch 128 FP32 step, eager and CUDA-graphed
+  c  per-op microbenchmarks: kernel launch overhead, GEMM grid (fp16/bf16/tf32/fp32/int8), convs fwd/dgrad/wgrad,
+     memory-bound ops (achieved bytes/s)
+  e  NVML energy of a resnet50 AMP loop + idle power
+  b2 resnet50 / vit_base FP32 (default TF32 flags, TF32 on, strict FP32) if time is left
+Budget: the whole run (from process start) stays inside --budget seconds; each section has a latest end time that
+reserves the planned minimum of the sections after it, each item is skipped when its estimated cost no longer fits,
+and a SIGALRM per item bounds a hung item.
+--quick shrinks every size (for a CPU smoke test: --device cpu --quick); its figures mean nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+T0 = time.perf_counter()
+VERSION = "gpu23-measure 1"
+
+
+def say(msg=""):
+    print(f"[{time.perf_counter() - T0:6.1f}s] {msg}", flush=True)
+
+
+class ItemTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise ItemTimeout("item time limit reached")
+
+
+class Run:
+    def __init__(self, args):
+        self.args = args
+        self.deadline = T0 + args.budget
+        self.section_end = self.deadline
+        self.res = {"meta": {"script": VERSION, "argv": sys.argv, "budget_s": args.budget, "quick": args.quick,
+                             "device_arg": args.device, "started_unix": time.time(), "cwd": os.getcwd()},
+                    "device": {}, "timm_train": [], "resnet20": [], "launch": [], "gemm": [], "conv": [],
+                    "membw": [], "energy": {}, "skipped": [], "errors": [], "sections": []}
+
+    # -- bookkeeping ---------------------------------------------------------------------------------------------
+    def left(self):
+        return min(self.deadline, self.section_end) - time.perf_counter()
+
+    def flush(self):
+        self.res["meta"]["elapsed_s"] = round(time.perf_counter() - T0, 2)
+        tmp = self.args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.res, f, indent=1, default=str)
+        os.replace(tmp, self.args.out)
+
+    def section(self, name, reserve_after):
+        """Start a section: it must end reserve_after seconds before the global deadline."""
+        self.section_end = self.deadline - reserve_after
+        self.res["sections"].append({"name": name, "start_s": round(time.perf_counter() - T0, 2),
+                                     "latest_end_s": round(self.section_end - T0, 2)})
+        say(f"=== section {name} (has {self.left():.0f}s; {reserve_after:.0f}s kept for later sections)")
+
+    def end_section(self):
+        self.res["sections"][-1]["end_s"] = round(time.perf_counter() - T0, 2)
+        self.flush()
+
+    def item(self, key, est_s, fn, dest=None, limit_s=None):
+        """Run fn() if est_s fits; record result dict (or error/skip) into dest list; returns result or None."""
+        if self.left() < est_s:
+            self.res["skipped"].append({"item": key, "est_s": round(est_s, 2), "left_s": round(self.left(), 2)})
+            say(f"  skip {key} (needs ~{est_s:.1f}s, {self.left():.1f}s left)")
+            self.flush()
+            return None
+        lim = max(1.0, min(self.left(), limit_s if limit_s else 1e9))
+        t = time.perf_counter()
+        out = None
+        signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, lim)
+        try:
+            out = fn()
+        except BaseException as e:  # noqa: BLE001 - nothing may stop the run, but Ctrl-C still should
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            err = {"item": key, "error": f"{type(e).__name__}: {str(e)[:400]}",
+                   "trace": traceback.format_exc(limit=3)[-800:]}
+            self.res["errors"].append(err)
+            say(f"  ERROR {key}: {err['error'][:200]}")
+            out = None
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        dt = time.perf_counter() - t
+        if isinstance(out, dict):
+            out.setdefault("item", key)
+            out["wall_s"] = round(dt, 3)
+            if dest is not None:
+                dest.append(out)
+        self.flush()
+        return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+SECTIONS = set()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="gpu23_measure.json")
+    ap.add_argument("--budget", type=float, default=330.0, help="hard wall-clock budget in seconds (default 330)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    ap.add_argument("--steps", type=int, default=8, help="timed training steps per model (default 8)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--no-cudnn-benchmark", action="store_true", help="leave cudnn.benchmark False (timm sets True)")
+    ap.add_argument("--sections", default="a,b,d,c,e,b2", help="sections to run, in this order (default all)")
+    ap.add_argument("--models", default=None, help="timm models for section b, NAME:BATCH,... (default the list)")
+    ap.add_argument("--formats", default="nchw,nhwc", help="memory formats of section b; all models run in the "
+                    "first before any runs in the next")
+    ap.add_argument("--no-flops", action="store_true", help="skip the FLOP count of each timm model")
+    args = ap.parse_args()
+    global SECTIONS
+    SECTIONS = set(args.sections.split(","))
+    R = Run(args)
+    say(f"{VERSION}: budget {args.budget:.0f}s, device {args.device}, quick={args.quick}, out {args.out}")
+    import numpy  # noqa: F401
+    import torch
+    R.res["meta"]["import_torch_s"] = round(time.perf_counter() - T0, 2)
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        say("CUDA not available: nothing to measure on cuda")
+        R.res["errors"].append({"item": "init", "error": "torch.cuda.is_available() is False"})
+        R.flush()
+        return 2
+    torch.backends.cudnn.benchmark = not args.no_cudnn_benchmark
+    Q = args.quick
+
+    # planned minimum seconds of each section (full run on an H100; see the report for the estimate)
+    plan = {"a": 8, "b": 150, "d": 12, "c": 70, "e": 22} if not Q else {"a": 2, "b": 20, "d": 5, "c": 20, "e": 6}
+
+    # ---------------------------------------------------------------------------------------------- a. device
+    if "a" in SECTIONS:
+        R.section("a_device", plan["b"] + plan["d"] + plan["c"] + plan["e"])
+        R.item("device_facts", 0.5, lambda: device_facts(R, torch, dev))
+        say(f"  {json.dumps(R.res['device'])[:600]}")
+        R.end_section()
+
+    # ---------------------------------------------------------------------------------------------- b. timm AMP
+    if "b" in SECTIONS:
+        R.section("b_timm_amp", plan["d"] + plan["c"] + plan["e"])
+        section_timm(R, torch, dev, args, precisions=["amp"])
+        R.end_section()
+
+    # ---------------------------------------------------------------------------------------------- d. resnet20
+    if "d" in SECTIONS:
+        R.section("d_resnet20", plan["c"] + plan["e"])
+        section_resnet20(R, torch, dev, args)
+        R.end_section()
+
+    # ---------------------------------------------------------------------------------------------- c. micro
+    if "c" in SECTIONS:
+        R.section("c_microbench", plan["e"])
+        section_micro(R, torch, dev, args)
+        R.end_section()
+
+    # ---------------------------------------------------------------------------------------------- e. energy
+    if "e" in SECTIONS:
+        R.section("e_energy", 0)
+        section_energy(R, torch, dev, args)
+        R.end_section()
+
+    # ---------------------------------------------------------------------------------------------- b2. fp32
+    if "b2" in SECTIONS:
+        R.section("b2_timm_fp32", 0)
+        section_timm(R, torch, dev, args, precisions=["fp32_default", "tf32", "fp32_strict"])
+        R.end_section()
+
+    R.res["meta"]["finished"] = True
+    R.flush()
+    say(f"done: {len(R.res['errors'])} errors, {len(R.res['skipped'])} skipped; wrote {args.out}")
+    summary(R)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------------------------
+def sync(torch, dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+class Clock:
+    """CUDA events on a GPU, perf_counter on a CPU (the op has run when .elapsed() returns)."""
+
+    def __init__(self, torch, dev):
+        self.torch, self.dev, self.cuda = torch, dev, dev.type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            e = self.torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def ms(self, a, b):
+        if self.cuda:
+            b.synchronize()
+            return a.elapsed_time(b)
+        return (b - a) * 1e3
+
+
+def bench(torch, dev, fn, target_ms=1.0, reps=5, warmup=2, max_inner=100):
+    """Median ms per call: warm-up, size an inner loop to ~target_ms, `reps` event-timed repeats."""
+    for _ in range(warmup):
+        fn()
+    sync(torch, dev)
+    clk = Clock(torch, dev)
+    a = clk.mark()
+    fn()
+    b = clk.mark()
+    one = max(clk.ms(a, b), 1e-3)
+    inner = int(max(1, min(max_inner, math.ceil(target_ms / one))))
+    ts = []
+    for _ in range(reps):
+        a = clk.mark()
+        for _ in range(inner):
+            fn()
+        b = clk.mark()
+        ts.append(clk.ms(a, b) / inner)
+    return {"ms": statistics.median(ts), "ms_min": min(ts), "inner": inner, "reps": reps}
+
+
+def device_facts(R, torch, dev):
+    d = R.res["device"]
+    d.update({"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+              "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+              "matmul_allow_tf32_default": torch.backends.cuda.matmul.allow_tf32,
+              "cudnn_allow_tf32_default": torch.backends.cudnn.allow_tf32,
+              "float32_matmul_precision": torch.get_float32_matmul_precision(),
+              "cudnn_benchmark_used": torch.backends.cudnn.benchmark, "host": platform.node(),
+              "cpu_count": os.cpu_count()})
+    for k in ("fp32_precision",):
+        try:
+            d["cudnn_conv_fp32_precision"] = torch.backends.cudnn.conv.fp32_precision
+            d["cuda_matmul_fp32_precision"] = torch.backends.cuda.matmul.fp32_precision
+        except Exception:  # older/newer torch without the new API
+            pass
+    try:
+        import timm
+        d["timm"] = timm.__version__
+    except Exception as e:
+        d["timm"] = f"unavailable: {e}"
+    if dev.type == "cuda":
+        p = torch.cuda.get_device_properties(dev)
+        d.update({"name": p.name, "sm_count": p.multi_processor_count, "total_memory_bytes": p.total_memory,
+                  "capability": f"{p.major}.{p.minor}"})
+        for attr in ("L2_cache_size", "l2_cache_size", "max_threads_per_multi_processor", "regs_per_multiprocessor",
+                     "shared_memory_per_multiprocessor", "clock_rate", "memory_clock_rate", "memory_bus_width"):
+            if hasattr(p, attr):
+                d[attr] = getattr(p, attr)
+        try:
+            q = ("name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit,"
+                 "power.max_limit,power.draw,temperature.gpu,pstate,clocks_event_reasons.active")
+            out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=10)
+            if out.returncode != 0:  # an older driver may not know a field: retry with the basic ones
+                q = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit"
+                out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
+                                     capture_output=True, text=True, timeout=10)
+            d["nvidia_smi_query"] = q
+            d["nvidia_smi"] = out.stdout.strip() or out.stderr.strip()[:300]
+        except Exception as e:
+            d["nvidia_smi"] = f"error: {e}"
+    else:
+        d["name"] = platform.processor() or "cpu"
+        d["torch_threads"] = torch.get_num_threads()
+    return None
+
+
+# ------------------------------------------------------------------------------------------------------------------
+TIMM_MODELS = [("resnet18", 512), ("resnet50", 256), ("resnet101", 256), ("resnext50_32x4d", 384),
+               ("wide_resnet50_2", 384), ("densenet121", 256), ("efficientnet_b0", 384),
+               ("mobilenetv3_large_100", 512), ("regnety_016", 512), ("convnext_tiny", 256),
+               ("vit_small_patch16_224", 384), ("vit_base_patch16_224", 192), ("mixer_b16_224", 256)]
+TIMM_QUICK = [("resnet18", 4), ("mobilenetv3_large_100", 4), ("vit_small_patch16_224", 4)]
+FP32_MODELS = [("resnet50", 256), ("vit_base_patch16_224", 192)]
+
+
+def count_flops(torch, model, x):
+    """Forward MACs and fwd+bwd FLOPs per sample (torch.utils.flop_counter; FP32, batch of x)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    fc = FlopCounterMode(display=False)
+    with fc:
+        out = model(x)
+        if isinstance(out, (tuple, list)):
+            out = out[0]
+        fwd = fc.get_total_flops()
+        out.float().sum().backward()
+        tot = fc.get_total_flops()
+    model.zero_grad(set_to_none=True)
+    n = x.shape[0]
+    return {"fwd_macs_per_sample": fwd / 2 / n, "train_flops_per_sample": tot / n}
+
+
+def timm_step_factory(torch, model, opt, scaler, x, y, precision, dev, clk, marks):
+    import torch.nn.functional as F
+    amp = precision == "amp"
+
+    def step():
+        m0 = clk.mark()
+        opt.zero_grad(set_to_none=False)
+        with torch.autocast(dev.type, dtype=torch.float16 if dev.type == "cuda" else torch.bfloat16, enabled=amp):
+            out = model(x)
+            if isinstance(out, (tuple, list)):
+                out = out[0]
+            loss = F.cross_entropy(out, y)
+        m1 = clk.mark()
+        scaler.scale(loss).backward() if scaler is not None else loss.backward()
+        m2 = clk.mark()
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        m3 = clk.mark()
+        marks.append((m0, m1, m2, m3))
+    return step
+
+
+def run_timm(R, torch, dev, args, name, batch, fmt, precision, model_cache):
+    import timm
+    Q = args.quick
+    img = 64 if Q else 224
+    kw = {"img_size": img} if (Q and (name.startswith("vit") or name.startswith("mixer"))) else {}
+    rec = {"model": name, "format": fmt, "precision": precision, "batch_requested": batch, "img_size": img,
+           "optimizer": "SGD(lr=1e-4, momentum=0.9, nesterov=True, wd=0, foreach default)",
+           "zero_grad": "set_to_none=False", "grad_scaler": precision == "amp" and dev.type == "cuda",
+           "cudnn_benchmark": torch.backends.cudnn.benchmark}
+    if precision in ("fp32_default", "tf32", "fp32_strict"):
+        mm, cd = {"fp32_default": (False, True), "tf32": (True, True), "fp32_strict": (False, False)}[precision]
+        torch.backends.cuda.matmul.allow_tf32 = mm
+        torch.backends.cudnn.allow_tf32 = cd
+    rec["matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
+    rec["cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32
+    try:
+        if name not in model_cache:
+            model_cache.clear()
+            t = time.perf_counter()
+            m = timm.create_model(name, pretrained=False, **kw)
+            m = m.to(dev).train()
+            model_cache[name] = m
+            rec["create_s"] = round(time.perf_counter() - t, 2)
+            rec["param_count"] = sum(p.numel() for p in m.parameters())
+            try:
+                if (R.left() > 20 or Q) and not args.no_flops:
+                    xf = torch.randn(2, 3, img, img, device=dev)
+                    rec.update(count_flops(torch, m, xf))
+            except Exception as e:
+                rec["flops_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        model = model_cache[name]
+        model = model.to(memory_format=torch.channels_last if fmt == "nhwc" else torch.contiguous_format)
+        b = batch
+        while b >= 1:
+            marks = []
+            try:
+                x = torch.randn(b, 3, img, img, device=dev)
+                if fmt == "nhwc":
+                    x = x.contiguous(memory_format=torch.channels_last)
+                y = torch.randint(0, 1000, (b,), device=dev)
+                opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, nesterov=True, weight_decay=0)
+                scaler = torch.amp.GradScaler("cuda") if (precision == "amp" and dev.type == "cuda") else None
+                clk = Clock(torch, dev)
+                step = timm_step_factory(torch, model, opt, scaler, x, y, precision, dev, clk, marks)
+                tw = time.perf_counter()
+                for _ in range(args.warmup):
+                    step()
+                sync(torch, dev)
+                rec["warmup_s"] = round(time.perf_counter() - tw, 3)
+                one = (time.perf_counter() - tw) / max(1, args.warmup)
+                n = args.steps if not Q else 2
+                if R.left() < one * n + 1:
+                    n = max(2, int((R.left() - 1) / max(one, 1e-3)))
+                    rec["steps_cut_to_fit"] = True
+                marks.clear()
+                tt = time.perf_counter()
+                for _ in range(n):
+                    step()
+                sync(torch, dev)
+                wall = time.perf_counter() - tt
+                break
+            except torch.OutOfMemoryError:
+                del marks
+                opt = scaler = x = y = step = None  # noqa: F841
+                model.zero_grad(set_to_none=True)
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+                say(f"  OOM at batch {b}, halving")
+                rec.setdefault("oom_batches", []).append(b)
+                b //= 2
+        else:
+            raise RuntimeError("OOM down to batch 1")
+        st = [clk.ms(m0, m3) for (m0, m1, m2, m3) in marks]
+        rec.update({"batch": b, "timed_steps": len(st), "step_ms_median": statistics.median(st),
+                    "step_ms_all": [round(s, 3) for s in st],
+                    "fwd_ms_median": statistics.median(clk.ms(a, b_) for (a, b_, _, _) in marks),
+                    "bwd_ms_median": statistics.median(clk.ms(b_, c) for (_, b_, c, _) in marks),
+                    "opt_ms_median": statistics.median(clk.ms(c, d) for (_, _, c, d) in marks),
+                    "img_per_s_median": b / (statistics.median(st) / 1e3), "img_per_s_wall": b * len(st) / wall})
+        if dev.type == "cuda":
+            rec["max_mem_alloc_bytes"] = torch.cuda.max_memory_allocated(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+        say(f"  {name:24s} {fmt} {precision:12s} b{b:4d}: {rec['img_per_s_median']:9.1f} img/s "
+            f"(step {rec['step_ms_median']:.2f} ms; fwd {rec['fwd_ms_median']:.1f} bwd {rec['bwd_ms_median']:.1f} "
+            f"opt {rec['opt_ms_median']:.1f})")
+        return rec
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = R.res["device"].get("matmul_allow_tf32_default", False)
+        torch.backends.cudnn.allow_tf32 = R.res["device"].get("cudnn_allow_tf32_default", True)
+
+
+def section_timm(R, torch, dev, args, precisions):
+    models = TIMM_QUICK if args.quick else (TIMM_MODELS if precisions == ["amp"] else FP32_MODELS)
+    if args.models and precisions == ["amp"]:
+        models = [(m.split(":")[0], int(m.split(":")[1])) for m in args.models.split(",")]
+    fmts = args.formats.split(",") if precisions == ["amp"] else ["nchw"]
+    cache = {}
+    est = 2.0 if args.quick else 5.0
+    for fmt in fmts:  # every model in one format before the next: a cut-off run still has one whole table
+        for name, batch in models:
+            for prec in precisions:
+                r = R.item(f"timm:{name}:{fmt}:{prec}", est,
+                           lambda: run_timm(R, torch, dev, args, name, batch, fmt, prec, cache),
+                           dest=R.res["timm_train"], limit_s=60)
+                if r is not None:  # next item of similar size: keep est near the largest seen
+                    est = max(2.0 if args.quick else 4.0, min(20.0, 0.8 * r["wall_s"]))
+            if dev.type == "cuda":
+                cache.clear()
+                torch.cuda.empty_cache()
+    cache.clear()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+def cifar_resnet20(torch):
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.b1 = nn.BatchNorm2d(cout)
+            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.b2 = nn.BatchNorm2d(cout)
+            self.sc = None
+            if stride != 1 or cin != cout:
+                self.sc = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            o = F.relu(self.b1(self.c1(x)))
+            o = self.b2(self.c2(o))
+            return F.relu(o + (x if self.sc is None else self.sc(x)))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 16, 3, 1, 1, bias=False)
+            self.bn = nn.BatchNorm2d(16)
+            layers, cin = [], 16
+            for cout, stride in ((16, 1), (32, 2), (64, 2)):
+                for i in range(3):
+                    layers.append(Block(cin, cout, stride if i == 0 else 1))
+                    cin = cout
+            self.layers = nn.Sequential(*layers)
+            self.fc = nn.Linear(64, 10)
+
+        def forward(self, x):
+            x = self.layers(F.relu(self.bn(self.conv(x))))
+            return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+    return Net()
+
+
+def run_resnet20(R, torch, dev, args, graphed, cudnn_bench):
+    import torch.nn.functional as F
+    src = "cptsim.models.create_model('resnet20', num_classes=10, in_channels=3)"
+    try:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        from cptsim.models import create_model
+        net = create_model("resnet20", num_classes=10, in_channels=3)
+    except Exception as e:
+        src = f"local CIFAR ResNet-20 (cptsim import failed: {type(e).__name__}: {str(e)[:150]})"
+        net = cifar_resnet20(torch)
+    old = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = cudnn_bench
+    try:
+        net = net.to(dev).train()
+        B = 8 if args.quick else 128
+        x = torch.randn(B, 3, 32, 32, device=dev)
+        y = torch.randint(0, 10, (B,), device=dev)
+        opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            F.cross_entropy(net(x), y).backward()
+            opt.step()
+
+        n_warm, n = (2, 3) if args.quick else (5, 40)
+        rec = {"model_source": src, "batch": B, "precision": "fp32 (cudnn allow_tf32 default)",
+               "graphed": graphed, "cudnn_benchmark": cudnn_bench,
+               "optimizer": "SGD(lr=0.01, momentum=0.9, wd=5e-4), zero_grad(set_to_none=False)",
+               "params": sum(p.numel() for p in net.parameters())}
+        if graphed and dev.type == "cuda":
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(n_warm):
+                    step()
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                step()
+            run = g.replay
+        else:
+            if graphed:
+                rec["note"] = "CUDA graphs need cuda: ran eager"
+            run = step
+            for _ in range(n_warm):
+                run()
+        sync(torch, dev)
+        clk = Clock(torch, dev)
+        ts, hs = [], []
+        for _ in range(n):
+            h = time.perf_counter()
+            a = clk.mark()
+            run()
+            b = clk.mark()
+            hs.append((time.perf_counter() - h) * 1e3)
+            ts.append(clk.ms(a, b))   # syncs each step, as a loss read each step would
+        tw = time.perf_counter()
+        for _ in range(n):
+            run()
+        sync(torch, dev)
+        rec.update({"step_ms_median": statistics.median(ts), "step_ms_min": min(ts),
+                    "host_enqueue_ms_median": statistics.median(hs),
+                    "step_ms_back_to_back": (time.perf_counter() - tw) * 1e3 / n, "steps": n})
+        say(f"  resnet20 b{B} fp32 graphed={graphed} cudnn.benchmark={cudnn_bench}: median {rec['step_ms_median']:.3f} ms"
+            f" (back-to-back {rec['step_ms_back_to_back']:.3f} ms, host enqueue {rec['host_enqueue_ms_median']:.3f} ms)")
+        return rec
+    finally:
+        torch.backends.cudnn.benchmark = old
+
+
+def section_resnet20(R, torch, dev, args):
+    for graphed in (False, True):
+        for cb in (False, True):
+            R.item(f"resnet20:graphed={graphed}:cudnn_benchmark={cb}", 2.0,
+                   lambda: run_resnet20(R, torch, dev, args, graphed, cb), dest=R.res["resnet20"], limit_s=30)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+GEMM_SHAPES = [(s, s, s) for s in (64, 128, 256, 512, 1024, 2048, 4096, 8192)] + [
+    (1000, 1000, 1000), (3000, 3000, 3000), (4097, 4097, 4097), (777, 1234, 999),
+    (37824, 768, 768), (37824, 2304, 768), (37824, 3072, 768), (37824, 768, 3072),      # ViT-B/16 b192 tokens
+    (8192, 64, 8192), (64, 8192, 8192), (8192, 8192, 64), (16, 4096, 4096), (512, 4096, 4096),
+    (128, 1000, 2048), (256, 1000, 2048), (128, 10, 64), (32768, 64, 64),
+    (131072, 16, 144), (131072, 64, 576), (196608, 384, 196), (768, 768, 37824)]       # im2col-like, mixer, wgrad
+GEMM_QUICK = [(64, 64, 64), (128, 96, 72), (100, 10, 64)]
+
+# (N, C, H, W, K, R, stride, pad, groups, label)
+CONV_SHAPES = [
+    (128, 3, 32, 32, 16, 3, 1, 1, 1, "cifar_stem"), (128, 16, 32, 32, 16, 3, 1, 1, 1, "cifar_s1"),
+    (128, 32, 16, 16, 32, 3, 1, 1, 1, "cifar_s2"), (128, 64, 8, 8, 64, 3, 1, 1, 1, "cifar_s3"),
+    (128, 16, 32, 32, 32, 3, 2, 1, 1, "cifar_down"),
+    (128, 3, 224, 224, 64, 7, 2, 3, 1, "r50_stem7x7"), (128, 256, 56, 56, 64, 1, 1, 0, 1, "r50_res2_1x1_reduce"),
+    (128, 64, 56, 56, 64, 3, 1, 1, 1, "r50_res2_3x3"), (128, 64, 56, 56, 256, 1, 1, 0, 1, "r50_res2_1x1_expand"),
+    (128, 128, 28, 28, 128, 3, 1, 1, 1, "r50_res3_3x3"), (128, 256, 14, 14, 256, 3, 1, 1, 1, "r50_res4_3x3"),
+    (128, 512, 7, 7, 512, 3, 1, 1, 1, "r50_res5_3x3"), (128, 1024, 14, 14, 256, 1, 1, 0, 1, "r50_res4_1x1"),
+    (128, 128, 56, 56, 128, 3, 2, 1, 1, "r50_3x3_stride2"),
+    (128, 96, 56, 56, 96, 3, 1, 1, 96, "dw3x3_56"), (128, 384, 14, 14, 384, 3, 1, 1, 384, "dw3x3_14"),
+    (128, 96, 56, 56, 96, 7, 1, 3, 96, "dw7x7_convnext"), (128, 128, 56, 56, 128, 3, 1, 1, 32, "grouped32_resnext_56"),
+    (128, 512, 14, 14, 512, 3, 1, 1, 32, "grouped32_resnext_14")]
+CONV_QUICK = [(2, 16, 8, 8, 16, 3, 1, 1, 1, "q3x3"), (2, 8, 8, 8, 8, 3, 1, 1, 8, "qdw")]
+
+
+def gemm_item(torch, dev, M, N, K, dt):
+    rec = {"M": M, "N": N, "K": K, "dtype": dt}
+    if dt == "int8":
+        a = torch.randint(-8, 8, (M, K), device=dev, dtype=torch.int8)
+        b = torch.randint(-8, 8, (K, N), device=dev, dtype=torch.int8)
+        fn = lambda: torch._int_mm(a, b)  # noqa: E731
+        ebytes, obytes = 1, 4
+    else:
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}[dt]
+        if dev.type == "cpu" and dtype == torch.float16:
+            dtype = torch.bfloat16
+        a = torch.randn(M, K, device=dev, dtype=dtype)
+        b = torch.randn(K, N, device=dev, dtype=dtype)
+        fn = lambda: torch.mm(a, b)  # noqa: E731
+        ebytes = obytes = a.element_size()
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dt == "tf32"
+    try:
+        r = bench(torch, dev, fn)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    rec.update(r)
+    rec["torch_dtype"] = str(a.dtype)
+    rec["tflops"] = 2 * M * N * K / (r["ms"] * 1e-3) / 1e12
+    rec["min_bytes"] = ebytes * (M * K + K * N) + obytes * M * N
+    return rec
+
+
+def conv_item(torch, dev, shape, dt, fmt):
+    N, C, H, W, K, Rk, st, pad, g, label = shape
+    dtype = {"fp16": torch.float16, "fp32": torch.float32}[dt]
+    if dev.type == "cpu" and dtype == torch.float16:
+        dtype = torch.bfloat16
+    mf = torch.channels_last if fmt == "nhwc" else torch.contiguous_format
+    x = torch.randn(N, C, H, W, device=dev, dtype=dtype).contiguous(memory_format=mf)
+    w = torch.randn(K, C // g, Rk, Rk, device=dev, dtype=dtype).contiguous(memory_format=mf)
+    conv = torch.ops.aten.convolution
+    y = conv(x, w, None, [st, st], [pad, pad], [1, 1], False, [0, 0], g)
+    dy = torch.randn_like(y)
+    P, Qo = y.shape[2], y.shape[3]
+    macs = N * K * P * Qo * (C // g) * Rk * Rk
+    rec = {"label": label, "N": N, "C": C, "H": H, "W": W, "K": K, "R": Rk, "stride": st, "pad": pad, "groups": g,
+           "dtype": dt, "format": fmt, "P": P, "Q": Qo, "macs": macs,
+           "bytes_x": x.numel() * x.element_size(), "bytes_w": w.numel() * w.element_size(),
+           "bytes_y": y.numel() * y.element_size(), "torch_dtype": str(dtype), "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32}
+    cb = torch.ops.aten.convolution_backward
+    fns = {"fwd": lambda: conv(x, w, None, [st, st], [pad, pad], [1, 1], False, [0, 0], g),
+           "dgrad": lambda: cb(dy, x, w, None, [st, st], [pad, pad], [1, 1], False, [0, 0], g, [True, False, False]),
+           "wgrad": lambda: cb(dy, x, w, None, [st, st], [pad, pad], [1, 1], False, [0, 0], g, [False, True, False])}
+    for k, fn in fns.items():
+        try:
+            r = bench(torch, dev, fn, reps=4)
+            rec[f"{k}_ms"] = r["ms"]
+            rec[f"{k}_tmacs"] = macs / (r["ms"] * 1e-3) / 1e12
+        except Exception as e:
+            rec[f"{k}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    return rec
+
+
+def membw_items(torch, dev, n, dt):
+    """(name, fn, nominal_bytes) for memory-bound ops on n elements of dtype dt."""
+    import torch.nn.functional as F
+    dtype = {"fp16": torch.float16, "fp32": torch.float32}[dt]
+    if dev.type == "cpu" and dtype == torch.float16:
+        dtype = torch.bfloat16
+    e = torch.tensor([], dtype=dtype).element_size()
+    x = torch.randn(n, device=dev, dtype=dtype)
+    y = torch.randn(n, device=dev, dtype=dtype)
+    out = torch.empty_like(x)
+    items = [("copy", lambda: out.copy_(x), 2 * n * e), ("add", lambda: torch.add(x, y, out=out), 3 * n * e),
+             ("mul", lambda: torch.mul(x, y, out=out), 3 * n * e), ("relu", lambda: torch.relu(x), 2 * n * e),
+             ("relu_", lambda: out.relu_(), 2 * n * e), ("gelu", lambda: F.gelu(x), 2 * n * e),
+             ("sum", lambda: x.sum(), n * e)]
+    C = 64
+    hw = max(1, n // (C * 32))
+    side = max(1, int(math.sqrt(hw)))
+    B4 = max(2, n // (C * side * side))
+    x4 = torch.randn(B4, C, side, side, device=dev, dtype=dtype, requires_grad=True)
+    n4 = x4.numel()
+    wgt = torch.ones(C, device=dev, dtype=dtype, requires_grad=True)
+    bia = torch.zeros(C, device=dev, dtype=dtype, requires_grad=True)
+    rm, rv = torch.zeros(C, device=dev, dtype=dtype), torch.ones(C, device=dev, dtype=dtype)
+    def bn_fwd():
+        with torch.no_grad():
+            return F.batch_norm(x4, rm, rv, wgt, bia, True)
+    items.append(("batch_norm_fwd_train", bn_fwd, 2 * n4 * e))
+    yb = F.batch_norm(x4, rm, rv, wgt, bia, True)
+    gb = torch.randn_like(yb)
+    items.append(("batch_norm_fwd_bwd_train",
+                  lambda: torch.autograd.grad(F.batch_norm(x4, rm, rv, wgt, bia, True), (x4, wgt, bia), gb),
+                  5 * n4 * e))
+    xp = x[: max(1, n // 49) * 49].view(1, -1, 7, 7)
+    items.append(("adaptive_avg_pool_7to1", lambda: F.adaptive_avg_pool2d(xp, 1), xp.numel() * e))
+    D = 768
+    rows = max(1, n // D)
+    x2 = x[: rows * D].view(rows, D)
+    lw, lb = torch.ones(D, device=dev, dtype=dtype), torch.zeros(D, device=dev, dtype=dtype)
+    items.append(("layer_norm_fwd", lambda: F.layer_norm(x2, (D,), lw, lb), 2 * rows * D * e))
+    xs = x[: (n // 1024) * 1024].view(-1, 1024) if n >= 1024 else x.view(1, -1)
+    items.append(("softmax_fwd", lambda: torch.softmax(xs, -1), 2 * xs.numel() * e))
+    # SGD momentum + wd over 160 fp32 tensors totalling n (ResNet-50 has 161 parameter tensors)
+    if dt == "fp32":
+        nt = 160
+        ps = [torch.randn(max(1, n // nt), device=dev, requires_grad=True) for _ in range(nt)]
+        for p in ps:
+            p.grad = torch.randn_like(p)
+        tot = sum(p.numel() for p in ps)
+        for mode in ("foreach", "forloop", "fused"):
+            try:
+                kw = {"foreach": mode == "foreach"} if mode != "fused" else {"fused": True}
+                o = torch.optim.SGD(ps, lr=1e-3, momentum=0.9, weight_decay=1e-4, **kw)
+                o.step()
+                items.append((f"sgd_momentum_{mode}_160t", o.step, 5 * tot * 4))  # read p,g,buf; write p,buf
+            except Exception:
+                pass
+    return items
+
+
+def section_micro(R, torch, dev, args):
+    Q = args.quick
+    cuda = dev.type == "cuda"
+    # -- launch overhead
+    def launch():
+        t = torch.zeros(1, device=dev)
+        nk = 200 if Q else 2000
+        for _ in range(20):
+            t.add_(1)
+        sync(torch, dev)
+        h = time.perf_counter()
+        for _ in range(nk):
+            t.add_(1)
+        host = time.perf_counter() - h
+        sync(torch, dev)
+        total = time.perf_counter() - h
+        rec = {"kernels": nk, "eager_host_us_per_kernel": host / nk * 1e6, "eager_total_us_per_kernel": total / nk * 1e6}
+        h = time.perf_counter()
+        for _ in range(50):
+            sync(torch, dev)
+        rec["sync_roundtrip_us"] = (time.perf_counter() - h) / 50 * 1e6
+        if cuda:
+            g = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                t.add_(1)
+            torch.cuda.current_stream().wait_stream(s)
+            with torch.cuda.graph(g):
+                for _ in range(nk):
+                    t.add_(1)
+            g.replay()
+            sync(torch, dev)
+            clk = Clock(torch, dev)
+            ts = []
+            for _ in range(5):
+                a = clk.mark()
+                g.replay()
+                b = clk.mark()
+                ts.append(clk.ms(a, b))
+            rec["graph_us_per_kernel"] = statistics.median(ts) * 1e3 / nk
+            h = time.perf_counter()
+            g.replay()
+            rec["graph_replay_host_us"] = (time.perf_counter() - h) * 1e6
+            sync(torch, dev)
+            # eager GPU-side time per kernel (event-timed, host-bound if dispatch is slower than the kernel)
+            a = clk.mark()
+            for _ in range(nk):
+                t.add_(1)
+            b = clk.mark()
+            rec["eager_gpu_us_per_kernel"] = clk.ms(a, b) * 1e3 / nk
+        say(f"  launch: {json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in rec.items()})}")
+        return rec
+    R.item("launch_overhead", 1.0, launch, dest=R.res["launch"], limit_s=20)
+
+    # -- GEMMs: fp16/bf16 first, then tf32, fp32, int8
+    shapes = GEMM_QUICK if Q else GEMM_SHAPES
+    for dt in ("fp16", "bf16", "tf32", "fp32", "int8"):
+        if dt == "int8" and not cuda:
+            R.res["skipped"].append({"item": "gemm:int8", "why": "torch._int_mm needs CUDA"})
+            continue
+        n_ok = 0
+        t = time.perf_counter()
+        for (M, N, K) in shapes:
+            est = 0.05 if Q else (0.5 if max(M, N, K) >= 8192 and dt in ("fp32",) else 0.15)
+            r = R.item(f"gemm:{dt}:{M}x{N}x{K}", est, lambda: gemm_item(torch, dev, M, N, K, dt),
+                       dest=R.res["gemm"], limit_s=10)
+            n_ok += r is not None
+        best = max((g["tflops"] for g in R.res["gemm"] if g["dtype"] == dt), default=0)
+        say(f"  gemm {dt}: {n_ok}/{len(shapes)} shapes in {time.perf_counter() - t:.1f}s, best {best:.1f} TFLOPS")
+
+    # -- memory-bound ops (before fp32 convs: cheaper and needed for every network)
+    def conv_block(dt):
+        t = time.perf_counter()
+        n_ok = 0
+        for fmt in ("nchw", "nhwc"):
+            for sh in (CONV_QUICK if Q else CONV_SHAPES):
+                r = R.item(f"conv:{dt}:{fmt}:{sh[-1]}", 0.1 if Q else 0.8, lambda: conv_item(torch, dev, sh, dt, fmt),
+                           dest=R.res["conv"], limit_s=15)
+                n_ok += r is not None
+                if r is not None and not Q:
+                    say(f"    conv {dt} {fmt} {sh[-1]:22s} fwd {r.get('fwd_ms', float('nan')):7.3f} ms "
+                        f"dgrad {r.get('dgrad_ms', float('nan')):7.3f} wgrad {r.get('wgrad_ms', float('nan')):7.3f}"
+                        f"  ({r.get('fwd_tmacs', 0):.1f} TMAC/s fwd)")
+        say(f"  conv {dt}: {n_ok} items in {time.perf_counter() - t:.1f}s")
+
+    conv_block("fp16")
+    sizes = (10_000, 100_000) if Q else (100_000, 1_000_000, 10_000_000, 100_000_000)
+    t = time.perf_counter()
+    for dt in ("fp32", "fp16"):
+        for n in sizes:
+            def one(n=n, dt=dt):
+                recs = []
+                for name, fn, nbytes in membw_items(torch, dev, n, dt):
+                    try:
+                        r = bench(torch, dev, fn, reps=5, target_ms=0.5)
+                        recs.append({"op": name, "n": n, "dtype": dt, "nominal_bytes": nbytes, **r, "cpu_bf16": dev.type == "cpu" and dt == "fp16",
+                                     "gb_per_s": nbytes / (r["ms"] * 1e-3) / 1e9})
+                    except Exception as e:
+                        recs.append({"op": name, "n": n, "dtype": dt, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+                R.res["membw"].extend(recs)
+                return {"n": n, "dtype": dt, "ops": len(recs)}
+            R.item(f"membw:{dt}:{n}", 0.2 if Q else (3.0 if n >= 10**8 else 1.0), one, limit_s=30)
+        if cuda:
+            torch.cuda.empty_cache()
+    big = [m for m in R.res["membw"] if m.get("n") == max(sizes) and "gb_per_s" in m]
+    say(f"  membw: {len(R.res['membw'])} op-size points in {time.perf_counter() - t:.1f}s; at n={max(sizes)}: " +
+        ", ".join(f"{m['op']}/{m['dtype']} {m['gb_per_s']:.0f}" for m in big[:20]) + " GB/s")
+    conv_block("fp32")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+def section_energy(R, torch, dev, args):
+    E = R.res["energy"]
+    if dev.type != "cuda":
+        E["skipped"] = "NVML needs cuda"
+    nv = h = None
+    if dev.type == "cuda":
+        try:
+            import pynvml as nv
+            nv.nvmlInit()
+            h = nv.nvmlDeviceGetHandleByIndex(dev.index or 0)
+            E["power_limit_w"] = nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1e3
+        except Exception as e:
+            E["nvml_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            nv = None
+
+    def energy_mj():
+        return nv.nvmlDeviceGetTotalEnergyConsumption(h) if nv else None
+
+    def idle():
+        sync(torch, dev)
+        dur = 0.5 if args.quick else 2.0
+        e0, t0 = energy_mj(), time.perf_counter()
+        samples = []
+        while time.perf_counter() - t0 < dur:
+            if nv:
+                samples.append(nv.nvmlDeviceGetPowerUsage(h) / 1e3)
+            time.sleep(0.1)
+        e1, t1 = energy_mj(), time.perf_counter()
+        rec = {"seconds": t1 - t0, "power_samples_w": samples}
+        if e0 is not None:
+            rec["joules"] = (e1 - e0) / 1e3
+            rec["mean_power_w"] = rec["joules"] / (t1 - t0)
+        E["idle"] = rec
+        say(f"  idle: {rec.get('mean_power_w', 'n/a')} W")
+        return rec
+    R.item("energy:idle", 1.0 if args.quick else 2.5, idle, limit_s=10)
+
+    def loop():
+        import timm
+        import torch.nn.functional as F
+        name, B = ("resnet18", 4) if args.quick else ("resnet50", 256)
+        img = 64 if args.quick else 224
+        m = timm.create_model(name, pretrained=False).to(dev).train()
+        x = torch.randn(B, 3, img, img, device=dev)
+        y = torch.randint(0, 1000, (B,), device=dev)
+        opt = torch.optim.SGD(m.parameters(), lr=1e-4, momentum=0.9, nesterov=True)
+        scaler = torch.amp.GradScaler("cuda") if dev.type == "cuda" else None
+        adt = torch.float16 if dev.type == "cuda" else torch.bfloat16
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            with torch.autocast(dev.type, dtype=adt):
+                loss = F.cross_entropy(m(x), y)
+            if scaler:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+        for _ in range(3):
+            step()
+        sync(torch, dev)
+        dur = 1.0 if args.quick else min(15.0, max(3.0, R.left() - 4.0))
+        e0, t0 = energy_mj(), time.perf_counter()
+        n, samples, last = 0, [], t0
+        while time.perf_counter() - t0 < dur:
+            step()
+            n += 1
+            if nv and time.perf_counter() - last > 0.25:
+                sync(torch, dev)
+                samples.append(nv.nvmlDeviceGetPowerUsage(h) / 1e3)
+                last = time.perf_counter()
+        sync(torch, dev)
+        e1, t1 = energy_mj(), time.perf_counter()
+        rec = {"model": name, "batch": B, "format": "nchw", "precision": "amp", "steps": n, "seconds": t1 - t0,
+               "step_ms_mean": (t1 - t0) / n * 1e3, "power_samples_w": samples}
+        if e0 is not None:
+            rec["joules"] = (e1 - e0) / 1e3
+            rec["joules_per_step"] = rec["joules"] / n
+            rec["mean_power_w"] = rec["joules"] / (t1 - t0)
+        E["train_loop"] = rec
+        say(f"  energy loop {name} b{B}: {n} steps in {t1 - t0:.1f}s, {rec.get('joules_per_step', 'n/a')} J/step, "
+            f"{rec.get('mean_power_w', 'n/a')} W")
+        return rec
+    R.item("energy:train_loop", 2.0 if args.quick else 8.0, loop, limit_s=40)
+
+
+def summary(R):
+    say("summary: timm training img/s (median step)")
+    for r in R.res["timm_train"]:
+        say(f"  {r['model']:24s} {r['format']} {r['precision']:12s} b{r.get('batch', 0):4d} "
+            f"{r.get('img_per_s_median', float('nan')):9.1f}")
+    for r in R.res["resnet20"]:
+        say(f"  resnet20 graphed={r['graphed']} cudnn.benchmark={r['cudnn_benchmark']}: {r['step_ms_median']:.3f} ms")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
