@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -245,3 +246,29 @@ def test_bad_inputs_raise_input_error():
         profile_model(model, (1, 8, 8), batch_size=0)
     with pytest.raises(InputError):
         MacCounter(model).layer_profile(0, (1, 8, 8))
+
+
+@pytest.mark.parametrize("name,shape,classes", [("resnet20", (3, 32, 32), 10), ("mobilenetv2", (3, 32, 32), 10),
+                                                ("transformer-lm", (16,), 50), ("lstm-lm", (12,), 40)])
+def test_each_layers_gemm_shape_multiplies_out_to_its_counted_macs(name, shape, classes):
+    """groups x n x k x rows is the forward GEMM's MAC count: the shape the GPU model tiles is the work counted."""
+    from cptsim.measure.profiler import profile_named_model
+
+    prof = profile_named_model(name, shape, classes)
+    shaped = [r for r in prof.layers if r.gemm is not None]
+    assert len(shaped) == len(prof.layers)  # conv, linear and attention's matmuls all record one
+    for r in shaped:
+        g = r.gemm
+        assert g["groups"] * g["n"] * g["k"] * g["rows"] == r.macs["fwd"], (r.name, g)
+
+
+def test_a_depthwise_conv_records_one_gemm_per_channel_by_hand():
+    from cptsim.measure.profiler import profile_model
+
+    net = nn.Sequential(nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8), nn.Flatten(), nn.Linear(8 * 4 * 4, 3))
+    prof = profile_model(net, (8, 8, 8), batch_size=2)
+    dw, fc = prof.layers
+    assert dw.gemm == {"groups": 8, "n": 1, "k": 9, "rows": 16, "rows_per_gemm": 0}  # 4x4 outputs per channel
+    assert fc.gemm == {"groups": 1, "n": 3, "k": 128, "rows": 1, "rows_per_gemm": 0}
+    again = type(prof).from_json(json.loads(json.dumps(prof.to_json())))
+    assert again.layers[0].gemm == dw.gemm

@@ -35,11 +35,14 @@ from cptsim.numerics.lm_layers import Matmul, matmul_macs
 __all__ = [
     "PHASES",
     "PROFILE_FORMAT",
+    "MATMUL_TYPES",
     "COUNTERS",
     "conv2d_macs",
     "linear_macs",
     "counter_for",
     "LayerRecord",
+    "GEMM_KEYS",
+    "gemm_shape",
     "LayerProfile",
     "ProfileArrays",
     "MacCounter",
@@ -48,8 +51,17 @@ __all__ = [
 
 PHASES = ("fwd", "dgrad", "wgrad")
 NUMEL_KEYS = ("weight", "input", "output")
+# The forward GEMM of a layer, as a GPU kernel tiles it (cptsim.cost.hardware.gpu_kernels): ``groups``
+# independent GEMMs per call (a grouped or depthwise conv), each ``n`` output columns by ``k`` deep, over ``rows``
+# output rows per sample (summed over calls; conv: output positions, linear: tokens, attention: batched rows);
+# ``rows_per_gemm`` > 0 when the rows come as a batch of separate GEMMs of that many rows (attention's bmm),
+# 0 when all of a call's rows, batch included, form one GEMM (conv, linear).
+GEMM_KEYS = ("groups", "n", "k", "rows", "rows_per_gemm")
 PROFILE_FORMAT = "cptsim.profile/2"  # /2 adds "ops": every op of the step (cptsim.measure.opcount)
 READABLE_FORMATS = ("cptsim.profile/1", PROFILE_FORMAT)
+# Layer types whose GEMMs are matrix multiplies (cuBLAS on a GPU; torch.backends.cuda.matmul.allow_tf32 governs
+# their FP32 precision), as opposed to convolutions (cuDNN; torch.backends.cudnn.allow_tf32).
+MATMUL_TYPES = frozenset({"Linear", "Matmul"})
 
 
 # ------------------------------------------------------------------------------------------------ counting functions
@@ -113,11 +125,15 @@ class LayerRecord:
     macs: dict[str, int]
     numel: dict[str, int]
     calls: int = 1
+    gemm: dict | None = None  # the forward GEMM's shape (``gemm_shape``); None where the layer type has none
 
     def to_json(self) -> dict:
-        return {"name": self.name, "type": self.type, "quantized": self.quantized,
-                "macs": {p: int(self.macs[p]) for p in PHASES},
-                "numel": {k: int(self.numel[k]) for k in NUMEL_KEYS}, "calls": int(self.calls)}
+        d = {"name": self.name, "type": self.type, "quantized": self.quantized,
+             "macs": {p: int(self.macs[p]) for p in PHASES},
+             "numel": {k: int(self.numel[k]) for k in NUMEL_KEYS}, "calls": int(self.calls)}
+        if self.gemm is not None:
+            d["gemm"] = {k: int(self.gemm[k]) for k in GEMM_KEYS}
+        return d
 
 
 @dataclass
@@ -134,6 +150,8 @@ class ProfileArrays:
     numel: np.ndarray
     calls: np.ndarray
     ops: Any = None  # the step's other ops (cptsim.measure.opcount.OpProfile), when the profile has them
+    gemm: np.ndarray | None = None  # (L, 5) GEMM_KEYS per layer; NaN rows where a layer has no shape record
+    matmul: Any = None  # (L,) bool: the layer's GEMMs are matmuls (MATMUL_TYPES), not convolutions; None: unknown
 
     def __len__(self) -> int:
         return len(self.names)
@@ -147,6 +165,30 @@ def _count(v: Any, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
         raise _bad(f"{where} must be an integer >= 0, got {v!r}")
     return int(v)
+
+
+def _gemm_record(g: Any, where: str) -> dict | None:
+    if g is None:
+        return None  # profiles written before the shapes were recorded
+    if not isinstance(g, dict) or any(k not in g for k in GEMM_KEYS):
+        raise _bad(f"{where}.gemm must be an object with keys {', '.join(GEMM_KEYS)}")
+    return {k: _count(g[k], f"{where}.gemm.{k}") for k in GEMM_KEYS}
+
+
+def gemm_shape(module: nn.Module, x: torch.Tensor, output: torch.Tensor) -> tuple[int, int, int, int, int] | None:
+    """(groups, n, k, rows of this call, rows_per_gemm) of a counted layer's forward GEMM; None for other types."""
+    if isinstance(module, nn.Conv2d):
+        g = module.groups
+        kk = 1
+        for d in module.kernel_size:
+            kk *= d
+        return g, module.out_channels // g, module.in_channels // g * kk, output.numel() // module.out_channels, 0
+    if isinstance(module, nn.Linear):
+        return 1, module.out_features, module.in_features, output.numel() // module.out_features, 0
+    if isinstance(module, Matmul) and output.dim() >= 2:
+        n = int(output.shape[-1])
+        return 1, n, int(x.shape[-1]), output.numel() // max(n, 1), int(output.shape[-2])
+    return None
 
 
 @dataclass
@@ -201,6 +243,7 @@ class LayerProfile:
                 macs={p: _count(r["macs"][p], f"{where}.macs.{p}") for p in PHASES},
                 numel={k: _count(r["numel"][k], f"{where}.numel.{k}") for k in NUMEL_KEYS},
                 calls=_count(r.get("calls", 1), f"{where}.calls"),
+                gemm=_gemm_record(r.get("gemm"), where),
             ))
         model = d["model"]
         if not isinstance(model, str):
@@ -224,13 +267,14 @@ class LayerProfile:
             numel=np.array([[r.numel[k] for k in NUMEL_KEYS] for r in self.layers], dtype=np.float64).reshape(-1, 3),
             calls=np.array([r.calls for r in self.layers], dtype=np.float64),
             ops=self.ops,
+            matmul=np.array([r.type in MATMUL_TYPES for r in self.layers], dtype=bool),
         )
 
 
 # ------------------------------------------------------------------------------------------------ the counter
 
 # Accumulator slots of one layer (a plain list: the hook's integer adds are the whole per-step cost).
-_FWD, _DGRAD, _WGRAD, _CALLS, _IN, _OUT = range(6)
+_FWD, _DGRAD, _WGRAD, _CALLS, _IN, _OUT, _ROWS = range(7)
 
 
 class MacCounter:
@@ -248,20 +292,23 @@ class MacCounter:
         self._names: list[str] = []
         self._types: list[str] = []
         self._acc: list[list[int]] = []
+        self._shapes: list[dict] = []  # per layer: the forward GEMM's (groups, n, k, rows_per_gemm), first call
         self._handles: list = []
         for name, module in model.named_modules():
             found = counter_for(type(module))
             if found is None:
                 continue
             base, fn = found
-            acc = [0, 0, 0, 0, 0, 0]
+            acc = [0, 0, 0, 0, 0, 0, 0]
+            shape: dict = {}
             self._modules.append(module)
             self._names.append(name or type(module).__name__)
             self._types.append(base.__name__)
             self._acc.append(acc)
-            self._handles.append(module.register_forward_hook(self._hook(module, fn, acc), with_kwargs=True))
+            self._shapes.append(shape)
+            self._handles.append(module.register_forward_hook(self._hook(module, fn, acc, shape), with_kwargs=True))
 
-    def _hook(self, owner: nn.Module, fn: Callable, acc: list[int]) -> Callable:
+    def _hook(self, owner: nn.Module, fn: Callable, acc: list[int], shape: dict) -> Callable:
         grad_enabled = torch.is_grad_enabled
 
         def hook(module, args, kwargs, output):
@@ -282,6 +329,13 @@ class MacCounter:
             acc[_CALLS] += 1
             acc[_IN] += x.numel()
             acc[_OUT] += output.numel()
+            if shape.get("none") is None:
+                gs = gemm_shape(module, x, output)
+                if gs is None:
+                    shape["none"] = True
+                else:
+                    shape.update(groups=gs[0], n=gs[1], k=gs[2], rows_per_gemm=gs[4])
+                    acc[_ROWS] += gs[3]
 
         return hook
 
@@ -290,7 +344,7 @@ class MacCounter:
     def reset(self) -> None:
         """Start a new step: zero every count."""
         for acc in self._acc:
-            acc[:] = (0, 0, 0, 0, 0, 0)
+            acc[:] = (0, 0, 0, 0, 0, 0, 0)
 
     def step_macs(self) -> dict[str, int]:
         """MACs of everything counted since ``reset``, per phase, batch included."""
@@ -306,6 +360,7 @@ class MacCounter:
             numel=np.array([[_weight_numel(m), acc[_IN], acc[_OUT]] for m, acc in zip(self._modules, self._acc)],
                            dtype=np.float64).reshape(-1, 3),
             calls=np.array([acc[_CALLS] for acc in self._acc], dtype=np.float64),
+            matmul=np.array([t in MATMUL_TYPES for t in self._types], dtype=bool),
         )
 
     def layer_profile(self, batch_size: int, input_shape: Iterable[int]) -> LayerProfile:
@@ -318,13 +373,17 @@ class MacCounter:
             return (v + b // 2) // b  # exact for layers that see the batch; rounded otherwise
 
         layers = []
-        for m, name, typ, acc in zip(self._modules, self._names, self._types, self._acc):
+        for m, name, typ, acc, shape in zip(self._modules, self._names, self._types, self._acc, self._shapes):
+            gemm = None
+            if "n" in shape and acc[_CALLS]:
+                gemm = {"groups": shape["groups"], "n": shape["n"], "k": shape["k"], "rows": per_sample(acc[_ROWS]),
+                        "rows_per_gemm": shape["rows_per_gemm"]}
             layers.append(LayerRecord(
                 name=name, type=typ, quantized=_is_quantized(m),
                 macs={p: per_sample(acc[i]) for i, p in enumerate(PHASES)},
                 numel={"weight": _weight_numel(m),
                        "input": per_sample(acc[_IN]), "output": per_sample(acc[_OUT])},
-                calls=acc[_CALLS],
+                calls=acc[_CALLS], gemm=gemm,
             ))
         return LayerProfile(model=self.model_name, input_shape=[int(s) for s in input_shape], layers=layers)
 
