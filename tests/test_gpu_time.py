@@ -135,3 +135,77 @@ def test_cost_and_profile_show_samples_per_second_and_time_per_epoch():
     assert step["throughput"]["samples_per_s"] == pytest.approx(32 / step["latency_s"]["total"])
     assert step["throughput"]["epoch_s"] > 0
     assert "samples/s" in run_cli("profile", "--hw", "a100").stdout
+
+
+# ---------------------------------------------------------------------------------------------- issue 23, item 7
+
+PROFILES = Path(__file__).resolve().parents[1] / "hw_profiles"
+
+
+def _toml_tiers(name):
+    import tomllib
+
+    doc = tomllib.loads((PROFILES / f"{name}.toml").read_text())
+    return {t["name"]: t for t in doc["gpu"]["tiers"]}, doc["gpu"]
+
+
+def _one_conv_one_linear(macs=10**9):
+    """A hand-made profile: one convolution and one Linear layer of ``macs`` MACs per sample each, 1 element
+    of every tensor (compute-bound: the roofline is the MAC rate)."""
+    layer = {"quantized": True, "macs": {"fwd": macs, "dgrad": macs, "wgrad": macs},
+             "numel": {"weight": 1, "input": 1, "output": 1}, "calls": 1}
+    return LayerProfile.from_json({"format": "cptsim.profile/1", "model": "hand", "input_shape": [1],
+                                   "layers": [{"name": "conv", "type": "Conv2d", **layer},
+                                              {"name": "fc", "type": "Linear", **layer}]})
+
+
+def test_fp32_convs_price_on_cudnn_tf32_and_fp32_matmuls_on_strict_fp32_as_pytorch_defaults_say():
+    import torch
+
+    # PyTorch's own defaults (a process that changed neither): cuDNN may use TF32, cuBLAS matmuls may not
+    assert torch.backends.cudnn.allow_tf32 is True
+    assert torch.backends.cuda.matmul.allow_tf32 is False
+    assert torch.get_float32_matmul_precision() == "highest"
+    tiers, _ = _toml_tiers("a100")
+    rate = {n: t["peak_ops"] * 1e12 / 2 * t.get("efficiency", 1.0) for n, t in tiers.items()}
+    macs = 10**9
+    c = estimate(_one_conv_one_linear(macs), parse_schedule("static:32:g32"), load_profile("a100"), steps=1,
+                 batch_size=1)
+    conv, fc = (row["latency_s"] for row in c.per_layer)
+    assert conv["fwd"] == pytest.approx(macs / rate["tf32"], rel=1e-9)
+    assert fc["fwd"] == fc["dgrad"] == fc["wgrad"] == pytest.approx(macs / rate["fp32"], rel=1e-9)
+    # a run that allowed TF32 matmuls prices its Linear layers as its convolutions
+    c = estimate(_one_conv_one_linear(macs), parse_schedule("static:32:g32"),
+                 load_profile("a100").allow_tf32_matmul(), steps=1, batch_size=1)
+    assert c.per_layer[1]["latency_s"]["fwd"] == pytest.approx(macs / rate["tf32"], rel=1e-9)
+    # below 32 bits nothing changes: an FP16 Linear runs on the fp16 tier
+    c = estimate(_one_conv_one_linear(macs), parse_schedule("static:16:g16"), load_profile("a100"), steps=1,
+                 batch_size=1)
+    assert c.per_layer[1]["latency_s"]["fwd"] == pytest.approx(c.per_layer[0]["latency_s"]["fwd"], rel=1e-9)
+
+
+def test_the_layer_profile_and_the_counted_step_say_which_gemms_are_matmuls():
+    import torch
+    from cptsim.measure.profiler import MacCounter
+    from cptsim.models import create_model
+
+    m = create_model("transformer-lm", num_classes=50, in_channels=1, input_shape=(8,))
+    with MacCounter(m) as counter:
+        m(m.example_input(2, (8,), torch.device("cpu"))).sum().backward()
+        step = counter.step_arrays()
+    assert step.matmul.all() and len(step.matmul) > 3   # Linear and attention Matmul layers only
+    a = _one_conv_one_linear().arrays()
+    assert a.matmul.tolist() == [False, True]
+
+
+def test_train_records_the_tf32_flags_the_run_had_in_config_json(tmp_path):
+    import torch
+    from cli_util import run_cli
+
+    r = run_cli("train", "--model", "digits-cnn", "--dataset", "digits", "--steps", "2", "--batch-size", "8",
+                "--out", tmp_path / "run", "--quiet", "--recal-batches", "0")
+    assert r.exit_code == 0, r.output
+    host = json.loads((tmp_path / "run" / "config.json").read_text())["host"]
+    assert host["torch.backends.cuda.matmul.allow_tf32"] is torch.backends.cuda.matmul.allow_tf32 is False
+    assert host["torch.backends.cudnn.allow_tf32"] is torch.backends.cudnn.allow_tf32 is True
+    assert {"machine", "threads", "quantizers"} <= set(host)   # the keys it had before

@@ -29,10 +29,13 @@ class Row:
     schedule: str      # what cptsim runs for it: static:32 = the fp32 tier (TF32 on A100), static:16 = AMP
     batch_size: int
     published_img_s: float
+    # the run let FP32 matmuls use TF32 (torch.backends.cuda.matmul.allow_tf32): PyTorch's default from 1.7 to
+    # 1.11, so in the 21.03 container's PyTorch 1.9; the default has been False since 1.12
+    tf32_matmul: bool = False
 
 
 ROWS = (
-    Row("a100", "TF32", "static:32", 256, 938.0),
+    Row("a100", "TF32", "static:32", 256, 938.0, tf32_matmul=True),
     Row("a100", "AMP", "static:16", 256, 2470.0),
     Row("v100", "FP32", "static:32", 112, 367.0),
     Row("v100", "AMP", "static:16", 256, 1200.0),
@@ -67,9 +70,13 @@ def resnet50_profile(path=None):
 
 def modelled_throughput(profile, hardware, row: Row) -> float:
     """Images per second the cost model gives for ``row`` on ``hardware`` (a profile object or name)."""
+    from cptsim.cost.hardware import load_profile
     from cptsim.cost.model import estimate
     from cptsim.cost.schedules import parse_schedule
 
+    hardware = load_profile(hardware) if isinstance(hardware, str) else hardware
+    if row.tf32_matmul and hasattr(hardware, "allow_tf32_matmul"):
+        hardware = hardware.allow_tf32_matmul()
     c = estimate(profile, parse_schedule(row.schedule), hardware, steps=STEPS, batch_size=row.batch_size,
                  per_layer=False)
     return c.samples / c.latency_s["total"]
@@ -81,7 +88,10 @@ def fit_tier_efficiency(profile, hardware, row: Row, lo: float = 1e-3, hi: float
     from cptsim.cost.hardware import load_profile
     from cptsim.cost.schedules import parse_schedule
 
-    hw = copy.deepcopy(load_profile(hardware) if isinstance(hardware, str) else hardware)
+    hw = load_profile(hardware) if isinstance(hardware, str) else hardware
+    if row.tf32_matmul and hasattr(hw, "allow_tf32_matmul"):
+        hw = hw.allow_tf32_matmul()  # before the copy: modelled_throughput then keeps it (and its efficiencies)
+    hw = copy.deepcopy(hw)
     q = int(parse_schedule(row.schedule).bits(1)[0])
     tier = int(hw.tier_index(q, q))
     for _ in range(60):

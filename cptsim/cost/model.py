@@ -408,7 +408,9 @@ def _kind_costs(a: ProfileArrays, hw, q: np.ndarray, g: np.ndarray, samples: np.
     if hw is not None:
         nbytes = bytes_moved(a.numel, a.macs, a.quantized, q, g, samples, a.calls, storage_bits(hw))
         qe = quant_elems(a.numel, a.macs, a.quantized, q, g, samples, a.calls)
-        t, e = hw.gemm_cost(macs_k, b1, b2, nbytes, qe)
+        # a GPU runs FP32 convolutions and FP32 matmuls on the tiers PyTorch's defaults give each (GPUProfile)
+        mm = None if getattr(a, "matmul", None) is None else a.matmul[:, None]
+        t, e = hw.gemm_cost(macs_k, b1, b2, nbytes, qe, matmul=mm)
         extra = step_ops_cost(a, hw, q, g, samples)
         if extra is not None:
             xt, xe = extra

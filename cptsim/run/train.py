@@ -209,6 +209,15 @@ def quantizer_path(device: str) -> str:
     return "c-kernels" if st["in_use"] else f"eager ({st['why_not']})"
 
 
+def tf32_flags() -> dict:
+    """Whether this process lets FP32 GEMMs run in TF32 on an Ampere-or-later GPU, per library: PyTorch's defaults
+    are False for matmuls (cuBLAS: Linear, attention) and True for convolutions (cuDNN). The GPU cost model prices
+    FP32 ops on those tiers (``cptsim.cost.hardware.gpu``); a run that changed them is priced with
+    ``GPUProfile.allow_tf32_matmul()``."""
+    return {"torch.backends.cuda.matmul.allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "torch.backends.cudnn.allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
+
+
 def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
     """What config.json records: the settings, what they resolved to, and the versions that ran them."""
     return {
@@ -231,7 +240,7 @@ def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
         "world_size": world,
         "versions": {"cptsim": __version__, "torch": torch.__version__, "python": platform.python_version()},
         "host": {"machine": platform.machine(), "threads": torch.get_num_threads(),
-                 "quantizers": quantizer_path(cfg.device)},
+                 "quantizers": quantizer_path(cfg.device), **tf32_flags()},
         "argv": sys.argv,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

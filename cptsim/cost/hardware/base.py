@@ -213,14 +213,24 @@ class HardwareProfile:
 
     # -- the public API -----------------------------------------------------------------------------------------------
 
-    def gemm_cost(self, macs, b1, b2, bytes_moved, quant_elems=0) -> tuple[np.ndarray, np.ndarray]:
+    def gemm_cost(self, macs, b1, b2, bytes_moved, quant_elems=0, matmul=None) -> tuple[np.ndarray, np.ndarray]:
         """(time s, energy J) of GEMM phases: ``macs`` MACs with operand widths b1, b2 moving ``bytes_moved`` bytes.
 
         Vectorized: all arguments broadcast together (arrays of one shape, or scalars). ``quant_elems`` (element-wise
-        quantizer element-passes) only costs time on the ``host`` kind. See the kind's class for the formula.
+        quantizer element-passes) only costs time on the ``host`` kind. ``matmul`` (bool, broadcast likewise): the
+        GEMM is a matrix multiply (Linear, attention), not a convolution; only the ``gpu`` kind tells them apart
+        (their FP32 precision is set by different PyTorch flags); None = convolutions. See the kind's class for
+        the formula.
         """
         macs, b1, b2, bytes_moved, quant_elems = _gemm_args(macs, b1, b2, bytes_moved, quant_elems)
-        return self._cost(macs, b1, b2, bytes_moved, quant_elems)
+        if matmul is None:
+            return self._cost(macs, b1, b2, bytes_moved, quant_elems)
+        try:
+            mm = np.broadcast_to(np.asarray(matmul, dtype=bool), macs.shape)
+        except ValueError:
+            raise InputError(f"gemm_cost: matmul of shape {np.shape(matmul)} does not broadcast to the arguments' "
+                             f"shape {macs.shape}") from None
+        return self._cost_by_op(macs, b1, b2, bytes_moved, quant_elems, mm)
 
     def throughput_macs_per_s(self, b1, b2) -> np.ndarray:
         """Compute rate at widths (b1, b2): the peak at those widths x ``compute_efficiency``, in MAC/s."""
@@ -248,6 +258,10 @@ class HardwareProfile:
 
     def _cost(self, macs, b1, b2, bytes_moved, quant_elems):
         raise NotImplementedError
+
+    def _cost_by_op(self, macs, b1, b2, bytes_moved, quant_elems, matmul):
+        """``_cost`` for GEMMs that are matmuls where ``matmul`` is true: kinds that price them apart override it."""
+        return self._cost(macs, b1, b2, bytes_moved, quant_elems)
 
     def _throughput(self, b1, b2):
         raise NotImplementedError

@@ -4,7 +4,8 @@ A training step on a GPU is not only its GEMMs. The time model (``GPUProfile.ste
 the layer profile carries the step's op list, ``cptsim.measure.opcount``) is the sum of
 
 * the GEMMs, per layer and phase: a roofline of their MACs at the tier's peak x the tier's ``efficiency`` against
-  their own DRAM bytes at bandwidth x ``memory_efficiency``;
+  their own DRAM bytes at bandwidth x ``memory_efficiency``; FP32 convolutions on ``fp32_tier`` (TF32 where the GPU
+  has it: cuDNN's default), FP32 matmuls on ``fp32_matmul_tier`` (strict FP32: cuBLAS's default in PyTorch);
 * every other op (batch norm, activations, residual adds, pooling, loss, optimizer update), all memory-bound:
   their bytes at bandwidth x ``memory_efficiency``. Tensors that scale with the batch are stored at the float
   width the step computes in: 32 bits on the FP32/TF32 tier, 16 when the GEMMs run on FP16 (AMP) or an int tier;
@@ -21,6 +22,9 @@ overhead it is waiting and draws ``idle_power_w``; so energy = busy time x P_bus
 """
 
 from __future__ import annotations
+
+import copy
+import dataclasses
 
 import numpy as np
 
@@ -50,9 +54,15 @@ class GPUProfile(HardwareProfile):
     energy = power_w x power_fraction x time      (power_fraction 1.0 = board TDP: an upper bound)
 
     The tier is the narrowest one at least max(b1, b2) bits wide (``gpu_tier_index``). Peak rates are given in
-    TOPS / TFLOPS (1e12 ops/s, one MAC = 2 ops, so MAC rate = ops / 2). GEMMs wider than 16 bits (FP32) run on the
-    tier named by ``fp32_tier``: default "tf32" where the GPU has it, because PyTorch runs convolutions in TF32 by
-    default (``torch.backends.cudnn.allow_tf32 = True``); set ``fp32_tier = "fp32"`` for strict FP32.
+    TOPS / TFLOPS (1e12 ops/s, one MAC = 2 ops, so MAC rate = ops / 2). GEMMs wider than 16 bits (FP32) run on
+    the tier PyTorch gives them by default, which differs by op:
+
+    * convolutions (cuDNN) on ``fp32_tier``: default "tf32" where the GPU has it, because
+      ``torch.backends.cudnn.allow_tf32`` defaults to True; set ``fp32_tier = "fp32"`` for strict FP32;
+    * matmuls -- Linear layers and attention's matmuls (cuBLAS) -- on ``fp32_matmul_tier``: default the strict
+      "fp32" tier, because ``torch.backends.cuda.matmul.allow_tf32`` defaults to False (since PyTorch 1.12;
+      ``torch.get_float32_matmul_precision() == "highest"``). A run that allowed TF32 matmuls is priced with
+      ``allow_tf32_matmul()`` (or ``fp32_matmul_tier = "tf32"`` in the file).
     """
 
     KIND = "gpu"
@@ -61,7 +71,9 @@ class GPUProfile(HardwareProfile):
         Field("power_w", "positive", "board power (TDP) in W"),
         Field("idle_power_w", "nonneg", "power while idle (between kernels) in W; default: power_w (no idle "
               "model)", None),
-        Field("fp32_tier", "string", "name of the tier that runs FP32 GEMMs", None),
+        Field("fp32_tier", "string", "name of the tier that runs FP32 convolutions (cuDNN)", None),
+        Field("fp32_matmul_tier", "string", "name of the tier that runs FP32 matmuls (cuBLAS: Linear, attention); "
+              "default the strict FP32 tier (PyTorch's torch.backends.cuda.matmul.allow_tf32 = False)", None),
     )
     TIER = (
         Field("name", "string", "tier name, e.g. int8"),
@@ -113,6 +125,15 @@ class GPUProfile(HardwareProfile):
             chk.fail(f"gpu.fp32_tier must name a tier with bits = 32 ({', '.join(wide) or 'none defined'}), "
                      f"got {fp32!r}")
         params["fp32_tier"] = fp32
+        mm = params["fp32_matmul_tier"]
+        if mm is None:
+            # the strict FP32 tier: the 32-bit tier named "fp32", else the only 32-bit tier besides "tf32"
+            strict = [n for n in wide if n != "tf32"]
+            mm = "fp32" if "fp32" in wide else (strict[0] if len(strict) == 1 else fp32)
+        elif mm not in wide:
+            chk.fail(f"gpu.fp32_matmul_tier must name a tier with bits = 32 ({', '.join(wide) or 'none defined'}), "
+                     f"got {mm!r}")
+        params["fp32_matmul_tier"] = mm
         params["tiers"] = tiers
         return params
 
@@ -126,13 +147,30 @@ class GPUProfile(HardwareProfile):
         self._narrow_bits = np.array([b for b, _ in order], dtype=np.int64)
         self._narrow_index = np.array([i for _, i in order], dtype=np.int64)
         self._fp32_index = self._tier_names.index(self.params["fp32_tier"])
+        self._fp32_matmul_index = self._tier_names.index(self.params["fp32_matmul_tier"])
         self._bandwidth = self.params["bandwidth_gb_s"] * 1e9
 
-    def tier_index(self, b1, b2) -> np.ndarray:
-        return gpu_tier_index(np.maximum(b1, b2), self._narrow_bits, self._narrow_index, self._fp32_index)
+    def tier_index(self, b1, b2, matmul=None) -> np.ndarray:
+        """The tier a GEMM with operands (b1, b2) runs on; an FP32 one on ``fp32_tier`` if a convolution,
+        on ``fp32_matmul_tier`` where ``matmul`` is true (a Linear layer or attention matmul)."""
+        i = gpu_tier_index(np.maximum(b1, b2), self._narrow_bits, self._narrow_index, self._fp32_index)
+        if matmul is None:
+            return i
+        return np.where(np.asarray(matmul, dtype=bool) & (i == self._fp32_index), self._fp32_matmul_index, i)
 
-    def _throughput(self, b1, b2):
-        i = self.tier_index(b1, b2)
+    def allow_tf32_matmul(self) -> "GPUProfile":
+        """A copy of this profile for a run whose FP32 matmuls may use TF32
+        (``torch.backends.cuda.matmul.allow_tf32 = True``): they run on ``fp32_tier``, as convolutions do."""
+        params = copy.deepcopy(self.params)
+        if params["fp32_matmul_tier"] == params["fp32_tier"]:
+            return self
+        params["fp32_matmul_tier"] = params["fp32_tier"]
+        return dataclasses.replace(self, params=params, notes=[*self.notes, (
+            f"FP32 matmuls priced on {params['fp32_tier']}: the run allowed TF32 matmuls "
+            "(torch.backends.cuda.matmul.allow_tf32 = True)")])
+
+    def _throughput(self, b1, b2, matmul=None):
+        i = self.tier_index(b1, b2, matmul)
         return self._tier_mac_rate[i] * self._tier_eff[i] * self._ceff
 
     @property
@@ -158,7 +196,10 @@ class GPUProfile(HardwareProfile):
         # A GEMM keeps the GPU busy: board power (x power_fraction) for its whole time. Its launch is counted with
         # the step's other launches (step_ops_cost). Quantizer passes are not costed here (``quant_elems``): an int
         # tier is costed as a native int pipeline, as the cost model always has.
-        t = roofline_time(macs, self._throughput(b1, b2), bytes_moved, self._bandwidth * self._meff)
+        return self._cost_by_op(macs, b1, b2, bytes_moved, quant_elems, None)
+
+    def _cost_by_op(self, macs, b1, b2, bytes_moved, quant_elems, matmul):
+        t = roofline_time(macs, self._throughput(b1, b2, matmul), bytes_moved, self._bandwidth * self._meff)
         return t, self.busy_power_w * t
 
     def step_ops_cost(self, ops, q, g, samples) -> tuple[np.ndarray, np.ndarray]:
