@@ -48,6 +48,8 @@ correlation with measured accuracy is reported there (it must be >= 0.5; tests/t
 --quality db ranks by a model fitted to measured runs of the same workload in the results database
 (monotone-linear/1: accuracy rises with score, mean bits and cost; coefficients by non-negative least
 squares; +- from bootstrap refits and seed spread), and falls back to the score below 5 measured schedules.
+It fits the runs' VALIDATION accuracy (a language model: validation loss), never their test accuracy: 'cptsim
+sweep' holds out --val-split 0.2 of the training data by default and records it; runs without one are left out.
 
 Hardware: BitOPs do not depend on it; energy and latency do, and often not smoothly -- an H100 runs every
 width up to 8 bits on its int8 tier, so its latency and energy do not fall below 8 bits and a latency budget
@@ -224,6 +226,15 @@ def _pct(x: float | None) -> str:
     return f"{100 * x:.1f}%" if abs(x) >= 1e-3 or x == 0 else f"{100 * x:.2g}%"
 
 
+def _predicted_cell(a: dict) -> str:
+    """--quality db's prediction for one alternative: validation accuracy, or validation loss (a language model)."""
+    if a.get("predicted_val_loss") is not None:
+        return f"loss {a['predicted_val_loss']:.3f} ± {a['predicted_std']:.3f}"
+    if a.get("predicted_acc") is not None:
+        return f"{100 * a['predicted_acc']:.1f} ± {100 * a['predicted_std']:.1f}%"
+    return "-"
+
+
 def print_plan(p, doc: dict) -> None:
     """The top candidates, the chosen one highlighted, then baseline and notes."""
     from cptsim.planner.search import METRIC_NAMES
@@ -244,7 +255,7 @@ def print_plan(p, doc: dict) -> None:
     t.add_column("schedule", no_wrap=True)
     predicted = p.ranking == "db"
     for col in ("n", "bits", "BitOPs", "energy", "latency", "budget", "static", "score") + (
-            ("predicted acc",) if predicted else ()):
+            ("predicted val",) if predicted else ()):
         t.add_column(col, justify="right", no_wrap=True)
     for a in p.alternatives:
         if a["role"] == "cheapest":
@@ -255,7 +266,7 @@ def print_plan(p, doc: dict) -> None:
                   "-" if a["name"] == "static" else str(a["cycles"]), f"{a['mean_bits']:.2f}",
                   si(a["bitops"]), si(a["energy_j"], "J"), si(a["latency_s"], "s"), _pct(a["budget_fraction"]),
                   _pct(a["vs_baseline"]), f"{a['score']:.4f}",
-                  *((f"{100 * a['predicted_acc']:.1f} ± {100 * a['predicted_std']:.1f}%",) if predicted else ()),
+                  *((_predicted_cell(a),) if predicted else ()),
                   style="bold green" if chosen else None)
     budgeted = {"bitops": "BitOPs", "energy": "energy", "latency": "latency"}[p.metric]  # never left out
     print_table(t, drop=tuple(c for c in ("n", "static", "bits", "latency", "energy", "BitOPs") if c != budgeted))
@@ -268,8 +279,8 @@ def print_plan(p, doc: dict) -> None:
     q = p.quality or {}
     if q.get("name"):
         loo = q.get("loo_spearman")
-        out.print(f"quality model {q['name']}: fitted on {q['runs']} measured runs of {q['schedules']} schedules in "
-                  f"{q['db']}" + ("" if loo is None else f"; leave-one-schedule-out Spearman {loo:.2f}"),
+        out.print(f"quality model {q['name']}: fitted to the {(q.get('measure') or {}).get('name', 'measure')} of "
+                  f"{q['runs']} measured runs of {q['schedules']} schedules in {q['db']}" + ("" if loo is None else f"; leave-one-schedule-out Spearman {loo:.2f}"),
                   highlight=False)
     if p.pilot:
         for r in p.pilot["rounds"]:

@@ -72,6 +72,9 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 @click.option("--lr-schedule", type=click.Choice(["step", "cosine", "constant"]), default="cosine", show_default=True)
 @click.option("--fp-layers", default=None, help="Layers kept in full precision ('none': quantize all).")
 @click.option("--no-augment", is_flag=True, help="Turn off random crop / flip.")
+@click.option("--val-split", type=float, default=0.2, show_default=True,
+              help="Fraction of the training data held out as a validation split (what 'plan --quality db' fits "
+                   "to; the test split is never used for decisions). 0: hold nothing out.")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--workers", type=int, default=0, show_default=True, help="DataLoader workers per run.")
 @click.option("--threads", type=int, default=None, help="CPU threads per run [default: train's, cores / --jobs].")
@@ -86,7 +89,7 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 @json_option
 def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, hw, families, cycles, q_min, q_max,
           g_bits, model, dataset, data_dir, epochs, steps, batch_size, lr, momentum, weight_decay, lr_schedule,
-          fp_layers, no_augment, device, workers, threads, checkpoint_every, report_mode, workload_key, plot, quiet,
+          fp_layers, no_augment, val_split, device, workers, threads, checkpoint_every, report_mode, workload_key, plot, quiet,
           as_json) -> None:
     """Train a set of precision schedules x seeds on one workload, N processes at a time, each a normal run
     directory; record every finished run in the results database; report accuracy vs cost."""
@@ -111,7 +114,7 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
     settings = SW.SweepSettings(model=model, dataset=dataset, data_dir=data_dir, epochs=epochs, steps=steps,
                                 batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay,
                                 lr_schedule=lr_schedule, fp_layers=parse_fp_layers(fp_layers),
-                                augment=not no_augment, device=device, workers=workers, threads=threads,
+                                augment=not no_augment, val_split=val_split, device=device, workers=workers, threads=threads,
                                 checkpoint_every=checkpoint_every)
     settings.validate()
     seed_list = SW.parse_seeds(seeds)

@@ -38,7 +38,9 @@ from .evidence import Evidence, need_evidence
 
 __all__ = ["run_pilot", "pilot_pool", "PILOT_VAL_SPLIT"]
 
-PILOT_VAL_SPLIT = 0.2  # of the training data, held out by cptsim.run.train.validation_split (a fixed subset)
+# of the training data, held out by cptsim.run.train.validation_split (a fixed subset); the same fraction as
+# cptsim.run.config.VAL_SPLIT, which sweeps hold out (not imported here: that module imports torch)
+PILOT_VAL_SPLIT = 0.2
 
 
 def pilot_pool(cands: Candidates, ranked: np.ndarray, k: int) -> list[int]:

@@ -1,9 +1,13 @@
 """What the planner ranks candidates by: the documented proxy score, or a model fitted to measured runs.
 
 ``--quality proxy`` (default) ranks by ``cptsim.planner.score`` (early-weighted fidelity). ``--quality db`` ranks by
-a model of *measured* final accuracy, fitted to the results database (``cptsim.study.results``: rows written by
-``cptsim sweep`` and by pilots) for the very same workload (same workload key: model, data, size, batch, steps,
-optimiser). The model, ``monotone-linear/1``::
+a model of *measured* final quality, fitted to the results database (``cptsim.study.results``: rows written by
+``cptsim sweep`` and by pilots) for the very same workload as a sweep trains it (``measured_workload``: the same
+model, data, batch, optimiser and length, with the default validation split held out of the training data). The
+measure is the one decisions may see: **validation** accuracy (for a language model, minus its per-token
+validation loss, i.e. log perplexity), never the test split -- choosing by test accuracy would report a test
+accuracy biased upward by the choice. Runs that recorded no validation measure (swept with ``--val-split 0``, or
+before sweeps held one out) are left out, and the plan counts them. The model, ``monotone-linear/1``::
 
     acc_hat(s) = a + b1 * z(score(s)) + b2 * z(mean_bits(s)) + b3 * z(cost_rel(s)),   b1, b2, b3 >= 0
 
@@ -26,7 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["QUALITY_MODEL", "MIN_SCHEDULES", "QualityModel", "fit_quality", "features", "load_measurements"]
+__all__ = ["QUALITY_MODEL", "MIN_SCHEDULES", "QualityModel", "Measurements", "fit_quality", "features",
+           "load_measurements", "measured_workload"]
 
 QUALITY_MODEL = "monotone-linear/1"
 MIN_SCHEDULES = 5
@@ -117,12 +122,70 @@ def fit_quality(schedules: list[str], X: np.ndarray, acc: np.ndarray, rng_seed: 
                         n_schedules=len(names), schedules=names, loo_spearman=loo)
 
 
-def load_measurements(workload, db=None, evidence=None) -> tuple[list[str], list[float], str, str]:
-    """(schedule texts, measured test accuracies, workload key, database path) of the database's runs of
-    ``workload`` (a planner Workload) that ran its full length; ``evidence`` reads the database
-    (``cptsim.planner.evidence``)."""
+@dataclass
+class Measurements:
+    """What ``--quality db`` fits to: per measured run its schedule and its validation measure (``values``, higher
+    is better: validation accuracy, or minus the per-token validation loss of a language model)."""
+
+    schedules: list[str]
+    values: list[float]
+    measure: dict              # {"key", "name", "higher_is_better"} of the measure as reported
+    workload_key: str          # the key the runs were looked up by (the workload as a sweep trains it)
+    db: str
+    without_validation: int    # finished runs of that key with no validation measure (test split only): not used
+
+
+def measured_workload(workload) -> dict:
+    """The workload's settings as ``cptsim sweep`` trains it (``workload.to_json()`` form): with the default
+    validation split held out of the training data (``cptsim.run.config.VAL_SPLIT``), so the run sees
+    N - held_out(N) samples per epoch, and an epoch-counted run has that many fewer steps. A text dataset has its
+    own validation split: nothing is held out, the workload is the plan's."""
+    from cptsim.run.config import VAL_SPLIT, held_out
+
+    d = dict(workload.to_json())
+    n = d.get("dataset_size")
+    if _is_text(workload.dataset) or not n:
+        return d
+    n_train = int(n) - held_out(int(n), VAL_SPLIT)
+    d["dataset_size"] = n_train
+    if d.get("epochs") is not None:  # epochs x steps per epoch of the part trained on (cptsim.run.train.build)
+        d["steps"] = int(d["epochs"]) * -(-n_train // int(d["batch_size"]))
+    return d
+
+
+def _is_text(dataset: str) -> bool:
+    from cptsim.data.text import TEXT_DATASETS
+
+    return dataset in TEXT_DATASETS
+
+
+def load_measurements(workload, db=None, evidence=None) -> Measurements:
+    """The database's finished runs of ``workload`` (a planner Workload) as a sweep trains it
+    (``measured_workload``: a validation split held out) and their validation measure: validation accuracy, or
+    for a language model its per-token validation loss (log perplexity; fitted as minus the loss, so that higher
+    is better throughout). The test split is never read: a run that recorded no validation measure is counted in
+    ``without_validation`` and left out. ``evidence`` reads the database (``cptsim.planner.evidence``)."""
     from .evidence import need_evidence
 
-    rows, key, path = need_evidence(evidence, "--quality db").measurements(workload.to_json(), db)
-    rows = [r for r in rows if r.get("test_acc") is not None]
-    return [r["schedule"] for r in rows], [float(r["test_acc"]) for r in rows], key, path
+    rows, key, path = need_evidence(evidence, "--quality db").measurements(measured_workload(workload), db)
+    if _is_text(workload.dataset):
+        measure = {"key": "val_loss", "name": "validation loss per token (log perplexity)",
+                   "higher_is_better": False}
+        vals = [(r, _val_loss(r)) for r in rows]
+        used = [(r["schedule"], -v) for r, v in vals if v is not None]
+    else:
+        measure = {"key": "val_acc", "name": "validation accuracy", "higher_is_better": True}
+        used = [(r["schedule"], float(r["val_acc"])) for r in rows if _finite(r.get("val_acc"))]
+    return Measurements(schedules=[s for s, _ in used], values=[v for _, v in used], measure=measure,
+                        workload_key=key, db=path, without_validation=len(rows) - len(used))
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+
+
+def _val_loss(row: dict) -> float | None:
+    v = row.get("val_loss")
+    if not _finite(v):
+        v = (row.get("extra") or {}).get("val_loss")  # rows written before the column existed
+    return float(v) if _finite(v) else None

@@ -262,8 +262,14 @@ def _quality_rank(cands: Candidates, mask: np.ndarray, cost: np.ndarray, base_bi
     from cptsim.cost.schedules import parse_schedule
 
     w = cands.workload
-    names, accs, key, path = load_measurements(w, db, evidence)
-    doc = {"source": "db", "db": path, "workload_key": key, "runs": len(names), "schedules": len(set(names))}
+    m = load_measurements(w, db, evidence)
+    names, accs, path = m.schedules, m.values, m.db
+    doc = {"source": "db", "db": path, "workload_key": m.workload_key, "measure": m.measure, "runs": len(names),
+           "schedules": len(set(names)), "runs_without_validation": m.without_validation}
+    if m.without_validation:
+        notes.append(f"--quality db: {m.without_validation} run(s) of this workload in {path} recorded no "
+                     "validation measure (swept with --val-split 0, or before sweeps held one out); they are left "
+                     "out - decisions never use the test split")
     model = None
     if names:
         per: dict[str, tuple] = {}  # the features of each measured schedule, computed as for the candidates
@@ -275,8 +281,9 @@ def _quality_rank(cands: Candidates, mask: np.ndarray, cost: np.ndarray, base_bi
         model = fit_quality(names, features(*zip(*[per[n] for n in names])), np.asarray(accs))
     if model is None:
         doc["fallback"] = "proxy"
-        notes.append(f"--quality db: {len(set(names))} measured schedule(s) of this workload in {path} "
-                     f"(need {MIN_SCHEDULES}); ranked by the proxy score instead - 'cptsim sweep' measures more")
+        notes.append(f"--quality db: {len(set(names))} measured schedule(s) of this workload with a "
+                     f"{m.measure['name']} in {path} (need {MIN_SCHEDULES}); ranked by the proxy score instead - "
+                     "'cptsim sweep' measures more")
         return None, doc
     Xc = features(cands.score, cands.mean_bits, cands.cost["bitops"] / base_bitops)
     mean, std = model.predict(Xc)
@@ -285,6 +292,15 @@ def _quality_rank(cands: Candidates, mask: np.ndarray, cost: np.ndarray, base_bi
     doc.update(model.to_json())
     doc["predicted"] = {"mean": mean, "std": std}  # arrays: turned into per-alternative numbers by select
     return idx[order], doc
+
+
+def _predicted_json(predicted: dict, quality_doc: dict, i: int) -> dict:
+    """An alternative's predicted quality: validation accuracy, or a language model's validation loss (the model
+    fits minus the loss)."""
+    mean, std = float(predicted["mean"][i]), float(predicted["std"][i])
+    if (quality_doc.get("measure") or {}).get("key") == "val_loss":
+        return {"predicted_val_loss": -mean, "predicted_std": std}
+    return {"predicted_acc": mean, "predicted_std": std}
 
 
 def _pareto(cost: np.ndarray, score: np.ndarray) -> np.ndarray:
@@ -442,8 +458,7 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
             "bitops": _total(e, "bitops"), "energy_j": _total(e, "energy_j"),
             "latency_s": _total(e, "latency_s"), "budget_fraction": v / limit,
             "vs_baseline": v / base_val, "within_budget": bool(v <= limit),
-            **({"predicted_acc": float(predicted["mean"][i]), "predicted_std": float(predicted["std"][i])}
-               if predicted is not None else {}),
+            **(_predicted_json(predicted, quality_doc, i) if predicted is not None else {}),
             "cheapest": i == cheapest,
         })
 

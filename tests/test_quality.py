@@ -56,11 +56,15 @@ def test_too_few_measured_schedules_fit_nothing():
     assert fit_quality([f"s{i % (MIN_SCHEDULES - 1)}" for i in range(8)], X, np.linspace(0.9, 0.95, 8)) is None
 
 
-def _fake_rows(workload, accuracy_of, seeds=(0, 1)):
-    """Rows of runs of ``workload`` as cptsim.study.results stores them, with accuracy from ``accuracy_of(schedule)``."""
+def _fake_rows(workload, accuracy_of, seeds=(0, 1), test_of=None, measured=True):
+    """Rows of runs of ``workload`` as cptsim.study.results stores them (as a sweep trains it, with its validation
+    split held out, unless ``measured`` is False), with validation accuracy ``accuracy_of(schedule)`` and test
+    accuracy ``test_of(schedule)`` (default the same)."""
+    from cptsim.planner.quality import measured_workload
     from cptsim.study.results import workload_key
 
-    wl = workload.to_json()
+    wl = measured_workload(workload) if measured else workload.to_json()
+    test_of = test_of or accuracy_of
     rows = []
     for text in ("static:4:g8", "static:5:g8", "static:6:g8", "cos-rep:3-8:g8:n32", "lin-tri:3-8:g8:n1",
                  "cos-rep:4-8:g8:n8", "exp-rep:3-6:g8:n4"):
@@ -68,8 +72,8 @@ def _fake_rows(workload, accuracy_of, seeds=(0, 1)):
         for seed in seeds:
             rows.append({"workload_key": workload_key(wl), "workload": wl, "schedule": s.to_text(),
                          "family": s.name, "q_min": s.q_min, "q_max": s.q_max, "g_min": s.g_min, "g_max": s.g_max,
-                         "cycles": s.cycles, "seed": seed, "steps": workload.steps, "test_acc": accuracy_of(s),
-                         "source": "sweep", "run_path": f"/fake/{s.to_text()}-{seed}", "created": "2026-11-26"})
+                         "cycles": s.cycles, "seed": seed, "steps": wl["steps"], "test_acc": test_of(s),
+                         **({"val_acc": accuracy_of(s), "val_size": 287} if measured else {}), "source": "sweep", "run_path": f"/fake/{s.to_text()}-{seed}", "created": "2026-11-26"})
     return rows
 
 
@@ -110,6 +114,49 @@ def test_plan_quality_db_falls_back_to_the_proxy_with_too_few_runs(digits_worklo
     assert any("--quality db: 0 measured schedule(s)" in n for n in doc["notes"])
     proxy = plan(digits_workload, "bitfusion", "65%")
     assert p.schedule == proxy.schedule
+
+
+def test_quality_db_fits_the_validation_measure_and_never_the_test_split(digits_workload, tmp_path):
+    """Issue 22 item 1. The rows' validation accuracy rises with a schedule's mean bits, their test accuracy falls
+    with it: the model must be fitted to the first. Independent truth: with Z standardised over the measured
+    schedules the fitted intercept is the mean over schedules of the measure fitted, and the exactly linear
+    validation data are reproduced (a positive mean-bits weight). Rows of older sweeps (no validation split, test
+    accuracy only) are counted and left out."""
+    from cptsim.planner import plan
+    from cptsim.planner.quality import measured_workload
+    from cptsim.study.results import ResultsDB
+
+    db = tmp_path / "r.db"
+    T = digits_workload.steps
+    val = lambda s: 0.8 + 0.02 * float(s.bits(T).mean())  # noqa: E731
+    test = lambda s: 0.99 - 0.03 * float(s.bits(T).mean())  # noqa: E731
+    rows = _fake_rows(digits_workload, val, test_of=test)
+    old = _fake_rows(digits_workload, test, measured=False)  # an old sweep: full training set, test only
+    for r in old:
+        r["run_path"] += "-old"
+    with ResultsDB(db) as r:
+        for row in rows + old:
+            r.add_run(row)
+    mw = measured_workload(digits_workload)
+    assert mw["dataset_size"] == 1437 - 287 and mw["steps"] == 15 * -(-(1437 - 287) // 64)
+    p = plan(digits_workload, "bitfusion", "65%", quality="db", db=str(db), evidence=LocalEvidence())
+    q = p.to_json()["quality"]
+    assert p.ranking == "db" and q["measure"]["key"] == "val_acc" and q["runs"] == 14
+    assert q["runs_without_validation"] == 0  # the old rows are another workload key altogether
+    means = {}
+    for row in rows:
+        means.setdefault(row["schedule"], []).append(row["val_acc"])
+    assert q["intercept"] == pytest.approx(np.mean([np.mean(v) for v in means.values()]), abs=1e-9)
+    assert q["coefficients"]["mean_bits"] > 0
+    # the same rows, but the runs recorded no validation measure: nothing is fitted to their test accuracy
+    db2 = tmp_path / "r2.db"
+    with ResultsDB(db2) as r:
+        for row in rows:
+            r.add_run({k: v for k, v in row.items() if k not in ("val_acc", "val_size")})
+    p2 = plan(digits_workload, "bitfusion", "65%", quality="db", db=str(db2), evidence=LocalEvidence())
+    q2 = p2.to_json()["quality"]
+    assert p2.ranking == "proxy" and q2["fallback"] == "proxy" and q2["runs_without_validation"] == 14
+    assert any("recorded no validation measure" in n for n in p2.notes)
 
 
 # -- evaluation at the precision it reports ----------------------------------------------------------------------------

@@ -198,3 +198,43 @@ def test_processes_opening_one_new_database_at_the_same_instant_all_succeed(tmp_
         for p in procs:
             p.join(60)
         assert [p.exitcode for p in procs] == [0] * 4, i
+
+
+def test_an_old_database_reads_unchanged_and_gains_the_validation_columns_on_its_first_write(tmp_path):
+    """Issue 22 item 1: schema 2 adds val_acc, val_loss, val_size. A schema-1 database (written by main @ fb8bbd5)
+    reads as before with None there, is not changed by reading, and is upgraded in place by its first write."""
+    import hashlib
+    import shutil
+    from pathlib import Path
+
+    old = Path(__file__).parent / "data" / "pre_layout" / "results.db"
+    path = tmp_path / "old.db"
+    shutil.copy(old, path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    with ResultsDB(path) as db:
+        rows = db.rows()
+    assert len(rows) == 2 and all(r["val_acc"] is None and r["val_size"] is None for r in rows)
+    assert all(0 <= r["test_acc"] <= 1 for r in rows)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    with ResultsDB(path) as db:
+        db.add_run(_row(9, val_acc=0.75, val_loss=0.5, val_size=287))
+        new = db.rows()
+    con = sqlite3.connect(path)
+    assert con.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)] == [(2,)]
+    assert {"val_acc", "val_loss", "val_size"} <= {r[1] for r in con.execute("PRAGMA table_info(runs)")}
+    con.close()
+    assert [r["val_acc"] for r in new] == [None, None, 0.75] and new[-1]["val_size"] == 287
+
+
+def test_a_run_with_a_validation_split_records_its_validation_measure(tmp_path):
+    """Issue 22 item 1: a run's row carries its final validation accuracy and loss and the split's size (the
+    fraction held out by cptsim.run.train.validation_split), beside the test ones."""
+    from cptsim.run.config import VAL_SPLIT, held_out
+    from cptsim.run.train import TrainConfig, train
+
+    run = train(TrainConfig(schedule="static:8", steps=3, val_split=VAL_SPLIT), str(tmp_path / "r"), progress=False)
+    last = run.read_metrics().records[-1]
+    row = run_row(run.path)
+    assert row["val_size"] == held_out(1437, VAL_SPLIT) == 287
+    assert row["val_acc"] == pytest.approx(last["val_acc"]) and row["val_loss"] == pytest.approx(last["val_loss"])
+    assert row["workload"]["dataset_size"] == 1437 - 287

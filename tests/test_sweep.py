@@ -53,6 +53,39 @@ def test_train_flags_spell_out_the_workload():
     assert "device" not in s.workload() and s.workload()["steps"] == 7
 
 
+def test_a_sweep_holds_out_a_validation_split_by_default_and_the_database_records_it(tmp_path):
+    """Issue 22 item 1: every run of a sweep holds out the planner's validation fraction of its training data
+    (what ``plan --quality db`` fits to), its row records the validation accuracy, and the row is found under the
+    key the planner looks up (``measured_workload``). A sweep directory written before the split existed (its
+    sweep.json has no val_split: nothing was held out) continues only with --val-split 0."""
+    from cptsim.planner import Workload
+    from cptsim.planner.quality import measured_workload
+    from cptsim.run.config import VAL_SPLIT
+    from cptsim.study.results import workload_key
+
+    s = SW.SweepSettings(steps=int(STEPS))
+    assert s.val_split == VAL_SPLIT and s.workload()["val_split"] == VAL_SPLIT
+    f = s.train_flags()
+    assert float(f[f.index("--val-split") + 1]) == VAL_SPLIT
+    out, db = tmp_path / "sw", tmp_path / "r.db"
+    r = _cli(*_sweep_args(out, db, "static:4"), "--json")
+    assert r.exit_code == 0, r.output
+    with ResultsDB(db) as d:
+        (row,) = d.rows()
+    cfg = json.loads((out / "static_4_g8-s0" / "config.json").read_text())
+    assert cfg["settings"]["val_split"] == VAL_SPLIT and row["val_size"] == cfg["val_size"] > 0
+    assert 0 <= row["val_acc"] <= 1
+    assert row["workload_key"] == workload_key(measured_workload(Workload.build(steps=int(STEPS))))
+    old = tmp_path / "old"
+    old.mkdir()
+    wl = {k: v for k, v in s.workload().items() if k != "val_split"}
+    (old / SW.SWEEP_FILE).write_text(json.dumps({"format": SW.SWEEP_FORMAT, "workload": wl, "schedules": [],
+                                                 "seeds": []}))
+    with pytest.raises(InputError, match="val_split 0.0 there, 0.2 now"):
+        SW.prepare(old, s, ["static:4:g8"], [0])
+    assert len(SW.prepare(old, SW.SweepSettings(steps=int(STEPS), val_split=0.0), ["static:4:g8"], [0])) == 1
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--schedules", "cpt", "--jobs", "0", "--out", "X"], "--jobs must be at least 1"),
     (["--schedules", "cpt", "--seeds", "a", "--out", "X"], "--seeds"),

@@ -89,6 +89,16 @@ class TrainConfig:
         return cls.from_dict(settings | {k: v for k, v in overrides.items() if k not in PLAN_FIXED})
 
 
+# The fraction of the training data that sweeps and the planner's pilot hold out as a validation split: what the
+# planner's decisions (pilot ranking, ``--quality db``) are made on, so that the test split is never used for them.
+VAL_SPLIT = 0.2
+
+
+def held_out(n: int, val_split: float) -> int:
+    """How many of ``n`` training samples a ``val_split`` holds out (``cptsim.run.train.validation_split``)."""
+    return int(round(val_split * n))
+
+
 # The settings a plan's cost depends on: TrainConfig.from_plan refuses to change them.
 PLAN_FIXED = ("model", "dataset", "schedule", "batch_size", "steps", "epochs", "fp_layers", "image_size")
 

@@ -157,8 +157,10 @@ def validation_split(cfg: TrainConfig, train_set):
 
     from cptsim.data import load_datasets
 
+    from .config import held_out
+
     n = len(train_set)
-    n_val = int(round(cfg.val_split * n))
+    n_val = held_out(n, cfg.val_split)
     if n_val < 1 or n_val >= n:
         raise InputError(f"--val-split {cfg.val_split} of {n} training samples leaves no validation or no "
                          "training data")

@@ -3,7 +3,13 @@
 Sweeps (``cptsim sweep``), pilot runs and the planner's learned quality model read and write it. A row holds what
 defines the run's workload (a stable key and the settings as JSON), its schedule and seed, what it cost (BitOPs, and
 BitOPs relative to static q_max of the same workload), the planner's proxy score of the schedule, and what it
-measured (test accuracy and loss at ``eval_bits``) -- plus where the run directory is.
+measured at ``eval_bits``: on the held-out validation split (``val_acc``, ``val_loss``, ``val_size``: what the
+planner's ``--quality db`` fits to, never the test split) and on the test split (``test_acc``, ``test_loss``: for
+reports) -- plus where the run directory is.
+
+Schema versions: 1 had no validation columns. A version-1 database opens and reads as before (the validation
+columns read as None); the first write to it adds the columns (``ALTER TABLE ... ADD COLUMN``, one transaction)
+and marks it version 2, so a database is never changed by reading it.
 
 Where: ``--db PATH``, else ``$CPTSIM_DB``, else ``$XDG_DATA_HOME/cptsim/results.db`` (``~/.local/share/...``).
 
@@ -37,7 +43,7 @@ from typing import Any
 
 from cptsim.errors import InputError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SOURCES = ("sweep", "pilot", "train")
 
 # What makes two runs the same workload (seed and schedule are what vary across a sweep; data_dir, device, threads
@@ -66,6 +72,9 @@ COLUMNS = (
     ("test_acc", "REAL"),                 # final evaluation, at eval_bits
     ("test_loss", "REAL"),
     ("eval_bits", "INTEGER"),
+    ("val_acc", "REAL"),                  # final evaluation on the held-out validation split (schema 2)
+    ("val_loss", "REAL"),                 # its loss (per token for a language model: log perplexity)
+    ("val_size", "INTEGER"),              # validation samples (0 or None: no validation split)
     ("source", "TEXT NOT NULL"),          # sweep | pilot | train
     ("run_path", "TEXT NOT NULL UNIQUE"),
     ("created", "TEXT NOT NULL"),         # when the row was written, ISO 8601 local time with offset
@@ -216,19 +225,29 @@ class ResultsDB:
     def _init_schema(self) -> None:
         # One statement at a time inside our transaction (executescript would COMMIT first).
         with self._write():
-            for stmt in filter(str.strip, _SCHEMA.split(";")):
+            for stmt in filter(str.strip, _SCHEMA.split(";")):  # IF NOT EXISTS: an existing table is left as is
                 self._con.execute(stmt)
             row = self._con.execute("SELECT version FROM schema_version").fetchone()
             if row is None:
                 self._con.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+                self.version = SCHEMA_VERSION
                 return
             version = int(row[0])
         if version > SCHEMA_VERSION:
             raise InputError(f"--db {self.path}: results schema version {version} was written by a newer cptsim; "
                              f"this one reads version {SCHEMA_VERSION}")
-        if version < SCHEMA_VERSION:  # pragma: no cover - no older version exists yet
-            raise InputError(f"--db {self.path}: results schema version {version} is older than {SCHEMA_VERSION} "
-                             "and cannot be upgraded by this cptsim")
+        self.version = version  # older: readable as it is; upgraded by the first write (_upgrade)
+
+    def _upgrade(self, con: sqlite3.Connection) -> None:
+        """Inside a write transaction: bring an older schema to ``SCHEMA_VERSION`` (add the missing columns)."""
+        if self.version >= SCHEMA_VERSION:
+            return
+        have = {r[1] for r in con.execute("PRAGMA table_info(runs)").fetchall()}
+        for c, t in COLUMNS:
+            if c not in have:  # added columns are nullable: old rows read None there
+                con.execute(f"ALTER TABLE runs ADD COLUMN {c} {t}")
+        con.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+        self.version = SCHEMA_VERSION
 
     class _Tx:
         def __init__(self, con: sqlite3.Connection):
@@ -257,6 +276,7 @@ class ResultsDB:
         marks = ", ".join("?" for _ in COLUMN_NAMES)
         update = ", ".join(f"{c} = excluded.{c}" for c in COLUMN_NAMES if c != "run_path")
         with self._write() as con:
+            self._upgrade(con)
             con.execute(f"INSERT INTO runs ({cols}) VALUES ({marks}) ON CONFLICT(run_path) DO UPDATE SET {update}",
                         values)
             return int(con.execute("SELECT id FROM runs WHERE run_path = ?", (row["run_path"],)).fetchone()[0])
@@ -305,7 +325,7 @@ class ResultsDB:
         sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
         out = []
         for r in self._con.execute(sql, args).fetchall():
-            d = dict(r)
+            d = dict.fromkeys(COLUMN_NAMES) | dict(r)  # an older schema's missing columns read as None
             for k in ("workload", "extra"):
                 d[k] = json.loads(d[k]) if d.get(k) else ({} if k == "extra" else None)
             out.append(d)
@@ -379,6 +399,8 @@ def run_row(run_dir, source: str = "train") -> dict:
         "test_acc": float(last["test_acc"]),
         "test_loss": None if last.get("test_loss") is None else float(last["test_loss"]),
         "eval_bits": int(last.get("eval_bits", cfg["eval_bits"])),
+        "val_acc": _maybe_float(last.get("val_acc")), "val_loss": _maybe_float(last.get("val_loss")),
+        "val_size": int(cfg.get("val_size") or 0),
         "source": source, "run_path": str(run.path.resolve()),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "extra": {"best_test_acc": max(accs), "epochs_evaluated": len(metrics),
@@ -388,6 +410,10 @@ def run_row(run_dir, source: str = "train") -> dict:
                  # language models: perplexity (lower is better) is their measure; test_acc is next-token accuracy
                  | {k: last[k] for k in ("test_ppl", "val_ppl", "test_bpc", "val_loss") if k in last},
     }
+
+
+def _maybe_float(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def record_run(run_dir, db: ResultsDB, source: str = "train") -> dict:

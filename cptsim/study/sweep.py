@@ -15,6 +15,12 @@ by its first sweep; a rerun may add schedules or seeds but not change the worklo
 
 Each finished run's row goes into the results database (``cptsim.study.results``) as it finishes.
 
+Every run holds out a validation split of its training data by default (``val_split``, ``--val-split``: the same
+fixed fraction the planner's pilot holds out, ``cptsim.run.config.VAL_SPLIT``) and the database records its
+validation accuracy and loss beside the test ones: the planner's ``--quality db`` fits to the validation measure,
+never to the test split. ``--val-split 0`` trains on all the training data (and leaves ``--quality db`` nothing to
+fit). A sweep directory written before the split existed held nothing out: it continues only with ``--val-split 0``.
+
 ``sweep_report(rows)`` summarises rows of one workload: per schedule the mean and spread of accuracy over seeds,
 its cost relative to static q_max, the planner's proxy score, and the Spearman rank correlation between score and
 measured mean accuracy over schedules, with its seed spread (the correlation computed per seed). For a language
@@ -63,6 +69,7 @@ class SweepSettings:
     lr_schedule: str = "cosine"
     fp_layers: list[str] | None = None  # None = the model's convention, [] = quantize every layer
     augment: bool = True
+    val_split: float = 0.2  # held out of the training data (cptsim.run.config.VAL_SPLIT): what decisions rank by
     device: str = "cpu"
     workers: int = 0
     threads: int | None = None
@@ -87,7 +94,8 @@ class SweepSettings:
         validate(TrainConfig(model=self.model, dataset=self.dataset, data_dir=self.data_dir, epochs=self.epochs,
                              steps=self.steps, batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
                              weight_decay=self.weight_decay, lr_schedule=self.lr_schedule,
-                             fp_layers=self.fp_layers, augment=self.augment, device=self.device,
+                             fp_layers=self.fp_layers, augment=self.augment, val_split=self.val_split,
+                             device=self.device,
                              workers=self.workers, threads=self.threads, checkpoint_every=self.checkpoint_every))
         info = dataset_info(self.dataset, self.data_dir)
         shape = tuple(int(d) for d in info.input_shape)
@@ -106,6 +114,7 @@ class SweepSettings:
             f += ["--fp-layers", ",".join(self.fp_layers) if self.fp_layers else "none"]
         if not self.augment:
             f.append("--no-augment")
+        f += ["--val-split", repr(float(self.val_split))]
         if self.threads is not None:
             f += ["--threads", str(self.threads)]
         if self.checkpoint_every is not None:
@@ -242,6 +251,8 @@ def _sweep_doc(out: Path, settings: SweepSettings, schedules: list[str], seeds: 
             raise InputError(f"{path}: not a cptsim sweep file (format {old.get('format') if isinstance(old, dict) else None!r}, "
                              f"expected {SWEEP_FORMAT!r})")
         have = old.get("workload", {})
+        if isinstance(have, dict):  # written before sweeps held out a validation split: nothing was held out
+            have = {"val_split": 0.0} | have
         diff = [f"{k} {have.get(k)!r} there, {v!r} now" for k, v in wanted.items() if have.get(k) != v]
         if diff:
             raise InputError(f"{out} holds a sweep of another workload ({'; '.join(diff)}); "
