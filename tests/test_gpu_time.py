@@ -209,3 +209,20 @@ def test_train_records_the_tf32_flags_the_run_had_in_config_json(tmp_path):
     assert host["torch.backends.cuda.matmul.allow_tf32"] is torch.backends.cuda.matmul.allow_tf32 is False
     assert host["torch.backends.cudnn.allow_tf32"] is torch.backends.cudnn.allow_tf32 is True
     assert {"machine", "threads", "quantizers"} <= set(host)   # the keys it had before
+
+
+@pytest.mark.parametrize("name", GPUS)
+def test_allowing_tf32_never_prices_an_fp32_gemm_slower_than_the_files_own_fp32_tier(name):
+    # cuDNN and cuBLAS, allowed TF32, still pick an FP32 kernel where it is faster. Checked on the TOML's own
+    # numbers: peak x efficiency of the tier FP32 convolutions run on against the strict FP32 tier's, and two
+    # 32-bit tiers of one peak (RTX 4090: TF32 82.6 = FP32 82.6 TFLOPS, Ada whitepaper) at one efficiency.
+    tiers, gpu = _toml_tiers(name)
+    rate = {n: t["peak_ops"] * t.get("efficiency", 1.0) for n, t in tiers.items() if t["bits"] == 32}
+    p = load_profile(name)
+    assert rate[p.params["fp32_tier"]] >= rate[p.params["fp32_matmul_tier"]]
+    assert p.params["fp32_matmul_tier"] == "fp32"   # PyTorch's default: strict FP32 matmuls
+    wide = [t for t in tiers.values() if t["bits"] == 32]
+    for a in wide:
+        for b in wide:
+            if a["peak_ops"] == b["peak_ops"]:
+                assert a.get("efficiency", 1.0) == b.get("efficiency", 1.0), (a["name"], b["name"])
