@@ -214,10 +214,12 @@ def test_bytes_moved_by_hand():
     assert b[0].tolist() == [(10 * 4 + 40 * 4 + 60 * 32) / 8, 0.0, (60 * 8 + 40 * 4 + 10 * 32) / 8]
     # layer 1 stays FP32 on every operand: W=5, I=12, O=14
     assert b[1].tolist() == [(5 + 12 + 14) * 4.0, (14 + 5 + 12) * 4.0, (14 + 12 + 5) * 4.0]
-    # On an H100 a 5-bit tensor is stored as int8; on the host (fake quantization) as fp32.
+    # On an H100 a 5-bit tensor is stored as int8, and the int8 GEMM's output written at FP16 (the step's width);
+    # on the host (fake quantization) everything as fp32.
     h100, host = load_profile("h100"), load_profile("host")
-    assert bytes_moved(numel, macs, quant, 5, 8, 2, storage=storage_bits(h100)).tolist() == \
-        bytes_moved(numel, macs, quant, 8, 8, 2).tolist()
+    on_h100 = bytes_moved(numel, macs, quant, 5, 8, 2, storage=storage_bits(h100))
+    assert on_h100.tolist() == bytes_moved(numel, macs, quant, 8, 8, 2, storage=storage_bits(h100)).tolist()
+    assert on_h100[0].tolist() == [(10 * 8 + 40 * 8 + 60 * 16) / 8, 0.0, (60 * 8 + 40 * 8 + 10 * 32) / 8]
     assert bytes_moved(numel, macs, quant, 5, 8, 2, storage=storage_bits(host)).tolist() == \
         bytes_moved(numel, macs, quant, 32, 32, 2).tolist()
     # K step kinds at once: (K, L, 3), each row as its scalar call
@@ -338,3 +340,30 @@ def test_commands_exit_2_with_one_line_on_bad_input(args):
     assert r.exit_code == 2, r.output
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+
+
+# -- issue 23, item 7c: an int GEMM on a GPU writes its outputs into the step's FP16 pipeline ---------------------------
+
+
+def test_gpu_int_gemms_write_fp16_outputs_by_hand_count():
+    # one conv: W weights, I inputs and O outputs per sample; batch 4, q = g = 8 on an A100 (int8 tier: operands
+    # stored at 8 bits); outputs (activation, input gradient) at 16, the weight gradient at 32
+    W, I, O, n = 1000, 300, 500, 4
+    prof = _profile([(True, (7, 7, 7), (W, I, O))])
+    a = prof.arrays()
+    got = bytes_moved(a.numel, a.macs, a.quantized, 8, 8, n, a.calls, storage_bits(load_profile("a100")))
+    want = [(W * 8 + I * n * 8 + O * n * 16) / 8,
+            (O * n * 8 + W * 8 + I * n * 16) / 8,
+            (O * n * 8 + I * n * 8 + W * 32) / 8]
+    assert got[0].tolist() == want
+
+
+@pytest.mark.parametrize("hw_name", ["a100", "h100", "t4"])
+def test_an_int8_step_moves_no_more_dram_bytes_than_an_fp16_one(hw_name):
+    from cptsim.measure.profiler import profile_named_model
+
+    a = profile_named_model("resnet20", (3, 32, 32), 10, None).arrays()
+    store = storage_bits(load_profile(hw_name))
+    total = {q: bytes_moved(a.numel, a.macs, a.quantized, q, 8, 128, a.calls, store).sum() for q in (4, 8, 16)}
+    assert total[4] <= total[8] <= total[16]
+    assert total[8] < total[16]   # narrower operands, same outputs

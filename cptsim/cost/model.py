@@ -21,8 +21,9 @@ Bytes moved per layer-phase (DRAM traffic; a simple, stated model -- no cache re
     dgrad  read error  (O·batch) at b_g,     read weight (W·calls) at b_w,      write input grad (I·batch) at 32
     wgrad  read error  (O·batch) at b_g,     read input  (I·batch) at b_a,      write weight grad (W·calls) at 32
 
-A GPU's FP16 GEMMs (AMP) write the forward output and the input gradient at 16 bits (``storage_bits(gpu).output``;
-int and FP32/TF32 GEMMs at 32, as for every kind). On a GPU, the step's other ops (batch norm,
+A GPU's GEMMs write the forward output and the input gradient at the float width the step computes in
+(``storage_bits(gpu).output`` = ``GPUProfile.compute_bits``): 16 bits for FP16 GEMMs (AMP) and int GEMMs (an int
+pipeline keeps its activations and errors in FP16, as its non-GEMM ops), 32 for FP32/TF32 GEMMs. On a GPU, the step's other ops (batch norm,
 activations, optimizer...) and its kernel launches come from the profile's op list (``step_ops_cost``).
 
 W = weight elements, I / O = input / output elements per sample (summed over the layer's calls). A phase with
@@ -176,9 +177,10 @@ def storage_bits(hardware) -> Any:
         def gpu_store(b):
             return tier_bits[hardware.tier_index(b, b)]
 
-        def gpu_output(b):  # an FP16 GEMM (AMP) writes FP16 outputs; int and FP32/TF32 GEMMs write 32-bit ones
-            t = gpu_store(b)
-            return np.where(t == 16, 16, FP)
+        def gpu_output(b):
+            # written at the step's float width: FP16 by an FP16 (AMP) or int GEMM -- an int GEMM's INT32
+            # accumulators are scaled back into the FP16 pipeline its non-GEMM ops run in -- FP32 by an FP32/TF32 one
+            return hardware.compute_bits(b)
 
         gpu_store.output = gpu_output
         return gpu_store
