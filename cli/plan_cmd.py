@@ -50,6 +50,8 @@ correlation with measured accuracy is reported there (it must be >= 0.5; tests/t
 squares; +- from bootstrap refits and seed spread), and falls back to the score below 5 measured schedules.
 It fits the runs' VALIDATION accuracy (a language model: validation loss), never their test accuracy: 'cptsim
 sweep' holds out --val-split 0.2 of the training data by default and records it; runs without one are left out.
+A candidate outside the range of score, mean bits and cost that was measured gets no prediction ("outside
+fit"): it is ranked after those inside, by the score; with none inside, the plan is ranked by the score.
 
 Hardware: BitOPs do not depend on it; energy and latency do, and often not smoothly -- an H100 runs every
 width up to 8 bits on its int8 tier, so its latency and energy do not fall below 8 bits and a latency budget
@@ -228,6 +230,8 @@ def _pct(x: float | None) -> str:
 
 def _predicted_cell(a: dict) -> str:
     """--quality db's prediction for one alternative: validation accuracy, or validation loss (a language model)."""
+    if a.get("extrapolated"):
+        return "outside fit"
     if a.get("predicted_val_loss") is not None:
         return f"loss {a['predicted_val_loss']:.3f} ± {a['predicted_std']:.3f}"
     if a.get("predicted_acc") is not None:

@@ -19,6 +19,15 @@ measured schedules (with all their seeds), plus the seed-to-seed spread measured
 quadrature. With fewer than ``MIN_SCHEDULES`` distinct measured schedules the model is not trusted and the planner
 falls back to the proxy, and says so.
 
+The model does not extrapolate. It is trusted only inside the range its features were measured over (per feature,
+from the lowest to the highest value among the measured schedules: ``QualityModel.in_range``). Outside it a linear
+fit says nothing -- fitted to issue 9's runs, whose mean bits span 2.99-3.01 and relative cost 0.30-0.31, it
+"predicted" static:8 at 0.9998 +- 0.676, and 8% of its bootstrap refits gave the near-constant cost a positive
+weight, which would rank "most expensive within budget" first. So a candidate outside the range gets no prediction:
+the planner ranks the candidates inside it by the model and those outside after them, by the proxy score, marks
+them ``extrapolated`` in the plan and says how many there were; when no candidate within budget is inside, the plan
+is ranked by the proxy altogether and says why.
+
 Why these features and not more: a few dozen runs is what a user has; three sign-constrained coefficients cannot
 chase seed noise far, and all three features exist for every candidate without materialising its bits (the fast
 path of ``evaluate`` computes them), so the model ranks the whole space as fast as the proxy.
@@ -69,6 +78,17 @@ class QualityModel:
     n_schedules: int
     schedules: list[str]
     loo_spearman: float | None     # leave-one-schedule-out rank correlation of prediction and measurement
+    lo: np.ndarray | None = None   # per feature: the lowest and highest value among the measured schedules
+    hi: np.ndarray | None = None
+
+    def in_range(self, X: np.ndarray) -> np.ndarray:
+        """Which rows of X lie inside the measured range of every feature (the model is trusted there only;
+        a relative 1e-9 of slack for rounding: the same schedule's features computed twice agree to ~1e-15)."""
+        X = np.atleast_2d(np.asarray(X, float))
+        if self.lo is None or self.hi is None:
+            return np.ones(len(X), bool)
+        tol = 1e-9 * np.maximum(1.0, np.maximum(np.abs(self.lo), np.abs(self.hi)))
+        return np.all((X >= self.lo - tol) & (X <= self.hi + tol), axis=1)
 
     def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         Z = (np.asarray(X, float) - self.mu) / self.sd
@@ -83,7 +103,9 @@ class QualityModel:
                 "feature_mean": dict(zip(FEATURE_NAMES, map(float, self.mu))),
                 "feature_std": dict(zip(FEATURE_NAMES, map(float, self.sd))),
                 "seed_std": self.seed_sd, "runs": self.n_runs, "schedules": self.n_schedules,
-                "loo_spearman": self.loo_spearman}
+                "loo_spearman": self.loo_spearman,
+                "feature_range": None if self.lo is None else
+                {n: [float(a), float(b)] for n, a, b in zip(FEATURE_NAMES, self.lo, self.hi)}}
 
 
 def fit_quality(schedules: list[str], X: np.ndarray, acc: np.ndarray, rng_seed: int = 0) -> QualityModel | None:
@@ -119,7 +141,8 @@ def fit_quality(schedules: list[str], X: np.ndarray, acc: np.ndarray, rng_seed: 
         rho = spearmanr(pred, ys)[0]
         loo = None if not np.isfinite(rho) else float(rho)
     return QualityModel(coef=coef, mu=mu, sd=sd, boot=boot, seed_sd=seed_sd, n_runs=len(acc),
-                        n_schedules=len(names), schedules=names, loo_spearman=loo)
+                        n_schedules=len(names), schedules=names, loo_spearman=loo, lo=Xs.min(axis=0),
+                        hi=Xs.max(axis=0))
 
 
 @dataclass

@@ -287,20 +287,39 @@ def _quality_rank(cands: Candidates, mask: np.ndarray, cost: np.ndarray, base_bi
         return None, doc
     Xc = features(cands.score, cands.mean_bits, cands.cost["bitops"] / base_bitops)
     mean, std = model.predict(Xc)
-    idx = np.flatnonzero(mask)
-    order = np.lexsort((idx, cost[idx], -cands.score[idx], -np.round(mean[idx], 12)))
+    inside = model.in_range(Xc)
     doc.update(model.to_json())
-    doc["predicted"] = {"mean": mean, "std": std}  # arrays: turned into per-alternative numbers by select
-    return idx[order], doc
+    idx = np.flatnonzero(mask)
+    ins, outs = idx[inside[idx]], idx[~inside[idx]]
+    doc["in_range"], doc["extrapolated"] = int(ins.size), int(outs.size)
+    rng = "; ".join(f"{label} {lo:.4g}-{hi:.4g}" for label, (lo, hi) in
+                    zip(("score", "mean bits", "BitOPs/baseline"), doc["feature_range"].values()))
+    if ins.size == 0:
+        doc["fallback"] = "proxy"
+        notes.append(f"--quality db: every one of the {outs.size} candidates within budget lies outside the range "
+                     f"the model was measured over ({rng}); a linear fit would extrapolate there, so the plan is "
+                     "ranked by the proxy score instead - sweep schedules like these to extend the range")
+        return None, doc
+    order_in = np.lexsort((ins, cost[ins], -cands.score[ins], -np.round(mean[ins], 12)))
+    order_out = np.lexsort((outs, cost[outs], -cands.score[outs]))  # by the proxy, as _ranked
+    if outs.size:
+        notes.append(f"--quality db: {outs.size} of the {idx.size} candidates within budget lie outside the range "
+                     f"the model was measured over ({rng}); they get no prediction (marked extrapolated) and are "
+                     f"ranked after the {ins.size} inside it, by the proxy score")
+    doc["predicted"] = {"mean": mean, "std": std, "in_range": inside}  # arrays: per alternative in select
+    return np.concatenate((ins[order_in], outs[order_out])), doc
 
 
 def _predicted_json(predicted: dict, quality_doc: dict, i: int) -> dict:
     """An alternative's predicted quality: validation accuracy, or a language model's validation loss (the model
     fits minus the loss)."""
     mean, std = float(predicted["mean"][i]), float(predicted["std"][i])
-    if (quality_doc.get("measure") or {}).get("key") == "val_loss":
-        return {"predicted_val_loss": -mean, "predicted_std": std}
-    return {"predicted_acc": mean, "predicted_std": std}
+    lm = (quality_doc.get("measure") or {}).get("key") == "val_loss"
+    if not predicted["in_range"][i]:  # outside the measured range: the model says nothing there
+        return {"predicted_val_loss" if lm else "predicted_acc": None, "predicted_std": None, "extrapolated": True}
+    if lm:
+        return {"predicted_val_loss": -mean, "predicted_std": std, "extrapolated": False}
+    return {"predicted_acc": mean, "predicted_std": std, "extrapolated": False}
 
 
 def _pareto(cost: np.ndarray, score: np.ndarray) -> np.ndarray:

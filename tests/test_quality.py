@@ -98,9 +98,9 @@ def test_plan_quality_db_ranks_by_predicted_accuracy_and_records_it(digits_workl
     assert p.ranking == "db" and doc["quality"]["name"] == "monotone-linear/1"
     assert doc["quality"]["schedules"] == 7 and doc["quality"]["runs"] == 14
     alts = [a for a in doc["alternatives"] if a["within_budget"]]
-    preds = [a["predicted_acc"] for a in alts if a["role"] != "cheapest"]
+    preds = [a["predicted_acc"] for a in alts if a["role"] != "cheapest" and not a["extrapolated"]]
     assert preds[0] == max(preds)  # the chosen one has the best predicted accuracy within budget
-    assert all(a["predicted_std"] > 0 for a in alts)
+    assert all(a["predicted_std"] > 0 for a in alts if not a["extrapolated"])
     assert doc["estimate"]["bitops"]["total"] <= doc["budget_absolute"]
 
 
@@ -157,6 +157,90 @@ def test_quality_db_fits_the_validation_measure_and_never_the_test_split(digits_
     q2 = p2.to_json()["quality"]
     assert p2.ranking == "proxy" and q2["fallback"] == "proxy" and q2["runs_without_validation"] == 14
     assert any("recorded no validation measure" in n for n in p2.notes)
+
+
+def _measured_features(w, texts, base_bitops):
+    """The three features of each schedule, computed here from their definitions (score_bits of the schedule's
+    bits, their mean, its BitOPs over the baseline's)."""
+    out = []
+    for t in texts:
+        s = parse_schedule(t)
+        q, g = s.bits(w.steps), s.grad_bits(w.steps)
+        out.append((float(score_bits(q, g)), float(q.mean()), w.estimate(s, "bitfusion").bitops["total"] / base_bitops))
+    return np.array(out)
+
+
+def test_quality_db_never_predicts_outside_the_measured_feature_range(digits_workload, tmp_path):
+    """Issue 22 item 2: a candidate whose score, mean bits or relative cost lies outside the range of the measured
+    schedules gets no prediction (marked extrapolated) and is ranked after every candidate inside, by the proxy
+    score; the plan says how many. The range is computed here from the measured schedules themselves."""
+    from cptsim.planner import plan
+    from cptsim.study.results import ResultsDB
+
+    db = tmp_path / "r.db"
+    T = digits_workload.steps
+    rows = _fake_rows(digits_workload, lambda s: 0.8 + 0.02 * float(s.bits(T).mean()))
+    with ResultsDB(db) as r:
+        for row in rows:
+            r.add_run(row)
+    p = plan(digits_workload, "bitfusion", "65%", quality="db", db=str(db), evidence=LocalEvidence(), top=400)
+    doc = p.to_json()
+    base = doc["baseline"]["bitops"]["total"]
+    X = _measured_features(digits_workload, sorted({r["schedule"] for r in rows}), base)
+    lo, hi = X.min(axis=0), X.max(axis=0)
+    q = doc["quality"]
+    assert p.ranking == "db"
+    assert np.allclose([v for v in q["feature_range"].values()], np.column_stack([lo, hi]), rtol=1e-12)
+    alts = [a for a in doc["alternatives"] if a["within_budget"] and a["role"] != "cheapest"]
+    seen_outside = False
+    n_out = 0
+    for a in alts:
+        x = np.array([a["score"], a["mean_bits"], a["bitops"] / base])
+        inside = bool(np.all((x >= lo - 1e-9) & (x <= hi + 1e-9)))
+        assert a["extrapolated"] is (not inside), a["schedule"]
+        if inside:
+            assert not seen_outside  # every candidate inside the range is ranked before every one outside
+            assert a["predicted_acc"] is not None and a["predicted_std"] > 0
+        else:
+            seen_outside = True
+            n_out += 1
+            assert a["predicted_acc"] is None and a["predicted_std"] is None
+    assert n_out > 0 and alts[0]["extrapolated"] is False
+    outside = [a for a in alts if a["extrapolated"]]
+    assert [a["score"] for a in outside] == sorted((a["score"] for a in outside), reverse=True)  # proxy order
+    assert q["extrapolated"] >= n_out and q["in_range"] >= 1
+    assert any("outside the range the model was measured over" in n and "by the proxy score" in n
+               for n in doc["notes"])
+
+
+def test_quality_db_ranks_by_the_proxy_when_every_candidate_is_outside_the_measured_range(digits_workload,
+                                                                                         tmp_path):
+    """Issue 22 item 2, the issue's own case: runs of one mean-bits level (forward bits 2-4, mean 3) say nothing
+    about schedules of a 3-8 space: the model must not rank them (it did: static:8 at 0.9998 +- 0.676)."""
+    from cptsim.planner import plan
+    from cptsim.planner.quality import measured_workload
+    from cptsim.planner.space import parse_space
+    from cptsim.study.results import ResultsDB, workload_key
+
+    wl = measured_workload(digits_workload)
+    texts = ["cos-rep:2-4:g8:n1", "cos-rep:2-4:g8:n8", "cos-rep:2-4:g8:n32", "lin-tri:2-4:g8:n1",
+             "lin-tri:2-4:g8:n8", "cos-tri:2-4:g8:n4", "lin-rep:2-4:g8:n8"]
+    db = tmp_path / "r.db"
+    with ResultsDB(db) as r:
+        for i, t in enumerate(texts):
+            for seed in (0, 1):
+                r.add_run({"workload_key": workload_key(wl), "workload": wl, "schedule": t, "seed": seed,
+                           "steps": wl["steps"], "test_acc": 0.9, "val_acc": 0.9 + 0.005 * i + 0.001 * seed,
+                           "val_size": 287, "source": "sweep", "run_path": f"/fake/{t}-{seed}"})
+    space = parse_space(None, None, "3", "8", "8", None, None)
+    p = plan(digits_workload, "bitfusion", "65%", space, quality="db", db=str(db), evidence=LocalEvidence())
+    q = p.to_json()["quality"]
+    assert p.ranking == "proxy" and q["fallback"] == "proxy"
+    assert q["feature_range"]["mean_bits"][1] - q["feature_range"]["mean_bits"][0] < 0.05
+    assert q["in_range"] == 0 and q["extrapolated"] > 0
+    assert p.schedule == plan(digits_workload, "bitfusion", "65%", space).schedule
+    assert any("every one of the" in n and "ranked by the proxy score instead" in n for n in p.notes)
+    assert all("predicted_acc" not in a for a in p.to_json()["alternatives"])
 
 
 # -- evaluation at the precision it reports ----------------------------------------------------------------------------
