@@ -15,9 +15,16 @@ pilot run is recorded in the results database (source "pilot").
 
 How long is long enough: s_0 defaults to T/4 and at least two epochs of the training part -- measured on digits,
 the old default (T/8 = 8 steps) left every pilot at 11-21%, chance level, so its ranking was noise. Each round
-records whether it *separated* its candidates: the accuracy gap between the last kept and the first dropped
-candidate against twice the binomial standard error of one validation accuracy, sqrt(p (1 - p) / n_val). A round
-that did not separate says so in the plan's notes.
+records whether it *separated* its candidates, by a paired test: the last kept and the first dropped candidate are
+evaluated on the very same validation samples (each run records which it got right: ``val_correct`` in its
+metrics.jsonl, a bitset), so what tells them apart is only the samples on which they disagree -- b that the kept
+one got right and the dropped one wrong, c the other way round. McNemar's exact test: under "equally accurate"
+b ~ Binomial(b + c, 1/2); the round separated when the two-sided p-value is below ``ALPHA`` (5%). (The unpaired
+check it replaces, the gap against twice the standard error of *one* accuracy, called gaps of ~1.4 sigma
+separated.) The round also says what it could resolve: with b + c disagreements, the smallest accuracy gap that
+would have reached 5% (none below 6 disagreements). The test is about these two trained models on this split: each
+candidate is one seed, so seed-to-seed spread is not in it. A round that did not separate says so in the plan's
+notes. A language model's rounds keep the loss-gap check above (no per-token record is kept).
 """
 
 from __future__ import annotations
@@ -36,11 +43,12 @@ from cptsim.errors import InputError
 from .evaluate import Candidates
 from .evidence import Evidence, need_evidence
 
-__all__ = ["run_pilot", "pilot_pool", "PILOT_VAL_SPLIT"]
+__all__ = ["run_pilot", "pilot_pool", "PILOT_VAL_SPLIT", "mcnemar", "resolvable_gap"]
 
 # of the training data, held out by cptsim.run.train.validation_split (a fixed subset); the same fraction as
 # cptsim.run.config.VAL_SPLIT, which sweeps hold out (not imported here: that module imports torch)
 PILOT_VAL_SPLIT = 0.2
+ALPHA = 0.05  # a round separated its candidates when McNemar's exact two-sided p-value is below this
 
 
 def pilot_pool(cands: Candidates, ranked: np.ndarray, k: int) -> list[int]:
@@ -101,10 +109,12 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
     alive = list(range(len(pool)))
     rounds = []
     lm = is_text(w)
+    from cptsim.run.config import unpack_correct
     try:
         r = 0
         while len(alive) > 1:
             runs = []
+            hits: dict[int, np.ndarray | None] = {}  # per candidate: which validation samples it got right
             for pos in alive:
                 s = cands.schedules[pool[pos]]
                 cfg = TrainConfig(model=w.model, dataset=w.dataset, data_dir=w.data_dir, schedule=s.to_text(),
@@ -132,6 +142,8 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
                     if "val_bpc" in last:
                         rec["val_bpc"] = float(last["val_bpc"])
                     rec["val_tokens"] = n_val * int(w.input_shape[0])
+                packed = last.get("val_correct")
+                hits[pos] = unpack_correct(packed, int(n_val)) if isinstance(packed, str) and n_val else None
                 _record(evidence, run, db, rec)
                 runs.append((pos, rec))
                 if on_event:
@@ -139,18 +151,18 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
             order = sorted(runs, key=lambda pr: (_badness(pr[1], lm), pr[0]))
             n_keep = math.ceil(len(order) / 2)
             alive = sorted(pos for pos, _ in order[:n_keep])
-            kept, dropped = order[n_keep - 1][1], order[n_keep][1]
+            (kept_pos, kept), (dropped_pos, dropped) = order[n_keep - 1], order[n_keep]
+            rd = {"round": r, "steps": steps, "runs": [rec for _, rec in runs],
+                  "kept": [cands.schedules[pool[p]].to_text() for p in alive]}
             if lm:  # lower is better; the per-token loss's spread is taken as its mean (an exponential-like NLL)
                 gap = dropped["val_loss"] - kept["val_loss"]
                 p, n = kept["val_loss"], max(order[0][1]["val_tokens"], 1)
                 se = p / math.sqrt(n) if math.isfinite(p) else float("nan")
-            else:
-                gap = kept["val_acc"] - dropped["val_acc"]
-                p, n = kept["val_acc"], max(order[0][1]["val_size"], 1)
-                se = math.sqrt(max(p * (1 - p), 1.0 / n) / n) if math.isfinite(p) else float("nan")
-            rounds.append({"round": r, "steps": steps, "runs": [rec for _, rec in runs],
-                           "kept": [cands.schedules[pool[p]].to_text() for p in alive],
+                rd.update({"test": "loss gap > 2 standard errors (unpaired; a lower bound on the error)",
                            "gap": gap, "two_se": 2 * se, "separated": bool(gap > 2 * se)})
+            else:
+                rd.update(_paired(kept, dropped, hits.get(kept_pos), hits.get(dropped_pos)))
+            rounds.append(rd)
             steps = min(steps * 2, w.steps)
             r += 1
     finally:
@@ -188,6 +200,42 @@ def default_steps(w) -> int:
     held = 0.0 if is_text(w) else PILOT_VAL_SPLIT  # text: the dataset's own validation split, nothing held out
     epoch = -(-int(n * (1 - held)) // w.batch_size) if n else 0
     return max(1, min(w.steps, max(w.steps // 4, 2 * epoch)))
+
+
+def mcnemar(b: int, c: int) -> tuple[float, float]:
+    """McNemar's test of two classifiers on the same samples from their discordant counts: b samples only the first
+    got right, c only the second. (exact two-sided p-value: 2 P(X <= min(b, c)) for X ~ Binomial(b + c, 1/2),
+    capped at 1; the chi-square statistic with continuity correction, (|b - c| - 1)^2 / (b + c), for reference)."""
+    from scipy.stats import binom
+
+    d = b + c
+    if d == 0:
+        return 1.0, 0.0
+    return min(1.0, 2.0 * float(binom.cdf(min(b, c), d, 0.5))), (abs(b - c) - 1) ** 2 / d
+
+
+def resolvable_gap(d: int, n: int, alpha: float = ALPHA) -> float | None:
+    """The smallest accuracy gap (in samples: |b - c|, over ``n``) that McNemar's exact test calls significant at
+    ``alpha`` when the two models disagree on ``d`` samples; None when no split of d reaches it (d < 6 at 5%)."""
+    from scipy.stats import binom
+
+    k = np.arange(d // 2 + 1)  # the smaller count; p rises with it
+    ok = k[2.0 * binom.cdf(k, d, 0.5) < alpha]
+    return None if ok.size == 0 else (d - 2 * int(ok.max())) / max(n, 1)
+
+
+def _paired(kept: dict, dropped: dict, a, b) -> dict:
+    """The round's separation test (module docstring): McNemar's exact test on the validation samples the last kept
+    and the first dropped candidate disagree on."""
+    gap = kept["val_acc"] - dropped["val_acc"]
+    if a is None or b is None or len(a) != len(b) or len(a) == 0:
+        return {"test": "McNemar (exact)", "gap": gap, "separated": False,
+                "why": "the runs recorded no per-sample validation results (val_correct) to pair"}
+    n10, n01 = int((a & ~b).sum()), int((~a & b).sum())
+    p, stat = mcnemar(n10, n01)
+    return {"test": "McNemar (exact)", "gap": gap, "kept_only": n10, "dropped_only": n01,
+            "disagreements": n10 + n01, "val_size": int(len(a)), "p_value": p, "chi2": stat,
+            "resolvable_gap": resolvable_gap(n10 + n01, len(a)), "separated": bool(p < ALPHA)}
 
 
 def _record(evidence: Evidence, run, db, rec: dict) -> None:

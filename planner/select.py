@@ -310,6 +310,19 @@ def _quality_rank(cands: Candidates, mask: np.ndarray, cost: np.ndarray, base_bi
     return np.concatenate((ins[order_in], outs[order_out])), doc
 
 
+def _why_not_separated(rd: dict) -> str:
+    """One pilot round's failed separation test, in words (``cptsim.planner.pilot``)."""
+    if "two_se" in rd:  # a language model: the loss gap against twice its standard error
+        return f"loss gap {rd['gap']:.3f} < 2 standard errors {rd['two_se']:.3f}"
+    if "p_value" not in rd:
+        return f"accuracy gap {rd['gap']:.3f}, untested: {rd.get('why', 'no paired results')}"
+    can = rd.get("resolvable_gap")
+    return (f"accuracy gap {rd['gap']:.3f}; McNemar's exact test on the {rd['disagreements']} validation samples "
+            f"they disagree on ({rd['kept_only']} vs {rd['dropped_only']}): p = {rd['p_value']:.3g} >= 0.05; "
+            + (f"with that many disagreements a gap of {can:.3f} would have been needed" if can is not None else
+               "too few disagreements to resolve any gap"))
+
+
 def _predicted_json(predicted: dict, quality_doc: dict, i: int) -> dict:
     """An alternative's predicted quality: validation accuracy, or a language model's validation loss (the model
     fits minus the loss)."""
@@ -437,8 +450,8 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
             if not pilot_doc.get("separated", True):
                 weak = [rd for rd in pilot_doc["rounds"] if not rd["separated"]]
                 notes.append(f"--pilot: {len(weak)} of {len(pilot_doc['rounds'])} round(s) did not separate their "
-                             f"candidates (accuracy gap {weak[0]['gap']:.3f} < 2 standard errors "
-                             f"{weak[0]['two_se']:.3f}); give longer --pilot-steps for a firmer ranking")
+                             f"candidates ({_why_not_separated(weak[0])}); give longer --pilot-steps for a firmer "
+                             "ranking")
         else:
             notes.append("--pilot skipped: only one candidate fits the budget")
     elif pilot:

@@ -244,7 +244,8 @@ def test_pilot_ranks_by_real_short_runs_in_a_directory_of_its_own(cands, tmp_pat
     assert sorted(x.name for x in tmp_path.iterdir()) == ["pilots"]  # nothing written into the user's runs
     runs = [d for d in keep.iterdir() if d.is_dir()]  # beside each run: its lock file (.NAME.lock)
     assert len(runs) == 2
-    assert isinstance(rnd["separated"], bool) and rnd["two_se"] > 0
+    assert isinstance(rnd["separated"], bool) and rnd["test"] == "McNemar (exact)" and 0 <= rnd["p_value"] <= 1
+    assert rnd["kept_only"] + rnd["dropped_only"] == rnd["disagreements"] and rnd["val_size"] > 0
     for d in runs:  # ranked on a validation split of the training data, the test split untouched
         cfg = json.loads((d / "config.json").read_text())
         assert cfg["settings"]["val_split"] == PILOT_VAL_SPLIT and cfg["val_size"] > 0
@@ -253,6 +254,78 @@ def test_pilot_ranks_by_real_short_runs_in_a_directory_of_its_own(cands, tmp_pat
 
     with ResultsDB() as db:  # conftest points CPTSIM_DB at a private file
         assert {r["run_path"] for r in db.rows(source="pilot")} >= {str(d.resolve()) for d in runs}
+
+
+class _FakeRun:
+    def __init__(self, path, record, n_val):
+        self.path, self._record, self._n_val = path, record, n_val
+
+    def read_metrics(self):
+        return type("M", (), {"records": [self._record]})()
+
+    def read_config(self):
+        return {"val_size": self._n_val}
+
+
+class _FakeEvidence:
+    """Pilot runs with chosen per-sample validation results: the n-th run trained gets ``correct[n]``."""
+
+    def __init__(self, correct):
+        self.correct, self.trained = correct, []
+
+    def train(self, cfg, out):
+        from pathlib import Path
+
+        from cptsim.run.config import pack_correct
+
+        c = self.correct[len(self.trained)]
+        self.trained.append((cfg.schedule, cfg.steps, out))
+        Path(out).mkdir(parents=True)
+        return _FakeRun(Path(out), {"step": cfg.steps, "val_acc": float(c.mean()), "val_loss": 1.0,
+                                    "train_loss": 1.0, "test_acc": 0.5, "val_correct": pack_correct(c)}, len(c))
+
+    def record(self, run, db):
+        pass
+
+
+def _pair(n, both, only_first, only_second):
+    """Two correctness vectors over n samples: ``both`` right in both, then ``only_first``, then ``only_second``."""
+    a, b = np.zeros(n, bool), np.zeros(n, bool)
+    a[:both + only_first] = True
+    b[:both] = True
+    b[both + only_first:both + only_first + only_second] = True
+    return a, b
+
+
+@pytest.mark.parametrize("only_first,only_second,separated", [(130, 100, False), (60, 10, True)])
+def test_a_pilot_round_separates_by_mcnemars_test_on_the_samples_its_candidates_disagree_on(
+        cands, tmp_path, only_first, only_second, separated):
+    """Issue 22 item 3. 1000 validation samples; the first candidate gets 720 + only_first right, the second
+    720 + only_second, on the same samples. 130 vs 100: accuracy 0.85 vs 0.82, a gap of 0.03 that the old check
+    (twice the standard error of one accuracy, 0.0226) called separated, while the paired test on the 230 samples
+    they disagree on gives p = 0.056. Truth: scipy.stats.binomtest for the exact p, the statistic by hand."""
+    from scipy.stats import binomtest
+
+    a, b = _pair(1000, 720, only_first, only_second)
+    ev = _FakeEvidence([a, b])
+    p = select(cands, "65%", pilot=2, pilot_steps=3, pilot_dir=str(tmp_path / "pilots"), evidence=ev)
+    (rd,) = p.pilot["rounds"]
+    d = only_first + only_second
+    assert (rd["kept_only"], rd["dropped_only"], rd["disagreements"]) == (only_first, only_second, d)
+    assert rd["p_value"] == pytest.approx(binomtest(only_second, d, 0.5).pvalue, rel=1e-9)
+    assert rd["chi2"] == pytest.approx((abs(only_first - only_second) - 1) ** 2 / d)
+    assert rd["separated"] is separated is (rd["p_value"] < 0.05) and p.pilot["separated"] is separated
+    assert rd["gap"] == pytest.approx((only_first - only_second) / 1000)
+    # what the round could resolve: the smallest |b - c| of d disagreements that binomtest calls significant
+    need = min(abs(d - 2 * k) for k in range(d + 1) if binomtest(k, d, 0.5).pvalue < 0.05)
+    assert rd["resolvable_gap"] == pytest.approx(need / 1000)
+    assert p.pilot["winner"] == p.schedule.to_text() == ev.trained[0][0]
+    said = [n for n in p.notes if n.startswith("--pilot:")]
+    if separated:
+        assert not said
+    else:
+        assert 0.03 > 2 * math.sqrt(0.85 * 0.15 / 1000)  # the old, unpaired check would have called it separated
+        assert len(said) == 1 and "McNemar" in said[0] and f"{need / 1000:.3f}" in said[0]
 
 
 def test_pilot_pool_holds_different_families_and_the_static_and_cpt_contenders(cands):

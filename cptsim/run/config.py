@@ -99,6 +99,26 @@ def held_out(n: int, val_split: float) -> int:
     return int(round(val_split * n))
 
 
+def pack_correct(correct) -> str:
+    """Per-sample correctness (booleans, in validation-split order) as text: the bits packed 8 to a byte,
+    base64 (n / 6 characters). What metrics.jsonl records as ``val_correct``, so that two runs evaluated on
+    the same validation split can be compared sample by sample (the pilot's McNemar test)."""
+    import base64
+
+    import numpy as np
+
+    return base64.b64encode(np.packbits(np.asarray(correct, dtype=bool)).tobytes()).decode("ascii")
+
+
+def unpack_correct(text: str, n: int):
+    """The inverse of ``pack_correct``: a bool array of ``n`` samples."""
+    import base64
+
+    import numpy as np
+
+    return np.unpackbits(np.frombuffer(base64.b64decode(text), dtype=np.uint8))[:n].astype(bool)
+
+
 # The settings a plan's cost depends on: TrainConfig.from_plan refuses to change them.
 PLAN_FIXED = ("model", "dataset", "schedule", "batch_size", "steps", "epochs", "fp_layers", "image_size")
 

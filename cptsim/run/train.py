@@ -302,9 +302,11 @@ def recalibrate(w: Workload, cfg: TrainConfig, epoch: int, device: str) -> dict:
 
 
 @torch.no_grad()
-def evaluate(w: Workload, device: str, loader: DataLoader | None = None) -> tuple[float, float]:
+def evaluate(w: Workload, device: str, loader: DataLoader | None = None,
+             per_sample: list | None = None) -> tuple[float, float]:
     """Loss and accuracy on ``loader`` (default: the test split) at ``w.eval_bits`` (the precision the trained
-    model is meant to be used at: the schedule's q_max unless --eval-bits says otherwise)."""
+    model is meant to be used at: the schedule's q_max unless --eval-bits says otherwise). ``per_sample``: a list
+    that receives each batch's per-sample correctness (a classifier only)."""
     w.model.eval()
     w.precision.set(w.eval_bits, w.schedule.g_max)
     split = (loader or w.test_loader).dataset
@@ -317,8 +319,11 @@ def evaluate(w: Workload, device: str, loader: DataLoader | None = None) -> tupl
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         logits = w.model(x)
         loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
-        correct += (logits.argmax(1) == y).sum().item()
+        hit = logits.argmax(1) == y
+        correct += hit.sum().item()
         n += y.numel()
+        if per_sample is not None:
+            per_sample.append(hit.cpu())
     return loss_sum / n, correct / n
 
 
@@ -681,7 +686,12 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                        "epoch_time_s": round(epoch_time, 4), "recal_samples": recal["samples"],
                        "recal_time_s": recal["time_s"]}
                 if w.val_loader is not None:
-                    rec["val_loss"], rec["val_acc"] = evaluate(w, device, w.val_loader)
+                    hits: list = []  # per validation sample: right or wrong (the pilot's paired test reads it)
+                    rec["val_loss"], rec["val_acc"] = evaluate(w, device, w.val_loader, hits)
+                    if hits:
+                        from .config import pack_correct
+
+                        rec["val_correct"] = pack_correct(torch.cat(hits).numpy())
                 if getattr(w.train_set, "is_text", False):  # per token; perplexity, bits per character
                     from cptsim.data.text import lm_metrics
 
