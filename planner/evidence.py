@@ -22,6 +22,10 @@ class Evidence(Protocol):
         """Train ``cfg`` (a ``cptsim.run.config.TrainConfig``) into a new run directory ``out``; the finished run
         (``read_metrics()``, ``read_config()``, ``path``)."""
 
+    def reuse(self, cfg, out: str) -> Any:
+        """The finished run in directory ``out`` if it trained exactly ``cfg`` (where and how fast it ran aside),
+        else None. Optional: the pilot trains afresh under another name when it is missing."""
+
     def record(self, run, db) -> None:
         """Put a finished run into the results database ``db`` (None: the default database; False: none)."""
 

@@ -11,7 +11,9 @@ standing wins. A language model (a text dataset: it has its own validation split
 ranked by its validation perplexity instead - the per-token validation loss, lower is better - and a round
 separates when the loss gap exceeds twice loss / sqrt(validation tokens) (the per-token loss's spread taken as its
 mean; neighbouring tokens are correlated, so this is a lower bound on the error). Runs go to a temporary directory (or ``pilot_dir``), never to the user's runs, and each finished
-pilot run is recorded in the results database (source "pilot").
+pilot run is recorded in the results database (source "pilot"). A ``pilot_dir`` may be reused: a finished run of the
+same configuration there is taken as it is, anything else keeps its name and the new run gets a fresh one
+(``_run_dir``).
 
 How long is long enough: s_0 defaults to T/4 and at least two epochs of the training part -- measured on digits,
 the old default (T/8 = 8 steps) left every pilot at 11-21%, chance level, so its ranking was noise. Each round
@@ -122,11 +124,13 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
                                   weight_decay=w.weight_decay, lr_schedule=w.lr_schedule,
                                   fp_layers=list(w.fp_layers), seed=w.seed, device=device, augment=w.augment,
                                   val_split=PILOT_VAL_SPLIT, image_size=getattr(w, "image_size", None))
-                out = root / f"round{r}-{pos:02d}-{s.name}"
+                out, run = _run_dir(root, cfg, evidence)
                 if on_event:
                     on_event({"event": "start", "round": r, "steps": steps, "schedule": s.to_text()})
                 t0 = time.perf_counter()
-                run = evidence.train(cfg, str(out))
+                reused = run is not None
+                if run is None:
+                    run = evidence.train(cfg, str(out))
                 metrics = run.read_metrics().records
                 last = metrics[-1] if metrics else {}
                 acc = float(last.get("val_acc", float("nan")))
@@ -135,7 +139,7 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
                        "steps": steps, "val_acc": acc, "val_size": n_val, "eval_bits": s.q_max,
                        "train_loss": float(last["train_loss"]) if metrics else None,
                        "time_s": round(time.perf_counter() - t0, 3),
-                       "run_dir": str(out) if keep else None}
+                       "run_dir": str(out) if keep else None, "reused": reused}
                 if lm:  # a language model: per-token validation loss and its perplexity (bits per character)
                     rec["val_loss"] = float(last.get("val_loss", float("nan")))
                     rec["val_ppl"] = float(last.get("val_ppl", float("nan")))
@@ -236,6 +240,27 @@ def _paired(kept: dict, dropped: dict, a, b) -> dict:
     return {"test": "McNemar (exact)", "gap": gap, "kept_only": n10, "dropped_only": n01,
             "disagreements": n10 + n01, "val_size": int(len(a)), "p_value": p, "chi2": stat,
             "resolvable_gap": resolvable_gap(n10 + n01, len(a)), "separated": bool(p < ALPHA)}
+
+
+def _run_dir(root: Path, cfg, evidence: Evidence):
+    """Where the pilot run of ``cfg`` goes: (directory, the finished run already there or None).
+
+    Named by schedule, steps and seed (``cos-rep_3-8_g8_n32-100steps-s0``). A pilot directory may be reused -- a
+    second plan into it, or one after a crash: a finished run there of exactly this configuration (the same
+    workload, schedule and length; ``Evidence.reuse`` decides) is taken as it is instead of training it again; a
+    directory holding anything else (another workload's run, a run cut short) is left alone, and the next free name
+    (``...-2``, ``-3``, ...) is used."""
+    base = f"{cfg.schedule.replace(':', '_')}-{cfg.steps}steps-s{cfg.seed}"
+    reuse = getattr(evidence, "reuse", None)
+    for k in range(1, 10_000):
+        out = root / (base if k == 1 else f"{base}-{k}")
+        if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+            return out, None
+        if reuse is not None:
+            run = reuse(cfg, str(out))
+            if run is not None:
+                return out, run
+    raise InputError(f"--pilot-dir {root}: no free run name for {base}")
 
 
 def _record(evidence: Evidence, run, db, rec: dict) -> None:

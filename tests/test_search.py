@@ -256,6 +256,35 @@ def test_pilot_ranks_by_real_short_runs_in_a_directory_of_its_own(cands, tmp_pat
         assert {r["run_path"] for r in db.rows(source="pilot")} >= {str(d.resolve()) for d in runs}
 
 
+def test_a_pilot_dir_is_reused_finished_runs_kept_and_anything_else_left_under_its_name(cands, tmp_path):
+    """Issue 22 item 7: a second plan into the same --pilot-dir (pilot run names used to be fixed: it failed with
+    'already exists') takes the finished runs of the same configuration as they are; a run cut short (a crash:
+    no final evaluation) is left alone and its candidate trains again under a fresh name."""
+    keep = tmp_path / "pilots"
+    kw = dict(pilot=2, pilot_steps=3, pilot_dir=str(keep), evidence=LocalEvidence())
+    first = select(cands, "65%", **kw)
+    runs = sorted(d.name for d in keep.iterdir() if d.is_dir())
+    assert len(runs) == 2 and not any(r.get("reused") for r in first.pilot["rounds"][0]["runs"])
+    stamp = {d: (keep / d / "metrics.jsonl").stat().st_mtime_ns for d in runs}
+    second = select(cands, "65%", **kw)
+    rd1, rd2 = first.pilot["rounds"][0], second.pilot["rounds"][0]
+    assert all(r["reused"] for r in rd2["runs"])
+    assert [(r["schedule"], r["val_acc"]) for r in rd2["runs"]] == [(r["schedule"], r["val_acc"]) for r in rd1["runs"]]
+    assert second.schedule == first.schedule
+    assert sorted(d.name for d in keep.iterdir() if d.is_dir()) == runs
+    assert {d: (keep / d / "metrics.jsonl").stat().st_mtime_ns for d in runs} == stamp  # not trained again
+    # a crash left one run without its final evaluation: it keeps its name, the candidate trains under another
+    cut = keep / runs[0]
+    (cut / "metrics.jsonl").write_text("")
+    third = select(cands, "65%", **kw)
+    rd3 = {r["schedule"].replace(":", "_"): r for r in third.pilot["rounds"][0]["runs"]}
+    fresh = [r for r in rd3.values() if not r["reused"]]
+    assert len(fresh) == 1 and fresh[0]["run_dir"] == str(keep / f"{runs[0]}-2")
+    assert (cut / "metrics.jsonl").read_text() == ""
+    assert sorted(d.name for d in keep.iterdir() if d.is_dir()) == sorted(runs + [f"{runs[0]}-2"])
+    assert third.schedule == first.schedule
+
+
 class _FakeRun:
     def __init__(self, path, record, n_val):
         self.path, self._record, self._n_val = path, record, n_val

@@ -19,6 +19,30 @@ class LocalEvidence:
 
         return train(cfg, str(out), progress=False)
 
+    # TrainConfig fields that change where and how fast a run ran, not what it computed
+    RUNTIME = ("workers", "threads", "checkpoint_every", "keep_checkpoints", "tensorboard")
+
+    def reuse(self, cfg, out: str):
+        from dataclasses import asdict
+        from pathlib import Path
+
+        from cptsim.errors import InputError
+        from cptsim.run.rundir import CONFIG, RunDir
+
+        from .results import run_finished
+
+        if not (Path(out) / CONFIG).is_file():
+            return None
+        try:
+            run = RunDir.open(out)
+            have = run.read_config().get("settings", {})
+            if not run_finished(run):
+                return None
+        except (InputError, OSError, ValueError, KeyError, TypeError):
+            return None
+        want = {k: v for k, v in asdict(cfg).items() if k not in self.RUNTIME}
+        return run if all(have.get(k) == v for k, v in want.items()) else None
+
     def record(self, run, db) -> None:
         from .results import ResultsDB, record_run
 
