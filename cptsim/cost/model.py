@@ -412,7 +412,10 @@ def _kind_costs(a: ProfileArrays, hw, q: np.ndarray, g: np.ndarray, samples: np.
         qe = quant_elems(a.numel, a.macs, a.quantized, q, g, samples, a.calls)
         # a GPU runs FP32 convolutions and FP32 matmuls on the tiers PyTorch's defaults give each (GPUProfile)
         mm = None if getattr(a, "matmul", None) is None else a.matmul[:, None]
-        t, e = hw.gemm_cost(macs_k, b1, b2, nbytes, qe, matmul=mm)
+        if getattr(hw, "shape_model", False) and getattr(a, "gemm", None) is not None:
+            t, e = hw.shaped_gemm_cost(a, macs_k, b1, b2, nbytes, samples)   # GEMMs priced from their shapes
+        else:
+            t, e = hw.gemm_cost(macs_k, b1, b2, nbytes, qe, matmul=mm)
         extra = step_ops_cost(a, hw, q, g, samples)
         if extra is not None:
             xt, xe = extra

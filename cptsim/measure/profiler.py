@@ -151,7 +151,9 @@ class ProfileArrays:
     calls: np.ndarray
     ops: Any = None  # the step's other ops (cptsim.measure.opcount.OpProfile), when the profile has them
     gemm: np.ndarray | None = None  # (L, 5) GEMM_KEYS per layer; NaN rows where a layer has no shape record
+    is_conv: np.ndarray | None = None  # (L,) bool: a convolution (its kernel depends on the memory format)
     matmul: Any = None  # (L,) bool: the layer's GEMMs are matmuls (MATMUL_TYPES), not convolutions; None: unknown
+    channels_last: bool = False  # the step's memory format: NHWC (channels_last) or PyTorch's default NCHW
 
     def __len__(self) -> int:
         return len(self.names)
@@ -199,12 +201,17 @@ class LayerProfile:
     input_shape: list[int]
     layers: list[LayerRecord] = field(default_factory=list)
     ops: Any = None  # cptsim.measure.opcount.OpProfile: every op of the step (format /2); None in /1 files
+    # The memory format the step runs in: a GPU's convolutions cost differently in NHWC (channels_last) and in
+    # PyTorch's default NCHW (cptsim.cost.hardware.gpu_kernels); MACs and bytes do not depend on it.
+    channels_last: bool = False
 
     def to_json(self) -> dict:
         d = {"format": PROFILE_FORMAT, "model": self.model, "input_shape": [int(s) for s in self.input_shape],
              "layers": [r.to_json() for r in self.layers]}
         if self.ops is not None:
             d["ops"] = self.ops.to_json()
+        if self.channels_last:
+            d["memory_format"] = "channels_last"
         return d
 
     @classmethod
@@ -253,7 +260,10 @@ class LayerProfile:
             from .opcount import OpProfile
 
             ops = OpProfile.from_json(d["ops"])
-        return cls(model=model, input_shape=list(shape), layers=layers, ops=ops)
+        fmt = d.get("memory_format", "contiguous")
+        if fmt not in ("contiguous", "channels_last"):
+            raise _bad(f'memory_format must be "contiguous" or "channels_last", got {fmt!r}')
+        return cls(model=model, input_shape=list(shape), layers=layers, ops=ops, channels_last=fmt == "channels_last")
 
     def totals(self) -> dict[str, int]:
         """Per-phase MACs per sample, summed over layers."""
@@ -268,6 +278,10 @@ class LayerProfile:
             calls=np.array([r.calls for r in self.layers], dtype=np.float64),
             ops=self.ops,
             matmul=np.array([r.type in MATMUL_TYPES for r in self.layers], dtype=bool),
+            gemm=np.array([[r.gemm[k] for k in GEMM_KEYS] if r.gemm is not None else [np.nan] * len(GEMM_KEYS)
+                           for r in self.layers], dtype=np.float64).reshape(-1, len(GEMM_KEYS)),
+            is_conv=np.array([r.type == "Conv2d" for r in self.layers], dtype=bool),
+            channels_last=bool(self.channels_last),
         )
 
 

@@ -28,6 +28,7 @@ import dataclasses
 
 import numpy as np
 
+from . import gpu_kernels
 from .base import (_CAL_COMPUTE, _CAL_MEMORY, _MISSING, FULL_PRECISION_BITS, Field, HardwareProfile, _Checker,
                    register, roofline_time)
 
@@ -72,6 +73,8 @@ class GPUProfile(HardwareProfile):
         Field("idle_power_w", "nonneg", "power while idle (between kernels) in W; default: power_w (no idle "
               "model)", None),
         Field("fp32_tier", "string", "name of the tier that runs FP32 convolutions (cuDNN)", None),
+        Field("sm_count", "positive", "streaming multiprocessors (datasheet); given, GEMMs are priced from their "
+              "shapes: tiles and waves (cptsim.cost.hardware.gpu_kernels)", None),
         Field("fp32_matmul_tier", "string", "name of the tier that runs FP32 matmuls (cuBLAS: Linear, attention); "
               "default the strict FP32 tier (PyTorch's torch.backends.cuda.matmul.allow_tf32 = False)", None),
     )
@@ -87,6 +90,18 @@ class GPUProfile(HardwareProfile):
         _CAL_MEMORY,
         Field("power_fraction", "fraction", "power while busy / TDP (1.0 = TDP, an upper bound)", 1.0),
         Field("kernel_overhead_us", "nonneg", "fixed time per kernel launched, in microseconds", 0.0),
+        # The shape model of each GEMM (cptsim.cost.hardware.gpu_kernels), used when the profile gives sm_count;
+        # absent: that module's DEFAULTS (the Ampere fit).
+        Field("gemm_n0", "nonneg", "output columns at which a GEMM runs at half its large-N rate (fitted)", None),
+        Field("gemm_k0", "nonneg", "reduction depth at which a GEMM runs at half its deep-K rate (fitted)", None),
+        Field("nchw_conv_factor", "fraction", "an NCHW convolution's tensor-core rate / its channels-last rate "
+              "(fitted)", None),
+        Field("nchw_depthwise_factor", "fraction", "a depthwise convolution's NCHW rate / its channels-last rate "
+              "(fitted)", None),
+        Field("depthwise_efficiency", "fraction", "a depthwise convolution's MAC rate / the FP32 tier's peak "
+              "(fitted)", None),
+        Field("depthwise_memory_efficiency", "fraction", "a depthwise convolution's achieved / peak DRAM "
+              "bandwidth (fitted)", None),
     )
 
     @classmethod
@@ -148,6 +163,7 @@ class GPUProfile(HardwareProfile):
         self._narrow_index = np.array([i for _, i in order], dtype=np.int64)
         self._fp32_index = self._tier_names.index(self.params["fp32_tier"])
         self._fp32_matmul_index = self._tier_names.index(self.params["fp32_matmul_tier"])
+        self._tier_names_arr = np.array(self._tier_names)
         self._bandwidth = self.params["bandwidth_gb_s"] * 1e9
 
     def tier_index(self, b1, b2, matmul=None) -> np.ndarray:
@@ -200,6 +216,38 @@ class GPUProfile(HardwareProfile):
 
     def _cost_by_op(self, macs, b1, b2, bytes_moved, quant_elems, matmul):
         t = roofline_time(macs, self._throughput(b1, b2, matmul), bytes_moved, self._bandwidth * self._meff)
+        return t, self.busy_power_w * t
+
+    # -- the shape model (gpu_kernels): GEMM time from tiles and waves, depthwise convolutions, memory format ------
+
+    def kernel_constant(self, name: str) -> float:
+        """A shape-model constant: the file's calibration value, else gpu_kernels.DEFAULTS."""
+        v = self.calibration.get(name)
+        return float(gpu_kernels.DEFAULTS[name] if v is None else v)
+
+    def _derive_kernel_constants(self) -> None:
+        """(Nothing is precomputed; kept so that a copy with new constants has one place to refresh them.)"""
+
+    @property
+    def shape_model(self) -> bool:
+        """Whether GEMMs are priced from their shapes: the profile gives the GPU's SM count."""
+        return self.params.get("sm_count") is not None
+
+    def shaped_gemm_cost(self, a, macs, b1, b2, bytes_moved, samples) -> tuple[np.ndarray, np.ndarray]:
+        """(time s, energy J), (K, L, 3), of the layers' GEMMs of profile arrays ``a`` from their shapes
+        (``gpu_kernels.gemm_times``); without an SM count or GEMM shapes, ``gemm_cost``'s tier roofline."""
+        mm = None if getattr(a, "matmul", None) is None else a.matmul[:, None]
+        if not self.shape_model or getattr(a, "gemm", None) is None:
+            return self.gemm_cost(macs, b1, b2, bytes_moved, matmul=mm)
+        i = self.tier_index(b1, b2, mm)
+        rate = self._tier_mac_rate[i] * self._tier_eff[i] * self._ceff
+        tensor = self._tier_names_arr[i] != "fp32"
+        fp32_peak = self._tier_mac_rate[self._tier_names.index("fp32")] if "fp32" in self._tier_names else \
+            float(self._tier_mac_rate[self._fp32_index])
+        consts = {k: self.kernel_constant(k) for k in gpu_kernels.DEFAULTS}
+        t = gpu_kernels.gemm_times(a.gemm, a.is_conv, macs, samples, rate, tensor, fp32_peak, bytes_moved,
+                                   self._bandwidth * self._meff, float(self.params["sm_count"]), consts,
+                                   channels_last=bool(getattr(a, "channels_last", False)))
         return t, self.busy_power_w * t
 
     def step_ops_cost(self, ops, q, g, samples) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,133 @@
+"""Profile timm models once, for the GPU time model's fit and its leave-one-family-out check (issue 23).
+
+A cptsim profile of a 224x224 ImageNet model is a real training step on this CPU (per-layer MACs and GEMM shapes,
+the step's op list): seconds per model. The GPU model is fitted and checked against hundreds of published rows,
+so the profiles are computed once and shipped (benchmarks/data/timm/profiles-224.json.gz); bench_gpu_zoo.py and
+the fit read them. Every layer is quantized-capable (``--fp-layers none``): under AMP every conv and linear runs
+in FP16, and at 32 bits the layers run plain.
+
+    python benchmarks/gpu_zoo_profiles.py                   # the default sample (every family), ~10-20 min
+    python benchmarks/gpu_zoo_profiles.py --models a,b,c    # add these
+    python benchmarks/gpu_zoo_profiles.py --per-family 0    # every usable row of the table (hours)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TABLE = HERE / "data" / "timm" / "benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv"
+OUT = HERE / "data" / "timm" / "profiles-224.json.gz"
+
+# The issue's families; the first pattern a name starts with decides (order matters: seresnext before resnet).
+FAMILIES = [
+    ("wide_resnet", ("wide_resnet",)),
+    ("resnext", ("resnext", "seresnext", "ig_resnext", "swsl_resnext", "ssl_resnext", "gluon_resnext",
+                 "gluon_seresnext", "legacy_seresnext", "skresnext", "ecaresnext")),
+    ("resnet", ("resnet", "seresnet", "ecaresnet", "gluon_resnet", "legacy_seresnet", "skresnet", "resnetrs",
+                "resnetv2", "resnetblur", "resnetaa", "ssl_resnet", "swsl_resnet", "tv_resnet", "wide_resnet")),
+    ("densenet", ("densenet", "tv_densenet")),
+    ("efficientnet", ("efficientnet", "tf_efficientnet", "gc_efficientnet", "eca_efficientnet")),
+    ("mobilenet", ("mobilenet", "tf_mobilenet", "mobilevit", "fbnet", "mnasnet", "lcnet", "tinynet", "ghostnet",
+                   "hardcorenas", "semnasnet", "spnasnet", "mixnet", "tf_mixnet")),
+    ("regnet", ("regnet",)),
+    ("convnext", ("convnext",)),
+    ("vit", ("vit_", "deit", "beit", "cait", "xcit", "crossvit", "pit_", "levit", "tnt_", "twins", "swin")),
+    ("mixer", ("mixer", "gmixer", "resmlp", "gmlp")),
+]
+ISSUE_MODELS = ["resnet18", "resnet101", "resnext50_32x4d", "wide_resnet50_2", "densenet121", "efficientnet_b0",
+                "mobilenetv3_large_100", "regnety_016", "convnext_tiny", "vit_small_patch16_224",
+                "vit_base_patch16_224", "mixer_b16_224", "resnet50"]
+
+
+def family(name: str) -> str:
+    for fam, prefixes in FAMILIES:
+        if name.startswith(prefixes):
+            return fam
+    return "other"
+
+
+def table_rows(path: Path = TABLE) -> dict[str, dict]:
+    with open(path) as f:
+        return {r["model"]: r for r in csv.DictReader(f)}
+
+
+def load_profiles(path: Path = OUT) -> dict:
+    if not path.exists():
+        return {}
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+def profile_timm(name: str, size: int = 224):
+    import timm
+    import torch
+
+    from cptsim.measure.profiler import profile_model
+    from cptsim.numerics.layers import quantize_model
+
+    torch.manual_seed(0)
+    net = timm.create_model(name, pretrained=False, num_classes=1000)
+    quantize_model(net, fp_layers=[])
+    return profile_model(net, (3, size, size), batch_size=2, model_name=f"timm:{name}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--per-family", type=int, default=10, help="models per family sampled from the 224px rows "
+                    "(0: all); the issue's twelve are always included")
+    ap.add_argument("--models", default="", help="comma-separated extra model names")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-minutes", type=float, default=30.0, help="stop (and keep what is done) after this")
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    rows = {n: r for n, r in table_rows().items() if int(r["train_img_size"]) == 224}
+    by_fam: dict[str, list[str]] = {}
+    for n in sorted(rows):
+        by_fam.setdefault(family(n), []).append(n)
+    rng = random.Random(args.seed)
+    chosen = [m for m in ISSUE_MODELS if m in rows]
+    for fam, names in sorted(by_fam.items()):
+        pick = names if args.per_family == 0 else rng.sample(names, min(args.per_family, len(names)))
+        chosen += [n for n in pick if n not in chosen]
+    chosen += [m for m in args.models.split(",") if m and m not in chosen]
+    done = load_profiles()
+    t0 = time.perf_counter()
+    todo = [m for m in chosen if m not in done]
+    print(f"{len(chosen)} models chosen, {len(todo)} to profile", file=sys.stderr)
+    for i, name in enumerate(todo):
+        if time.perf_counter() - t0 > args.max_minutes * 60:
+            print("time is up; keeping what is done", file=sys.stderr)
+            break
+        t = time.perf_counter()
+        try:
+            prof = profile_timm(name)
+            done[name] = {"family": family(name), "profile": prof.to_json()}
+        except Exception as e:  # noqa: BLE001 - a model timm cannot build here is recorded as unusable
+            done[name] = {"family": family(name), "error": f"{type(e).__name__}: {str(e)[:200]}"}
+        print(f"[{i + 1}/{len(todo)}] {name} ({family(name)}) {time.perf_counter() - t:.1f}s"
+              + (f"  ERROR {done[name]['error']}" if "error" in done[name] else ""), file=sys.stderr)
+        if (i + 1) % 10 == 0 or i + 1 == len(todo):
+            tmp = OUT.with_suffix(".tmp")
+            with gzip.open(tmp, "wt") as f:
+                json.dump(done, f, separators=(",", ":"))
+            tmp.replace(OUT)
+    tmp = OUT.with_suffix(".tmp")
+    with gzip.open(tmp, "wt") as f:
+        json.dump(done, f, separators=(",", ":"))
+    tmp.replace(OUT)
+    print(f"{sum('profile' in v for v in done.values())} profiles in {OUT}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The time of one GEMM-like kernel on a GPU from its shape: tiles and waves under the roofline (issue 23).
+
+Pure functions over arrays (numpy), used by the ``gpu`` kind (``gpu.py``) and by the fit that sets its constants
+(``benchmarks/bench_gpu_zoo.py --fit``), so that what is fitted is exactly what ``cost``, ``plan`` and ``report``
+compute. The model, per layer and phase (fwd, dgrad, wgrad), with M rows, N output columns and K-deep reductions
+per group (``cptsim.measure.profiler.GEMM_KEYS``):
+
+* **Tensor-core GEMMs and convolutions** run at ``peak x efficiency x shape x waves x layout``:
+
+  - ``shape = 1 / ((1 + n0/N) (1 + k0/K))``: a tile narrower than the kernel's widest (N small) or a reduction
+    too short to hide its prologue and epilogue (K small) runs below the large-GEMM rate; ``n0``, ``k0`` are
+    fitted per GPU generation (a few tens of columns and of reduction steps);
+  - ``waves``: output tiles of 128 x 128 spread over the SMs; a last partial wave leaves SMs idle:
+    tiles / (ceil(tiles / SMs) x SMs). The weight gradient (N x K output, reduced over M) is split along M until
+    the SMs are full, as cuBLAS and cuDNN do;
+  - ``layout``: a convolution in NCHW (PyTorch's default memory format) on a tensor-core tier runs at
+    ``nchw_conv_factor`` of its channels-last rate (cuDNN's tensor-core kernels are NHWC; it transforms around
+    them). Linear layers and matmuls are unaffected.
+
+* **Depthwise convolutions** (one output channel per group) are not GEMMs: they run on CUDA cores, at
+  ``depthwise_efficiency`` of the FP32 tier's peak, bounded by their bytes at ``depthwise_memory_efficiency`` of
+  the bandwidth (both fitted); NCHW costs them ``nchw_depthwise_factor``.
+
+* Every kernel is also bounded by its DRAM bytes at ``memory_efficiency`` x bandwidth (the caller's roofline).
+
+Nothing here is a per-model factor: a network's time is the sum of its kernels' times, each from its own shape.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+TILE = 128  # output tile side of a tensor-core GEMM kernel (CUTLASS/cuBLAS's common 128x128 threadblock tile)
+
+# Defaults when a profile has no fitted constants: the Ampere fit (hw_profiles/rtx3090.toml says where they came from)
+DEFAULTS = {"gemm_n0": 32.0, "gemm_k0": 64.0, "nchw_conv_factor": 0.6, "nchw_depthwise_factor": 0.5,
+            "depthwise_efficiency": 0.1, "depthwise_memory_efficiency": 0.5}
+
+
+def wave_efficiency(tiles, sm_count) -> np.ndarray:
+    """tiles / (waves x SMs): the share of the SMs' time that the last, partial wave does not waste."""
+    tiles = np.maximum(np.asarray(tiles, dtype=np.float64), 1.0)
+    waves = np.ceil(tiles / sm_count)
+    return tiles / (waves * sm_count)
+
+
+def shape_efficiency(n, k, n0, k0) -> np.ndarray:
+    """1 / ((1 + n0/N)(1 + k0/K)), for N, K >= 1."""
+    n = np.maximum(np.asarray(n, dtype=np.float64), 1.0)
+    k = np.maximum(np.asarray(k, dtype=np.float64), 1.0)
+    return 1.0 / ((1.0 + n0 / n) * (1.0 + k0 / k))
+
+
+def phase_dims(gemm: np.ndarray, samples: np.ndarray):
+    """Per phase, the (count, M, N, K) of the GEMMs a layer runs in a step of ``samples`` samples.
+
+    ``gemm``: (L, 5) columns groups, n, k, rows (per sample), rows_per_gemm (0: all rows form one GEMM).
+    ``samples``: (Kinds,). Returns four arrays (Kinds, L, 3) for phases fwd, dgrad, wgrad:
+    fwd  = groups x (M rows, N = n, K = k);
+    dgrad = the error times the weight: groups x (M, N = k, K = n);
+    wgrad = the error times the input: groups x (M' = n, N = k, K = M), M being the whole reduction.
+    """
+    g, n, k, rows, rpg = (gemm[:, i][None, :] for i in range(5))
+    s = np.asarray(samples, dtype=np.float64)[:, None]
+    total_rows = rows * s                                    # (Kinds, L)
+    batched = rpg > 0
+    m = np.where(batched, rpg, total_rows)
+    count = np.where(batched, g * total_rows / np.maximum(rpg, 1.0), g)
+    stack = lambda a, b, c: np.stack(np.broadcast_arrays(a, b, c), axis=-1)  # noqa: E731
+    count3 = stack(count, count, count)
+    m3 = stack(m, m, n)
+    n3 = stack(n, k, k)
+    k3 = stack(k, n, m)
+    return count3, m3, n3, k3
+
+
+def tensor_core_rate_factor(gemm, is_conv, samples, sm_count, n0, k0, nchw_conv_factor, channels_last):
+    """(Kinds, L, 3) factor on a tier's (peak x efficiency) for each layer-phase GEMM: shape x waves x layout."""
+    count, m, n, k = phase_dims(gemm, samples)
+    tiles = count * np.ceil(m / TILE) * np.ceil(n / TILE)
+    # wgrad: the reduction (M) is split until the SMs are full (split-K), at most one split per 512 rows
+    split = np.ones_like(tiles)
+    split[..., 2] = np.clip(np.floor(sm_count / np.maximum(tiles[..., 2], 1.0)), 1.0,
+                            np.maximum(np.ceil(k[..., 2] / 512.0), 1.0))
+    eff = shape_efficiency(n, k, n0, k0) * wave_efficiency(tiles * split, sm_count)
+    if not channels_last:
+        eff = eff * np.where(np.asarray(is_conv)[None, :, None], nchw_conv_factor, 1.0)
+    return eff
+
+
+def is_depthwise(gemm: np.ndarray) -> np.ndarray:
+    """(L,) layers whose every group has one output column and more than one group: depthwise convolutions."""
+    return (gemm[:, 1] == 1) & (gemm[:, 0] > 1)
+
+
+def gemm_times(gemm, is_conv, macs, samples, rate, tensor, fp32_rate, nbytes, bandwidth, sm_count, consts,
+               channels_last: bool = False) -> np.ndarray:
+    """Seconds of each layer-phase GEMM, (Kinds, L, 3).
+
+    ``gemm`` (L, 5) the layers' forward GEMM shapes (NaN rows: no shape recorded, priced at the tier's rate as
+    before); ``is_conv`` (L,); ``macs`` (Kinds, L, 3) executed MACs; ``samples`` (Kinds,); ``rate`` (Kinds, L, 3)
+    the tier's MAC/s x its efficiency; ``tensor`` (Kinds, L, 3) whether that tier is a tensor-core one;
+    ``fp32_rate`` the FP32 (CUDA-core) tier's MAC/s at peak; ``nbytes`` (Kinds, L, 3) DRAM bytes; ``bandwidth``
+    achieved DRAM bytes/s; ``consts`` the fitted constants (``DEFAULTS``' keys)."""
+    c = {**DEFAULTS, **{k: v for k, v in consts.items() if v is not None}}
+    gemm = np.asarray(gemm, dtype=np.float64)
+    known = ~np.isnan(gemm).any(axis=1)                                   # (L,)
+    g = np.where(known[:, None], gemm, 1.0)
+    factor = tensor_core_rate_factor(g, np.asarray(is_conv, dtype=bool), samples, sm_count, c["gemm_n0"],
+                                     c["gemm_k0"], 1.0, True)
+    layout = 1.0 if channels_last else np.where(np.asarray(is_conv, dtype=bool)[None, :, None] & tensor,
+                                                c["nchw_conv_factor"], 1.0)
+    factor = np.where(known[None, :, None], factor * layout, 1.0)
+    compute = macs / np.maximum(rate * factor, 1e-30)
+    memory = nbytes / bandwidth
+    dw = (known & is_depthwise(g))[None, :, None]
+    if dw.any():
+        dw_rate = fp32_rate * c["depthwise_efficiency"] * (1.0 if channels_last else c["nchw_depthwise_factor"])
+        compute = np.where(dw, macs / dw_rate, compute)
+        memory = np.where(dw, nbytes / (bandwidth * c["depthwise_memory_efficiency"]), memory)
+    return np.maximum(compute, memory)
