@@ -226,3 +226,14 @@ def test_allowing_tf32_never_prices_an_fp32_gemm_slower_than_the_files_own_fp32_
         for b in wide:
             if a["peak_ops"] == b["peak_ops"]:
                 assert a.get("efficiency", 1.0) == b.get("efficiency", 1.0), (a["name"], b["name"])
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r.hardware}-{r.precision}")
+def test_the_shipped_tier_efficiencies_are_what_the_fit_gives_on_the_shipped_profile(r50, row):
+    # provenance: re-run `bench_gpu_throughput.py --fit` on the shipped ResNet-50 profile; the TOML holds the
+    # result to 3 decimals, so a change to the op count or the model that moves the fit fails here
+    from cptsim.calibration.gpu import fit_tier_efficiency
+
+    tier, eff = fit_tier_efficiency(r50, row.hardware, row)
+    tiers, _ = _toml_tiers(row.hardware)
+    assert tiers[tier]["efficiency"] == pytest.approx(eff, abs=6e-4)

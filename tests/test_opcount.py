@@ -68,3 +68,39 @@ def test_profile_model_writes_format_2_with_ops_and_reads_format_1():
     v1 = LayerProfile.from_json(old)
     assert v1.ops is None and [r.macs for r in v1.layers] == [r.macs for r in prof.layers]
     assert isinstance(back.arrays().ops, OpProfile) and v1.arrays().ops is None
+
+
+# -- issue 23, item 7d: the counted step is the one `cptsim train` runs -----------------------------------------------
+
+
+def test_the_counted_step_keeps_and_zeroes_gradients_as_train_does_by_hand_count():
+    # gradients kept between steps (set_to_none=False): the backward accumulates into each parameter's gradient,
+    # one add_ per parameter, and the optimizer zeroes them with _foreach_zero_, one launch per 48 tensors
+    model = create_model("resnet20", 10, 3)
+    quantize_model(model)
+    n_params = sum(1 for p in model.parameters() if p.requires_grad)
+    assert n_params == 21 + 21 * 2 + 2   # 21 convs (19 + 2 downsample, no bias), 21 BNs (weight, bias), the Linear
+    prof = count_step_ops(model, torch.randn(2, 3, 32, 32))
+    rec = {(r.op, r.phase): r for r in prof.records}
+    assert rec[("aten.add_.Tensor", "bwd")].launches == n_params
+    assert rec[("aten._foreach_zero_.default", "opt")].launches == -(-n_params // 48)
+    assert prof.totals()["launches"] == 268   # issue 23: 201 counted with set_to_none=True, 268 trained
+
+
+def test_train_and_the_op_counter_share_one_optimizer_and_one_zero_grad():
+    import ast
+    from pathlib import Path
+
+    from cptsim.measure import opcount
+    import cptsim.run.train as train
+
+    assert opcount.ZERO_GRAD_SET_TO_NONE is False
+    tree = ast.parse(Path(train.__file__).read_text())
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    names = [getattr(c.func, "attr", getattr(c.func, "id", "")) for c in calls]
+    assert "zero_grad" in names and "training_optimizer" in names
+    # nothing in the training loop clears or builds them another way
+    assert not any(isinstance(c.func, ast.Attribute) and c.func.attr == "zero_grad" for c in calls)
+    assert not any(isinstance(c.func, ast.Attribute) and c.func.attr == "SGD" for c in calls)
+    opt = opcount.training_optimizer([torch.nn.Parameter(torch.ones(2))], 0.1, 0.9, 0.0)
+    assert opt.defaults["foreach"] is True

@@ -19,8 +19,10 @@ Per op the counter records (rules, not measurements of a GPU):
 
 A step is counted at two batch sizes (b and 2b) and each op's bytes split into a part proportional to the batch
 (``per_sample``: activations, errors) and a fixed part (weights, gradients, optimizer state), so a profile taken
-at batch 2 costs a step of any batch. The optimizer is SGD with momentum and weight decay in its multi-tensor
-(``foreach``) form, what ``cptsim train`` uses and what PyTorch picks by default on a GPU.
+at batch 2 costs a step of any batch. The step counted is the one ``cptsim train`` runs: the same optimizer
+(``training_optimizer``: SGD with momentum and weight decay in its multi-tensor ``foreach`` form, what PyTorch
+picks by default on a GPU) and the same clearing of gradients (``zero_grad``: kept allocated and zeroed, so the
+backward accumulates into them, one ``add_`` per parameter).
 """
 
 from __future__ import annotations
@@ -38,11 +40,29 @@ from torch.utils._pytree import tree_flatten
 
 from cptsim.errors import InputError
 
-__all__ = ["OP_PHASES", "OpRecord", "OpProfile", "OpCounter", "count_step_ops"]
+__all__ = ["OP_PHASES", "OpRecord", "OpProfile", "OpCounter", "count_step_ops", "training_optimizer", "zero_grad",
+           "ZERO_GRAD_SET_TO_NONE"]
 
 OP_PHASES = ("fwd", "bwd", "opt")
 KINDS = ("gemm", "memory", "view")
 FOREACH_TENSORS_PER_LAUNCH = 48  # multi_tensor_apply's depth-3/4 chunk (csrc/cuda/MultiTensorApply.cuh: 48 / 36)
+
+
+# How `cptsim train` clears gradients before each step: zeroed in place, not freed (set_to_none=False), so every
+# backward accumulates into them (AccumulateGrad's add_, one per parameter) -- what the counted step must run too.
+ZERO_GRAD_SET_TO_NONE = False
+
+
+def training_optimizer(params, lr: float, momentum: float, weight_decay: float) -> torch.optim.SGD:
+    """The optimizer `cptsim train` steps and ``count_step_ops`` counts: SGD in its multi-tensor (``foreach``) form,
+    what PyTorch picks by default for CUDA tensors, asked for explicitly so that a step counted on a CPU launches
+    what it launches on a GPU, and so that ``zero_grad`` zeroes the gradients with ``_foreach_zero_`` there too."""
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=True)
+
+
+def zero_grad(opt: torch.optim.Optimizer) -> None:
+    """Clear the gradients as `cptsim train` does before each step (``ZERO_GRAD_SET_TO_NONE``)."""
+    opt.zero_grad(set_to_none=ZERO_GRAD_SET_TO_NONE)
 
 
 def _gemm_ops() -> frozenset:
@@ -247,7 +267,7 @@ def _one_step(model: nn.Module, x: torch.Tensor) -> OpCounter:
     work = copy.deepcopy(model)
     work.train()
     params = [p for p in work.parameters() if p.requires_grad]
-    opt = (torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=5e-4, foreach=True) if params else None)
+    opt = training_optimizer(params, lr=0.01, momentum=0.9, weight_decay=5e-4) if params else None
     # One step first so the momentum buffers exist: the counted step is a steady-state one.
     counter = OpCounter()
     for counted in (False, True):
@@ -262,7 +282,7 @@ def _one_step(model: nn.Module, x: torch.Tensor) -> OpCounter:
                 if opt is not None:
                     with counter.phase("opt"):
                         opt.step()
-                        opt.zero_grad(set_to_none=True)
+                        zero_grad(opt)  # train clears before its next step: the same call, the same launches
     return counter
 
 

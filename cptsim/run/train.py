@@ -515,7 +515,10 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
     device, model = cfg.device, w.model
     params = [p for p in model.parameters() if p.requires_grad]
     clip = getattr(model, "cptsim_grad_clip", None)  # language models clip the gradient norm (Zaremba: 5)
-    opt = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    # the optimizer and the clearing of gradients that the step's op count (cptsim.measure.opcount) counts
+    from cptsim.measure.opcount import training_optimizer, zero_grad
+
+    opt = training_optimizer(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     torch.manual_seed(cfg.seed * 1_000_003 + 17 + d.rank)  # each rank draws its own rounding noise
     epoch_stats = [0.0, 0, 0]  # loss sum, correct, samples of the current epoch so far
     if ckpt is not None:
@@ -601,7 +604,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 for group in opt.param_groups:
                     group["lr"] = lr
                 counter.reset()
-                opt.zero_grad(set_to_none=False)
+                zero_grad(opt)
                 stats = None  # loss sum and correct count: on the device until the step's one read below
                 counts = [0] * (2 * len(PHASES))  # MACs, BitOPs: host integers (shapes only, no device read)
                 if batch is not None:
