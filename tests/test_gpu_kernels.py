@@ -1,0 +1,74 @@
+"""The GPU shape model's pieces against hand counts (cptsim.cost.hardware.gpu_kernels)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cptsim.cost.hardware import gpu_kernels as K
+
+
+def test_wave_efficiency_by_hand():
+    # 132 SMs: 132 tiles fill one wave; 133 need two waves, the second nearly empty
+    assert K.wave_efficiency(132, 132) == 1.0
+    assert K.wave_efficiency(133, 132) == pytest.approx(133 / 264)
+    assert K.wave_efficiency(392, 132) == pytest.approx(392 / 396)
+    assert K.wave_efficiency(1, 132) == pytest.approx(1 / 132)
+
+
+def test_shape_efficiency_is_half_at_n0_and_at_k0():
+    assert K.shape_efficiency(32, 1e12, 32, 64) == pytest.approx(0.5)
+    assert K.shape_efficiency(1e12, 64, 32, 64) == pytest.approx(0.5)
+    assert K.shape_efficiency(1e12, 1e12, 32, 64) == pytest.approx(1.0)
+
+
+def test_phase_dims_of_a_conv_and_of_attentions_batched_matmul_by_hand():
+    # a conv: 2 groups, 8 output columns and 36-deep per group, 64 output positions per sample; batch 4
+    # attention's scores: 1 group, a 16 x 16 output 8 deep per GEMM, 16 rows per GEMM, 3 GEMMs per sample
+    gemm = np.array([[2, 8, 36, 64, 0], [1, 16, 8, 48, 16]], dtype=float)
+    count, m, n, k = K.phase_dims(gemm, np.array([4.0]))
+    # conv: fwd 2 x (256 x 8 x 36); dgrad 2 x (256 x 36 x 8); wgrad 2 x (8 x 36 x 256)
+    assert count[0, 0].tolist() == [2, 2, 2]
+    assert m[0, 0].tolist() == [256, 256, 8]
+    assert n[0, 0].tolist() == [8, 36, 36]
+    assert k[0, 0].tolist() == [36, 8, 256]
+    # scores: 12 GEMMs of 16 rows per phase, each with the same MACs as the forward
+    assert count[0, 1].tolist() == [12, 12, 12]
+    assert m[0, 1].tolist() == [16, 16, 16]
+    for phase in range(3):
+        assert count[0, :, phase] @ (m[0, :, phase] * n[0, :, phase] * k[0, :, phase]) == pytest.approx(
+            4 * (gemm[:, 0] * gemm[:, 1] * gemm[:, 2] * gemm[:, 3]).sum())
+
+
+def test_a_large_gemm_runs_at_the_tiers_rate_and_memory_bound_at_the_bandwidth():
+    # one 8192 x 8192 x 8192 linear layer (rows = 8192 at one sample), n0 = k0 = 0: the tier's rate exactly
+    gemm = np.array([[1, 8192, 8192, 8192, 0]], dtype=float)
+    macs = np.full((1, 1, 3), 8192.0 ** 3)
+    rate = np.full((1, 1, 3), 100e12)
+    t = K.gemm_times(gemm, np.array([False]), macs, np.array([1.0]), rate, np.ones((1, 1, 3), bool), 1e12,
+                     np.zeros((1, 1, 3)), 1e12, 132, {"gemm_n0": 0.0, "gemm_k0": 0.0})
+    waves = K.wave_efficiency(64 * 64, 132)  # 4096 tiles over 132 SMs
+    assert t[0, 0, 0] == pytest.approx(8192.0 ** 3 / (100e12 * waves))
+    # the same layer with 1 TB of traffic is bound by its bytes
+    t = K.gemm_times(gemm, np.array([False]), macs, np.array([1.0]), rate, np.ones((1, 1, 3), bool), 1e12,
+                     np.full((1, 1, 3), 1e12), 1e12, 132, {"gemm_n0": 0.0, "gemm_k0": 0.0})
+    assert t[0, 0, 0] == pytest.approx(1.0)
+
+
+def test_a_depthwise_conv_runs_on_cuda_cores_and_nchw_costs_convs_only():
+    dw = np.array([[96, 1, 9, 3136, 0]], dtype=float)
+    assert K.is_depthwise(dw).tolist() == [True]
+    macs = np.full((1, 1, 3), 96 * 9 * 3136 * 128.0)
+    consts = {"depthwise_efficiency": 0.1, "nchw_depthwise_factor": 0.5, "depthwise_memory_efficiency": 0.5}
+    t = K.gemm_times(dw, np.array([True]), macs, np.array([128.0]), np.full((1, 1, 3), 1e15),
+                     np.ones((1, 1, 3), bool), 20e12, np.zeros((1, 1, 3)), 1e12, 132, consts, channels_last=True)
+    assert t[0, 0, 0] == pytest.approx(macs[0, 0, 0] / (20e12 * 0.1))
+    t_nchw = K.gemm_times(dw, np.array([True]), macs, np.array([128.0]), np.full((1, 1, 3), 1e15),
+                          np.ones((1, 1, 3), bool), 20e12, np.zeros((1, 1, 3)), 1e12, 132, consts)
+    assert t_nchw[0, 0, 0] == pytest.approx(2 * t[0, 0, 0])
+    # a linear layer is not a convolution: NCHW does not change it
+    lin = np.array([[1, 768, 768, 197, 0]], dtype=float)
+    args = (np.full((1, 1, 3), 768 * 768 * 197 * 64.0), np.array([64.0]), np.full((1, 1, 3), 100e12),
+            np.ones((1, 1, 3), bool), 20e12, np.zeros((1, 1, 3)), 1e12, 132, {"nchw_conv_factor": 0.5})
+    assert np.allclose(K.gemm_times(lin, np.array([False]), *args),
+                       K.gemm_times(lin, np.array([False]), *args[:-1], args[-1], channels_last=True))
