@@ -367,3 +367,39 @@ def test_an_int8_step_moves_no_more_dram_bytes_than_an_fp16_one(hw_name):
     total = {q: bytes_moved(a.numel, a.macs, a.quantized, q, 8, 128, a.calls, store).sum() for q in (4, 8, 16)}
     assert total[4] <= total[8] <= total[16]
     assert total[8] < total[16]   # narrower operands, same outputs
+
+
+# -- issue 23, item 7e: attention's Matmul reads its second operand (K, V) and writes its gradient ----------------------
+
+
+def test_attention_matmuls_count_their_second_operand_by_hand():
+    from cptsim.measure.profiler import profile_model
+    from cptsim.models import create_model
+
+    T, classes = 12, 50
+    from cptsim.numerics.layers import quantize_model
+
+    m = create_model("transformer-lm", num_classes=classes, in_channels=1, input_shape=(T,))
+    quantize_model(m)
+    width = m.blocks[0].attn.q.in_features
+    prof = profile_model(m, (T,), batch_size=2, model_name="transformer-lm")
+    rows = {r.name: r for r in prof.layers}
+    mats = [r for r in prof.layers if r.type == "Matmul"]
+    assert mats and all(r.operand == width * T for r in mats)   # kᵀ: heads x head_dim x T; v: heads x T x head_dim
+    assert all(r.operand == 0 for r in prof.layers if r.type != "Matmul")
+    back = LayerProfile.from_json(json.loads(json.dumps(prof.to_json())))
+    assert [r.operand for r in back.layers] == [r.operand for r in prof.layers]
+
+    # the bytes of one Matmul row at FP32 and on an A100 under AMP, by hand
+    r = rows[mats[0].name]
+    a = LayerProfile("x", [T], [r]).arrays()
+    I, O, B, n = r.numel["input"], r.numel["output"], r.operand, 4
+    got = bytes_moved(a.numel, a.macs, a.quantized, 32, 32, n, a.calls, None, a.operand)[0]
+    assert got.tolist() == [(B + I + O) * n * 4.0, (O + B + I) * n * 4.0, (O + I + B) * n * 4.0]
+    got = bytes_moved(a.numel, a.macs, a.quantized, 16, 16, n, a.calls, storage_bits(load_profile("a100")),
+                      a.operand)[0]
+    assert got.tolist() == [(B + I + O) * n * 2.0, (O + B + I) * n * 2.0, (O + I + B) * n * 2.0]
+    assert r.quantized   # every Matmul runs at the schedule's bits (QMatmul), so the rows above are its bits
+    # and the second operand is quantized in the forward pass like the first
+    qe = quant_elems(a.numel, a.macs, a.quantized, 8, 8, n, a.calls, a.operand)[0]
+    assert qe[0] == (I + B) * n

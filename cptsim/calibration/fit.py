@@ -75,8 +75,9 @@ def step_components(profile, records, host) -> np.ndarray:
     kinds, inverse = np.unique(keys, axis=0, return_inverse=True)
     kn, kq, kg = kinds[:, 0], kinds[:, 1], kinds[:, 2]
     macs = a.macs[None] * kn[:, None, None].astype(np.float64)  # (kinds, layers, phases)
-    nbytes = bytes_moved(a.numel, a.macs, a.quantized, kq, kg, kn, a.calls, storage_bits(host))
-    elems = quant_elems(a.numel, a.macs, a.quantized, kq, kg, kn, a.calls)
+    opnd = getattr(a, "operand", None)
+    nbytes = bytes_moved(a.numel, a.macs, a.quantized, kq, kg, kn, a.calls, storage_bits(host), opnd)
+    elems = quant_elems(a.numel, a.macs, a.quantized, kq, kg, kn, a.calls, opnd)
     per_kind = host.time_components(macs, nbytes, elems).sum(axis=(1, 2))  # the profile's own model, term by term
     return per_kind[inverse.reshape(-1)]
 

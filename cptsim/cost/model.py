@@ -26,7 +26,10 @@ A GPU's GEMMs write the forward output and the input gradient at the float width
 pipeline keeps its activations and errors in FP16, as its non-GEMM ops), 32 for FP32/TF32 GEMMs. On a GPU, the step's other ops (batch norm,
 activations, optimizer...) and its kernel launches come from the profile's op list (``step_ops_cost``).
 
-W = weight elements, I / O = input / output elements per sample (summed over the layer's calls). A phase with
+W = weight elements, I / O = input / output elements per sample (summed over the layer's calls). A weightless
+layer -- attention's ``Matmul(a, b)``, ``scores = q·kᵀ`` and ``mix = att·v`` -- has its second operand (K, V) where
+a layer has its weight: B elements per sample (``operand``), read at b_w in fwd and dgrad (stored like a weight:
+quantized at q), and its gradient, written by wgrad (error x a), at the width outputs are written at. A phase with
 0 MACs moves 0 bytes. Narrow operands are stored in the container the hardware computes them in
 (``storage_bits``): a GPU stores a b-bit tensor at its tier's width (5 bits -> int8 -> 1 byte; A100's int4 tier
 packs 4-bit operands at 4 bits; FP32 GEMMs at 32), a fixed-width integer array at multiples of its width, the host
@@ -37,7 +40,8 @@ neuron storage), or "operand" -- the width the next GEMM reads them at (``storag
 
 Quantizer element-passes (costed only by the ``host`` kind, where fake quantization is real work):
 
-    fwd    quantized layers with q < 32: input elements (I·batch) + weight elements (W·calls)
+    fwd    quantized layers with q < 32: input elements (I·batch) + weight elements (W·calls), or a Matmul's
+           second operand (B·batch)
     back   quantized layers with g < 32: error elements (O·batch), quantized once per step and shared by both
            backward GEMMs, so attributed to dgrad -- or to wgrad for a layer without dgrad (the first layer)
 """
@@ -123,12 +127,13 @@ def _identity_bits(b):
 
 
 def bytes_moved(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray, q, g, batch, calls=None,
-                storage=None) -> np.ndarray:
+                storage=None, operand=None) -> np.ndarray:
     """DRAM bytes per layer and phase, (..., L, 3), under the model in the module docstring.
 
     ``numel`` (L, 3): weight total, input and output per sample; ``macs`` (L, 3) only marks which phases run;
     ``batch`` samples in the step (scalar or (K,)); ``calls`` (L,) calls per step (default 1); ``storage`` maps
-    operand bits to stored bits (default: packed at the operand width; see ``storage_bits``).
+    operand bits to stored bits (default: packed at the operand width; see ``storage_bits``); ``operand`` (L,):
+    a weightless layer's second-operand elements per sample (``ProfileArrays.operand``; default none).
     """
     store = storage or _identity_bits
     numel = np.asarray(numel, dtype=np.float64)
@@ -144,20 +149,27 @@ def bytes_moved(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray, q, g
     out = getattr(store, "output", None)
     o_fwd = FP if out is None else out(np.maximum(b_w, b_a))
     i_dgrad = FP if out is None else out(np.maximum(b_g, b_w))
-    bits = np.stack((w * s_w + i * s_a + o * o_fwd,
-                     o * s_g + w * s_w + i * i_dgrad,
-                     o * s_g + i * s_a + w * FP), axis=-1)
+    # a Matmul's second operand b: read like a weight by fwd (a·b) and dgrad (error·bᵀ), its gradient (aᵀ·error)
+    # written by wgrad like an activation gradient
+    b = 0.0 if operand is None else np.asarray(operand, dtype=np.float64) * n
+    b_grad = FP if out is None else out(np.maximum(b_g, b_a))
+    bits = np.stack((w * s_w + b * s_w + i * s_a + o * o_fwd,
+                     o * s_g + w * s_w + b * s_w + i * i_dgrad,
+                     o * s_g + i * s_a + w * FP + b * b_grad), axis=-1)
     return np.where(np.asarray(macs) > 0, bits / 8.0, 0.0)
 
 
-def quant_elems(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray, q, g, batch, calls=None) -> np.ndarray:
-    """Quantizer element-passes per layer and phase, (..., L, 3) (the model in the module docstring)."""
+def quant_elems(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray, q, g, batch, calls=None,
+                operand=None) -> np.ndarray:
+    """Quantizer element-passes per layer and phase, (..., L, 3) (the model in the module docstring); a
+    weightless layer's second operand (``operand``, per sample) is quantized in fwd as its input is."""
     numel = np.asarray(numel, dtype=np.float64)
     macs = np.asarray(macs)
     quantized = np.asarray(quantized, dtype=bool)
     calls = np.ones(numel.shape[0]) if calls is None else np.asarray(calls, dtype=np.float64)
     n = _col(np.asarray(batch, dtype=np.float64))
-    fwd = np.where(quantized & (_col(q) < FP) & (macs[:, 0] > 0), numel[:, 1] * n + numel[:, 0] * calls, 0.0)
+    b = 0.0 if operand is None else np.asarray(operand, dtype=np.float64) * n
+    fwd = np.where(quantized & (_col(q) < FP) & (macs[:, 0] > 0), numel[:, 1] * n + b + numel[:, 0] * calls, 0.0)
     back = np.where(quantized & (_col(g) < FP), numel[:, 2] * n, 0.0)
     has_d, has_w = macs[:, 1] > 0, macs[:, 2] > 0
     dgrad = np.where(has_d, back, 0.0)
@@ -408,8 +420,9 @@ def _kind_costs(a: ProfileArrays, hw, q: np.ndarray, g: np.ndarray, samples: np.
     bops = macs_k * b1 * b2
     t = e = xt = xe = None
     if hw is not None:
-        nbytes = bytes_moved(a.numel, a.macs, a.quantized, q, g, samples, a.calls, storage_bits(hw))
-        qe = quant_elems(a.numel, a.macs, a.quantized, q, g, samples, a.calls)
+        opnd = getattr(a, "operand", None)
+        nbytes = bytes_moved(a.numel, a.macs, a.quantized, q, g, samples, a.calls, storage_bits(hw), opnd)
+        qe = quant_elems(a.numel, a.macs, a.quantized, q, g, samples, a.calls, opnd)
         # a GPU runs FP32 convolutions and FP32 matmuls on the tiers PyTorch's defaults give each (GPUProfile)
         mm = None if getattr(a, "matmul", None) is None else a.matmul[:, None]
         if getattr(hw, "shape_model", False) and getattr(a, "gemm", None) is not None:

@@ -117,7 +117,8 @@ def _is_quantized(module: nn.Module) -> bool:
 @dataclass
 class LayerRecord:
     """One counted layer. ``macs`` are per sample and per phase; ``numel``: weight total, input/output per sample
-    (summed over the layer's calls in a step); ``calls`` per step."""
+    (summed over the layer's calls in a step); ``calls`` per step; ``operand``: elements per sample of a weightless
+    layer's second operand (attention's ``Matmul(a, b)``: K or V), summed over calls, 0 for layers with a weight."""
 
     name: str
     type: str
@@ -126,6 +127,7 @@ class LayerRecord:
     numel: dict[str, int]
     calls: int = 1
     gemm: dict | None = None  # the forward GEMM's shape (``gemm_shape``); None where the layer type has none
+    operand: int = 0
 
     def to_json(self) -> dict:
         d = {"name": self.name, "type": self.type, "quantized": self.quantized,
@@ -133,6 +135,8 @@ class LayerRecord:
              "numel": {k: int(self.numel[k]) for k in NUMEL_KEYS}, "calls": int(self.calls)}
         if self.gemm is not None:
             d["gemm"] = {k: int(self.gemm[k]) for k in GEMM_KEYS}
+        if self.operand:
+            d["operand"] = int(self.operand)
         return d
 
 
@@ -154,6 +158,7 @@ class ProfileArrays:
     is_conv: np.ndarray | None = None  # (L,) bool: a convolution (its kernel depends on the memory format)
     matmul: Any = None  # (L,) bool: the layer's GEMMs are matmuls (MATMUL_TYPES), not convolutions; None: unknown
     channels_last: bool = False  # the step's memory format: NHWC (channels_last) or PyTorch's default NCHW
+    operand: np.ndarray | None = None  # (L,) float64: second-operand elements per sample (LayerRecord.operand)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -251,6 +256,7 @@ class LayerProfile:
                 numel={k: _count(r["numel"][k], f"{where}.numel.{k}") for k in NUMEL_KEYS},
                 calls=_count(r.get("calls", 1), f"{where}.calls"),
                 gemm=_gemm_record(r.get("gemm"), where),
+                operand=_count(r.get("operand", 0), f"{where}.operand"),
             ))
         model = d["model"]
         if not isinstance(model, str):
@@ -282,13 +288,14 @@ class LayerProfile:
                            for r in self.layers], dtype=np.float64).reshape(-1, len(GEMM_KEYS)),
             is_conv=np.array([r.type == "Conv2d" for r in self.layers], dtype=bool),
             channels_last=bool(self.channels_last),
+            operand=np.array([r.operand for r in self.layers], dtype=np.float64),
         )
 
 
 # ------------------------------------------------------------------------------------------------ the counter
 
 # Accumulator slots of one layer (a plain list: the hook's integer adds are the whole per-step cost).
-_FWD, _DGRAD, _WGRAD, _CALLS, _IN, _OUT, _ROWS = range(7)
+_FWD, _DGRAD, _WGRAD, _CALLS, _IN, _OUT, _ROWS, _OPND = range(8)
 
 
 class MacCounter:
@@ -313,7 +320,7 @@ class MacCounter:
             if found is None:
                 continue
             base, fn = found
-            acc = [0, 0, 0, 0, 0, 0, 0]
+            acc = [0, 0, 0, 0, 0, 0, 0, 0]
             shape: dict = {}
             self._modules.append(module)
             self._names.append(name or type(module).__name__)
@@ -343,6 +350,8 @@ class MacCounter:
             acc[_CALLS] += 1
             acc[_IN] += x.numel()
             acc[_OUT] += output.numel()
+            if len(args) > 1 and isinstance(args[1], torch.Tensor):  # Matmul(a, b): b is read (and its grad written)
+                acc[_OPND] += args[1].numel()
             if shape.get("none") is None:
                 gs = gemm_shape(module, x, output)
                 if gs is None:
@@ -358,7 +367,7 @@ class MacCounter:
     def reset(self) -> None:
         """Start a new step: zero every count."""
         for acc in self._acc:
-            acc[:] = (0, 0, 0, 0, 0, 0, 0)
+            acc[:] = (0, 0, 0, 0, 0, 0, 0, 0)
 
     def step_macs(self) -> dict[str, int]:
         """MACs of everything counted since ``reset``, per phase, batch included."""
@@ -375,6 +384,7 @@ class MacCounter:
                            dtype=np.float64).reshape(-1, 3),
             calls=np.array([acc[_CALLS] for acc in self._acc], dtype=np.float64),
             matmul=np.array([t in MATMUL_TYPES for t in self._types], dtype=bool),
+            operand=np.array([acc[_OPND] for acc in self._acc], dtype=np.float64),
         )
 
     def layer_profile(self, batch_size: int, input_shape: Iterable[int]) -> LayerProfile:
@@ -397,7 +407,7 @@ class MacCounter:
                 macs={p: per_sample(acc[i]) for i, p in enumerate(PHASES)},
                 numel={"weight": _weight_numel(m),
                        "input": per_sample(acc[_IN]), "output": per_sample(acc[_OUT])},
-                calls=acc[_CALLS], gemm=gemm,
+                calls=acc[_CALLS], gemm=gemm, operand=per_sample(acc[_OPND]),
             ))
         return LayerProfile(model=self.model_name, input_shape=[int(s) for s in input_shape], layers=layers)
 
