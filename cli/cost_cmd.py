@@ -42,8 +42,8 @@ dataset, the epoch size is that of the data there (a subset costs what training 
               help="Comma-separated hardware profiles (names or .toml paths).")
 @wide_option
 @json_option
-def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_layers, schedule, steps, epochs, batch_size,
-         dataset_size, hw, as_json) -> None:
+def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_layers, channels_last, schedule, steps,
+         epochs, batch_size, dataset_size, hw, as_json) -> None:
     """Cost one precision schedule over a training run on several hardware profiles: BitOPs, energy, latency,
     and the saving over the static q_max schedule on each."""
     from cptsim.cost.model import estimate
@@ -72,7 +72,7 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
         raise InputError("--epochs needs the epoch size: give --dataset-size"
                          + (f" (or --data-dir holding the {dataset} data)" if dataset else " or --dataset"))
     with err.status(f"profiling {model}: one training step on input {tuple(shape)} ..."):
-        prof = build_profile(model, shape, classes, fp_layers)
+        prof = build_profile(model, shape, classes, fp_layers, channels_last)
     costs = [estimate(prof, sched, p, steps=steps, epochs=epochs, batch_size=batch_size, dataset_size=dataset_size,
                       per_layer=False) for p in profiles]
     first = costs[0]

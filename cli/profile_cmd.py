@@ -52,6 +52,9 @@ def workload_options(f):
         click.option("--fp-layers", default=None,
                      help="Comma-separated layer names or globs kept in full precision; 'none' quantizes every "
                           "layer. Default: the model's convention (the final classifier)."),
+        click.option("--channels-last", is_flag=True,
+                     help="The step runs in NHWC memory format (as `train --channels-last`); a GPU profile prices "
+                          "its convolutions accordingly. Default NCHW, PyTorch's default."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -85,11 +88,14 @@ def resolve_workload(model: str, dataset: str | None, data_dir: str | None, inpu
     return shape, num_classes, info
 
 
-def build_profile(model: str, shape: tuple[int, ...], num_classes: int, fp_layers: str | None):
-    """``cptsim.measure.profiler.profile_named_model`` with --fp-layers as typed."""
+def build_profile(model: str, shape: tuple[int, ...], num_classes: int, fp_layers: str | None,
+                  channels_last: bool = False):
+    """``cptsim.measure.profiler.profile_named_model`` with --fp-layers as typed, in the step's memory format."""
     from cptsim.measure.profiler import profile_named_model
 
-    return profile_named_model(model, shape, num_classes, parse_fp_layers(fp_layers))
+    prof = profile_named_model(model, shape, num_classes, parse_fp_layers(fp_layers))
+    prof.channels_last = bool(channels_last)
+    return prof
 
 
 def _epoch_samples(info, data_dir) -> int | None:
@@ -123,8 +129,8 @@ def speed_text(speed: dict) -> str:
 @click.option("--bits", type=int, default=8, show_default=True, help="Forward bits (weights and activations).")
 @click.option("--grad-bits", type=int, default=8, show_default=True, help="Gradient (error) bits.")
 @json_option
-def profile(model, dataset, data_dir, image_size, input_shape, num_classes, fp_layers, batch_size, hw, bits, grad_bits,
-            as_json) -> None:
+def profile(model, dataset, data_dir, image_size, input_shape, num_classes, fp_layers, channels_last, batch_size,
+            hw, bits, grad_bits, as_json) -> None:
     """Per-layer MACs (forward, dgrad, wgrad) of a model, measured in one real training step, and the BitOPs,
     energy and latency of one step at the given bits on a hardware profile."""
     from cptsim.cost.model import estimate, step_cost
@@ -138,7 +144,7 @@ def profile(model, dataset, data_dir, image_size, input_shape, num_classes, fp_l
     hardware = load_profile(hw)
     shape, classes, info = resolve_workload(model, dataset, data_dir, input_shape, num_classes, image_size)
     with err.status(f"profiling {model}: one training step on input {tuple(shape)} ..."):
-        prof = build_profile(model, shape, classes, fp_layers)
+        prof = build_profile(model, shape, classes, fp_layers, channels_last)
     step = {"batch_size": [batch_size], "bits": [bits], "grad_bits": [grad_bits]}
     cost = estimate(prof, step, hardware)
     speed = throughput(batch_size, cost.latency_s["total"], _epoch_samples(info, data_dir))

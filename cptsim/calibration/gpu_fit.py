@@ -119,3 +119,77 @@ def error_summary(errors) -> dict:
         return {"n": 0}
     return {"n": int(e.size), "median_abs": float(np.median(e)), "p90_abs": float(np.percentile(e, 90)),
             "worst_abs": float(e.max()), "within_25pct": int((e <= 0.25).sum())}
+
+
+# ---------------------------------------------------------------------------------------------------- kernels
+# Per-kernel microbenchmarks (benchmarks/gpu_measure.py's "conv" and "gemm" records on a GPU): each priced by the
+# same gpu_kernels.gemm_times the cost model calls, one layer at a time.
+
+def _kernel_case(rec: dict) -> tuple[np.ndarray, bool, float, float, int, str]:
+    """(gemm row (5,), is_conv, samples, bytes of one phase, phase index, dtype) of a conv or GEMM record."""
+    if "C" in rec:  # a convolution: N x C x H x W -> K channels, R x R kernel
+        g = rec["groups"]
+        p, q = rec["P"], rec["Q"]
+        row = np.array([g, rec["K"] // g, rec["C"] // g * rec["R"] * rec["R"], p * q, 0], dtype=np.float64)
+        nbytes = rec["bytes_x"] + rec["bytes_w"] + rec["bytes_y"]
+        return row, True, float(rec["N"]), float(nbytes), rec["dtype"]
+    row = np.array([1, rec["N"], rec["K"], rec["M"], 0], dtype=np.float64)  # M x K @ K x N, M rows at one sample
+    size = {"fp16": 2, "bf16": 2, "tf32": 4, "fp32": 4, "int8": 1}[rec["dtype"]]
+    return row, False, 1.0, float(size * (rec["M"] * rec["K"] + rec["K"] * rec["N"] + rec["M"] * rec["N"])), \
+        rec["dtype"]
+
+
+def kernel_rows(measurement: dict, min_us: float = 40.0, dtypes=("fp16",)) -> list[dict]:
+    """The conv (fwd, dgrad, wgrad) and GEMM (fwd) timings of a gpu_measure.py result, each at least ``min_us``
+    (shorter ones measure the host's dispatch, not the GPU), in ``dtypes``."""
+    out = []
+    for rec in measurement.get("conv", []):
+        if rec.get("dtype") not in dtypes:
+            continue
+        for i, ph in enumerate(("fwd", "dgrad", "wgrad")):
+            ms = rec.get(f"{ph}_ms")
+            if ms is not None and ms * 1e3 >= min_us:
+                out.append({"rec": rec, "phase": i, "seconds": ms * 1e-3, "channels_last": rec["format"] == "nhwc",
+                            "label": f"conv {rec['label']} {rec['format']} {ph}"})
+    for rec in measurement.get("gemm", []):
+        if rec.get("dtype") in dtypes and rec.get("ms") is not None and rec["ms"] * 1e3 >= min_us:
+            out.append({"rec": rec, "phase": 0, "seconds": rec["ms"] * 1e-3, "channels_last": True,
+                        "label": f"gemm {rec['M']}x{rec['N']}x{rec['K']} {rec['dtype']}"})
+    return out
+
+
+def kernel_seconds(hw, row: dict) -> float:
+    """The cost model's time for one measured kernel (``kernel_rows``) on GPU profile ``hw``."""
+    from cptsim.cost.hardware import gpu_kernels
+
+    gemm, is_conv, samples, nbytes, dtype = _kernel_case(row["rec"])
+    macs = np.zeros((1, 1, 3))
+    macs[0, 0, row["phase"]] = gemm[0] * gemm[1] * gemm[2] * gemm[3] * samples
+    tier = {"fp16": "fp16", "bf16": "fp16", "tf32": "tf32", "fp32": "fp32", "int8": "int8"}[dtype]
+    i = hw._tier_names.index(tier)
+    rate = np.full((1, 1, 3), hw._tier_mac_rate[i] * hw._tier_eff[i] * hw._ceff)
+    tensor = np.full((1, 1, 3), tier != "fp32")
+    fp32 = hw._tier_mac_rate[hw._tier_names.index("fp32")] if "fp32" in hw._tier_names else rate[0, 0, 0]
+    consts = {k: hw.kernel_constant(k) for k in gpu_kernels.DEFAULTS}
+    t = gpu_kernels.gemm_times(gemm[None], np.array([is_conv]), macs, np.array([samples]), rate, tensor, fp32,
+                               np.full((1, 1, 3), nbytes), hw._bandwidth * hw._meff, float(hw.params["sm_count"]),
+                               consts, channels_last=row["channels_last"])
+    return float(t[0, 0, row["phase"]])
+
+
+def fit_kernels(hw, rows: list[dict], names, max_nfev: int = 300) -> dict:
+    """Least squares on log(model / measured) kernel time over microbenchmark ``rows``."""
+    from scipy.optimize import least_squares
+
+    x0 = np.array([get(hw, n) for n in names])
+    lo = np.array([PARAMS[n][0] for n in names])
+    hi = np.array([PARAMS[n][1] for n in names])
+    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+
+    def resid(x):
+        h = with_values(hw, dict(zip(names, x)))
+        return np.array([np.log(kernel_seconds(h, r) / r["seconds"]) for r in rows])
+
+    res = least_squares(resid, x0, bounds=(lo, hi), x_scale=np.maximum(np.abs(x0), 1e-3), max_nfev=max_nfev,
+                        loss="soft_l1", f_scale=0.1)
+    return dict(zip(names, (float(v) for v in res.x)))

@@ -650,7 +650,9 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 epoch_stats[2] += n_global
                 if d.is_main:
                     if need_profile and batch is not None:
-                        run.write_json(PROFILE, counter.layer_profile(batch[0].shape[0], w.info.input_shape).to_json())
+                        prof = counter.layer_profile(batch[0].shape[0], w.info.input_shape)
+                        prof.channels_last = channels_last  # the GPU model prices the step's memory format
+                        run.write_json(PROFILE, prof.to_json())
                         need_profile = False
                     line = {"step": step, "epoch": epoch, "batch_size": n_global, "bits": bits,
                             "grad_bits": gbits, "macs": dict(zip(PHASES, c[:3])),

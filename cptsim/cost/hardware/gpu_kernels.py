@@ -11,8 +11,8 @@ per group (``cptsim.measure.profiler.GEMM_KEYS``):
     too short to hide its prologue and epilogue (K small) runs below the large-GEMM rate; ``n0``, ``k0`` are
     fitted per GPU generation (a few tens of columns and of reduction steps);
   - ``waves``: output tiles of 128 x 128 spread over the SMs; a last partial wave leaves SMs idle:
-    tiles / (ceil(tiles / SMs) x SMs). The weight gradient (N x K output, reduced over M) is split along M until
-    the SMs are full, as cuBLAS and cuDNN do;
+    tiles / (ceil(tiles / SMs) x SMs). A GEMM with too few tiles to fill the SMs has its reduction split among
+    more (split-K, as cuBLAS and cuDNN do; the weight gradient, N x K reduced over all M rows, most of all);
   - ``layout``: a convolution in NCHW (PyTorch's default memory format) on a tensor-core tier runs at
     ``nchw_conv_factor`` of its channels-last rate (cuDNN's tensor-core kernels are NHWC; it transforms around
     them). Linear layers and matmuls are unaffected.
@@ -78,10 +78,9 @@ def tensor_core_rate_factor(gemm, is_conv, samples, sm_count, n0, k0, nchw_conv_
     """(Kinds, L, 3) factor on a tier's (peak x efficiency) for each layer-phase GEMM: shape x waves x layout."""
     count, m, n, k = phase_dims(gemm, samples)
     tiles = count * np.ceil(m / TILE) * np.ceil(n / TILE)
-    # wgrad: the reduction (M) is split until the SMs are full (split-K), at most one split per 512 rows
-    split = np.ones_like(tiles)
-    split[..., 2] = np.clip(np.floor(sm_count / np.maximum(tiles[..., 2], 1.0)), 1.0,
-                            np.maximum(np.ceil(k[..., 2] / 512.0), 1.0))
+    # too few output tiles to fill the SMs: the reduction is split among more (split-K, as cuBLAS and cuDNN do;
+    # the weight gradient, reduced over every row, most of all), at most one split per 512 of depth
+    split = np.clip(np.floor(sm_count / np.maximum(tiles, 1.0)), 1.0, np.maximum(np.ceil(k / 512.0), 1.0))
     eff = shape_efficiency(n, k, n0, k0) * wave_efficiency(tiles * split, sm_count)
     if not channels_last:
         eff = eff * np.where(np.asarray(is_conv)[None, :, None], nchw_conv_factor, 1.0)
