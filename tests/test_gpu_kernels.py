@@ -72,3 +72,33 @@ def test_a_depthwise_conv_runs_on_cuda_cores_and_nchw_costs_convs_only():
             np.ones((1, 1, 3), bool), 20e12, np.zeros((1, 1, 3)), 1e12, 132, {"nchw_conv_factor": 0.5})
     assert np.allclose(K.gemm_times(lin, np.array([False]), *args),
                        K.gemm_times(lin, np.array([False]), *args[:-1], args[-1], channels_last=True))
+
+
+def test_fused_attention_is_counted_by_its_macs_and_priced_on_the_gpu():
+    """A fused scaled-dot-product attention kernel is no module, so no layer holds its MACs: the op counter counts
+    them (fwd: 2 T^2 d per head by hand; bwd: flop_counter's 2.5x) and the GPU model prices them."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from cptsim.cost.hardware import load_profile
+    from cptsim.measure.opcount import count_step_ops
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(32, 96)
+            self.fc = nn.Linear(32, 5)
+
+        def forward(self, x):  # (B, T=10, 32), 4 heads of 8
+            q, k, v = self.qkv(x).view(x.shape[0], 10, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(x.shape[0], 10, 32)
+            return self.fc(y.mean(1))
+
+    s = count_step_ops(Attn(), torch.randn(2, 10, 32)).summary()
+    fwd = 2 * 10 * 10 * 8 * 4  # scores and weighted values, per head, per sample
+    assert s["fwd"]["attention_macs_per_sample"] == fwd
+    assert s["bwd"]["attention_macs_per_sample"] == 2.5 * fwd
+    hw = load_profile("h100")
+    t = hw._attention_time(s, 32, np.array([16]), np.array([16]), np.array([1024]))
+    assert t.shape == (1, 3) and t[0, 0] > 0 and t[0, 1] > t[0, 0] and t[0, 2] == 0

@@ -44,7 +44,7 @@ __all__ = ["OP_PHASES", "OpRecord", "OpProfile", "OpCounter", "count_step_ops", 
            "ZERO_GRAD_SET_TO_NONE"]
 
 OP_PHASES = ("fwd", "bwd", "opt")
-KINDS = ("gemm", "memory", "view")
+KINDS = ("gemm", "memory", "view", "attention")
 FOREACH_TENSORS_PER_LAUNCH = 48  # multi_tensor_apply's depth-3/4 chunk (csrc/cuda/MultiTensorApply.cuh: 48 / 36)
 
 
@@ -91,6 +91,20 @@ class _Acc:
     launches: int = 0
     read: int = 0
     write: int = 0
+    macs: int = 0
+
+
+def attention_macs(base: str, tensors: list) -> int:
+    """MACs of a fused scaled-dot-product attention kernel (FlashAttention and its kin, forward or backward), by
+    ``torch.utils.flop_counter``'s own formulas (flops / 2): the scores and the weighted values -- work no layer's
+    MAC count holds, since the fused kernel is not a module. ``tensors``: the op's tensor arguments in order."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    if base.endswith("_backward"):
+        grad_out, q, k, v = (t.shape for t in tensors[:4])
+        return sdpa_backward_flop_count(grad_out, q, k, v) // 2
+    q, k, v = (t.shape for t in tensors[:3])
+    return sdpa_flop_count(q, k, v) // 2
 
 
 class OpCounter(TorchDispatchMode):
@@ -128,7 +142,9 @@ class OpCounter(TorchDispatchMode):
             if isinstance(a, torch.Tensor) and id(a) not in seen:
                 seen.add(id(a))
                 tensors.append(a)
-        if func.overloadpacket in _GEMM:
+        if "scaled_dot_product" in base and len(tensors) >= 3:
+            kind = "attention"  # fused attention: priced from its MACs, not from any layer's
+        elif func.overloadpacket in _GEMM:
             kind = "gemm"
         elif _is_view(func) or base in _NO_KERNEL or getattr(func, "namespace", "aten") == "profiler":
             kind = "view"
@@ -166,6 +182,8 @@ class OpCounter(TorchDispatchMode):
         a.launches += launches
         a.read += read
         a.write += write
+        if kind == "attention":
+            a.macs += attention_macs(base, tensors)
 
 
 # ------------------------------------------------------------------------------------------------ records
@@ -190,12 +208,16 @@ class OpRecord:
     read_fixed: float = 0.0
     write_per_sample: float = 0.0
     write_fixed: float = 0.0
+    macs_per_sample: float = 0.0  # a fused attention kernel's MACs (kind "attention"); 0 for the others
 
     def to_json(self) -> dict:
-        return {"op": self.op, "phase": self.phase, "kind": self.kind, "calls": self.calls,
-                "launches": self.launches,
-                "read_bytes": {"per_sample": self.read_per_sample, "fixed": self.read_fixed},
-                "write_bytes": {"per_sample": self.write_per_sample, "fixed": self.write_fixed}}
+        d = {"op": self.op, "phase": self.phase, "kind": self.kind, "calls": self.calls,
+             "launches": self.launches,
+             "read_bytes": {"per_sample": self.read_per_sample, "fixed": self.read_fixed},
+             "write_bytes": {"per_sample": self.write_per_sample, "fixed": self.write_fixed}}
+        if self.macs_per_sample:
+            d["macs_per_sample"] = self.macs_per_sample
+        return d
 
     @classmethod
     def from_json(cls, r: Any, where: str) -> "OpRecord":
@@ -217,7 +239,8 @@ class OpRecord:
         return cls(op=str(r["op"]), phase=r["phase"], kind=r["kind"], calls=int(_num(r["calls"], f"{where}.calls")),
                    launches=int(_num(r["launches"], f"{where}.launches")),
                    read_per_sample=rw["read_bytes"][0], read_fixed=rw["read_bytes"][1],
-                   write_per_sample=rw["write_bytes"][0], write_fixed=rw["write_bytes"][1])
+                   write_per_sample=rw["write_bytes"][0], write_fixed=rw["write_bytes"][1],
+                   macs_per_sample=_num(r.get("macs_per_sample", 0), f"{where}.macs_per_sample"))
 
 
 @dataclass
@@ -242,9 +265,10 @@ class OpProfile:
                    element_bits=int(d.get("element_bits", 32)), optimizer=str(d.get("optimizer", "")))
 
     def summary(self) -> dict[str, dict[str, float]]:
-        """Per phase: memory-op bytes per sample and fixed, kernel launches (all kinds), GEMM launches."""
-        s = {p: {"bytes_per_sample": 0.0, "bytes_fixed": 0.0, "launches": 0.0, "gemm_launches": 0.0}
-             for p in OP_PHASES}
+        """Per phase: memory-op bytes per sample and fixed, kernel launches (all kinds), GEMM launches, and the
+        fused attention kernels' MACs and bytes per sample."""
+        s = {p: {"bytes_per_sample": 0.0, "bytes_fixed": 0.0, "launches": 0.0, "gemm_launches": 0.0,
+                 "attention_macs_per_sample": 0.0, "attention_bytes_per_sample": 0.0} for p in OP_PHASES}
         for r in self.records:
             d = s[r.phase]
             d["launches"] += r.launches
@@ -253,6 +277,9 @@ class OpProfile:
             elif r.kind == "memory":
                 d["bytes_per_sample"] += r.read_per_sample + r.write_per_sample
                 d["bytes_fixed"] += r.read_fixed + r.write_fixed
+            elif r.kind == "attention":
+                d["attention_macs_per_sample"] += r.macs_per_sample
+                d["attention_bytes_per_sample"] += r.read_per_sample + r.write_per_sample
         return s
 
     def totals(self) -> dict[str, float]:
@@ -302,7 +329,8 @@ def count_step_ops(model: nn.Module, x: torch.Tensor) -> OpProfile:
         kind = c1.kinds.get(key[0]) or c2.kinds[key[0]]
         recs.append(OpRecord(op=key[0], phase=key[1], kind=kind, calls=a1.calls or a2.calls,
                              launches=a1.launches or a2.launches, read_per_sample=split[0], read_fixed=split[1],
-                             write_per_sample=split[2], write_fixed=split[3]))
+                             write_per_sample=split[2], write_fixed=split[3],
+                             macs_per_sample=max(0.0, (a2.macs - a1.macs) / b)))
     bits = 32
     p = next(model.parameters(), None)
     if p is not None and p.is_floating_point():
