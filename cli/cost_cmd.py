@@ -22,7 +22,11 @@ BitOPs do not depend on the hardware (MACs x operand bits, per phase: fwd b_w·b
 wgrad b_g·b_a; full-precision layers at 32 bits). Energy and latency do: a GPU runs every width up to 8 bits
 on its int8 tier (H100 has no int4), Bit Fusion's fused bricks speed up 4x per halving of both operands,
 a bit-serial array scales with one operand's width, an 8-bit systolic array not at all -- and every profile
-also pays DRAM traffic. "saving" = 1 - cost / cost of the static q_max run with the same gradient bits.
+also pays DRAM traffic. AMP means AMP: on a GPU, a step at 16 bits or less (static:16 is AMP) runs every conv and
+linear layer in FP16, as torch.autocast does, the full-precision layers (--fp-layers, the classifier...) included;
+that changes the GPU's time and energy only -- BitOPs keep those layers at 32 bits. FP32 convolutions run on TF32
+where the GPU has it (cuDNN's default), FP32 matmuls on strict FP32 (torch.backends.cuda.matmul.allow_tf32 is
+False by default). "saving" = 1 - cost / cost of the static q_max run with the same gradient bits.
 With a known epoch size the ragged last batch of every epoch is costed exactly; with --data-dir holding the
 dataset, the epoch size is that of the data there (a subset costs what training on it costs).
 """

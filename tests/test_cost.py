@@ -75,25 +75,27 @@ def _brute_force(profile: LayerProfile, qs, gs, batches, hw):
         for r in profile.layers:
             bw = ba = q if r.quantized else 32
             bg = g if r.quantized else 32
+            # AMP means AMP: a GPU step at 16 bits or less (every shipped GPU has an fp16 tier) runs its
+            # full-precision layers in FP16 as autocast does -- in time and energy; BitOPs keep them at 32
+            tw, tg = (16, 16) if (hw is not None and hw.kind == "gpu" and q <= 16 and not r.quantized) else (bw, bg)
             W, I, O = r.numel["weight"] * r.calls, r.numel["input"] * n, r.numel["output"] * n
-            sw, sa, sg = (float(store(np.array(b))) for b in (bw, ba, bg))
+            sw, sa, sg = (float(store(np.array(b))) for b in (tw, tw, tg))
             out = getattr(store, "output", None)  # a GPU writes outputs at its compute width (AMP: FP16)
-            so_f, so_d = (32.0, 32.0) if out is None else (float(out(np.array(max(bw, ba)))),
-                                                          float(out(np.array(max(bg, bw)))))
+            so_f, so_d = (32.0, 32.0) if out is None else (float(out(np.array(tw))), float(out(np.array(max(tg, tw)))))
             phases = [
-                ("fwd", (bw, ba), W * sw + I * sa + O * so_f, (I + W) if (r.quantized and q < 32) else 0),
-                ("dgrad", (bg, bw), O * sg + W * sw + I * so_d, O if (r.quantized and g < 32) else 0),
-                ("wgrad", (bg, ba), O * sg + I * sa + W * 32,
+                ("fwd", (bw, ba), (tw, tw), W * sw + I * sa + O * so_f, (I + W) if (r.quantized and q < 32) else 0),
+                ("dgrad", (bg, bw), (tg, tw), O * sg + W * sw + I * so_d, O if (r.quantized and g < 32) else 0),
+                ("wgrad", (bg, ba), (tg, tw), O * sg + I * sa + W * 32,
                  O if (r.quantized and g < 32 and r.macs["dgrad"] == 0) else 0),
             ]
-            for phase, (b1, b2), bits_moved, qe in phases:
+            for phase, (b1, b2), (t1, t2), bits_moved, qe in phases:
                 m = r.macs[phase] * n
                 if m == 0:
                     continue
                 tot["macs"] += m
                 tot["bitops"] += m * b1 * b2
                 if hw is not None:
-                    t, e = hw.gemm_cost(m, b1, b2, bits_moved / 8, qe)
+                    t, e = hw.gemm_cost(m, t1, t2, bits_moved / 8, qe)
                     tot["latency"] += float(t)
                     tot["energy"] += float(e)
     return tot

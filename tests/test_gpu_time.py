@@ -237,3 +237,56 @@ def test_the_shipped_tier_efficiencies_are_what_the_fit_gives_on_the_shipped_pro
     tier, eff = fit_tier_efficiency(r50, row.hardware, row)
     tiers, _ = _toml_tiers(row.hardware)
     assert tiers[tier]["efficiency"] == pytest.approx(eff, abs=6e-4)
+
+
+# ---------------------------------------------------------------------------------------------- AMP means AMP
+
+
+def test_autocast_runs_the_layers_cptsim_keeps_full_precision_in_low_precision_too():
+    # PyTorch's own autocast (on the CPU: bfloat16) casts every conv and linear layer, whatever cptsim calls them
+    import torch
+    from cptsim.models import create_model, default_fp_layers
+
+    m = create_model("resnet20", 10, 3)
+    kept = default_fp_layers(m)
+    assert kept   # cptsim's convention keeps some layers (the classifier) at full precision
+    seen = {}
+    for name, mod in m.named_modules():
+        if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)):
+            mod.register_forward_hook(lambda mod, i, o, name=name: seen.__setitem__(name, o.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        m(torch.randn(2, 3, 32, 32))
+    assert set(seen.values()) == {torch.bfloat16}
+    assert all(any(n == k or n.startswith(k) for n in seen) for k in kept)
+
+
+def test_under_static_16_a_gpu_runs_the_full_precision_layers_on_the_fp16_tier_bitops_unchanged():
+    tiers, _ = _toml_tiers("a100")
+    fp16 = tiers["fp16"]["peak_ops"] * 1e12 / 2 * tiers["fp16"]["efficiency"]
+    macs = 10**9
+    prof = LayerProfile.from_json({**_one_conv_one_linear(macs).to_json(), "format": "cptsim.profile/1"})
+    for r in prof.layers:
+        r.quantized = False   # both kept at full precision, as a stem and a classifier
+    c = estimate(prof, parse_schedule("static:16"), load_profile("a100"), steps=1, batch_size=1)
+    for row in c.per_layer:
+        assert row["latency_s"]["fwd"] == pytest.approx(macs / fp16, rel=1e-9)   # compute-bound at the FP16 rate
+        assert row["bitops"]["fwd"] == macs * 32 * 32                             # BitOPs: still 32 x 32
+    # a 32-bit step leaves them on the 32-bit tiers; other kinds of hardware are not autocast
+    c32 = estimate(prof, parse_schedule("static:32"), load_profile("a100"), steps=1, batch_size=1)
+    assert c32.per_layer[0]["latency_s"]["fwd"] > 2 * c.per_layer[0]["latency_s"]["fwd"]
+    bf = estimate(prof, parse_schedule("static:16"), load_profile("bitfusion"), steps=1, batch_size=1)
+    bf32 = estimate(prof, parse_schedule("static:32"), load_profile("bitfusion"), steps=1, batch_size=1)
+    assert bf.latency_s["total"] == bf32.latency_s["total"]
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if r.precision == "AMP"], ids=lambda r: r.hardware)
+def test_nvidias_amp_rows_within_10_percent_with_default_flags(r50, row):
+    assert not all(layer.quantized for layer in r50.layers)   # the shipped profile has cptsim's default fp layers
+    assert modelled_throughput(r50, row.hardware, row) == pytest.approx(row.published_img_s, rel=0.10)
+
+
+def test_cost_help_says_amp_means_amp():
+    from cli_util import run_cli
+
+    text = " ".join(run_cli("cost", "--help").stdout.split())
+    assert "autocast" in text and "full-precision layers" in text and "BitOPs" in text

@@ -45,14 +45,16 @@ MODEL = "imagenet-resnet50"
 INPUT_SHAPE = (3, 224, 224)
 NUM_CLASSES = 1000
 STEPS = 20
-# AMP casts every conv and linear layer to FP16: the measured runs have no layer kept in full precision (cptsim's
-# default keeps ResNet-50's stem, downsample convs and classifier at 32 bits, CPT's convention)
-FP_LAYERS: list[str] = []  # every layer quantized: AMP runs every conv and linear in FP16
+# The rows are costed with `cptsim cost`'s default flags: the model's own full-precision layers (ResNet-50's stem,
+# downsample convs and classifier: CPT's convention). AMP casts every conv and linear layer to FP16, and so does
+# the GPU time model in an FP16 step (GPUProfile.full_precision_bits): no --fp-layers none needed (issue 23).
+FP_LAYERS: list[str] | None = None  # the model's default convention
 
 
 def resnet50_profile(path=None):
-    """The layer profile (per-layer MACs and op list) of ResNet-50 v1.5, 224x224, 1000 classes, every layer
-    quantizable (``--fp-layers none``), as `cptsim cost` builds it (about a minute on a CPU); with ``path``, read from / saved to that profile.json."""
+    """The layer profile (per-layer MACs and op list) of ResNet-50 v1.5, 224x224, 1000 classes, with the model's
+    default full-precision layers, as `cptsim cost` builds it with default flags (about a minute on a CPU); with
+    ``path``, read from / saved to that profile.json."""
     import json
     from pathlib import Path
 

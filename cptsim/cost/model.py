@@ -13,7 +13,10 @@ Operand widths per phase (DESIGN.md "Cost model"), in the order ``HardwareProfil
     wgrad  error x activation   (b_g, b_a)           M_wgrad · b_g · b_a
 
 Quantized layers run at b_w = b_a = q and b_g = g; full-precision layers at 32 on all three operands.
-Relative-to-FP32 divides BitOPs by the same MACs at 32·32.
+Relative-to-FP32 divides BitOPs by the same MACs at 32·32. AMP means AMP: on a GPU, a step whose GEMMs compute at
+16 bits or less (``static:16`` is AMP) runs its full-precision layers -- the stem, the classifier, a downsample
+conv -- on the FP16 tier too, as ``torch.autocast`` casts every conv and linear layer; that changes the GPU's
+time, bytes and energy (``GPUProfile.full_precision_bits``), not the BitOPs, which keep those layers at 32.
 
 Bytes moved per layer-phase (DRAM traffic; a simple, stated model -- no cache reuse across layers or phases):
 
@@ -94,21 +97,22 @@ def _col(x) -> np.ndarray:
     return a[..., None] if a.ndim else a
 
 
-def layer_bits(quantized: np.ndarray, q, g) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(b_w, b_a, b_g) per layer: quantized layers at (q, q, g), full-precision layers at 32.
+def layer_bits(quantized: np.ndarray, q, g, fp=FP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(b_w, b_a, b_g) per layer: quantized layers at (q, q, g), full-precision layers at ``fp`` (32; a GPU's time
+    model runs them at 16 in an AMP step: ``GPUProfile.full_precision_bits``).
 
-    ``q``, ``g`` scalars give (L,) arrays; arrays of K step kinds give (K, L).
+    ``q``, ``g`` (and ``fp``) scalars give (L,) arrays; arrays of K step kinds give (K, L).
     """
     quantized = np.asarray(quantized, dtype=bool)
-    qc, gc = _col(q), _col(g)
-    b_w = np.where(quantized, qc, FP)
-    b_g = np.where(quantized, gc, FP)
+    qc, gc, fc = _col(q), _col(g), _col(fp)
+    b_w = np.where(quantized, qc, fc)
+    b_g = np.where(quantized, gc, fc)
     return b_w, b_w, b_g
 
 
-def phase_operands(quantized: np.ndarray, q, g) -> tuple[np.ndarray, np.ndarray]:
+def phase_operands(quantized: np.ndarray, q, g, fp=FP) -> tuple[np.ndarray, np.ndarray]:
     """(b1, b2), each (..., L, 3): the operand widths of fwd (b_w, b_a), dgrad (b_g, b_w), wgrad (b_g, b_a)."""
-    b_w, b_a, b_g = layer_bits(quantized, q, g)
+    b_w, b_a, b_g = layer_bits(quantized, q, g, fp)
     return np.stack((b_w, b_g, b_g), axis=-1), np.stack((b_a, b_w, b_a), axis=-1)
 
 
@@ -127,18 +131,19 @@ def _identity_bits(b):
 
 
 def bytes_moved(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray, q, g, batch, calls=None,
-                storage=None, operand=None) -> np.ndarray:
+                storage=None, operand=None, fp=FP) -> np.ndarray:
     """DRAM bytes per layer and phase, (..., L, 3), under the model in the module docstring.
 
     ``numel`` (L, 3): weight total, input and output per sample; ``macs`` (L, 3) only marks which phases run;
     ``batch`` samples in the step (scalar or (K,)); ``calls`` (L,) calls per step (default 1); ``storage`` maps
     operand bits to stored bits (default: packed at the operand width; see ``storage_bits``); ``operand`` (L,):
-    a weightless layer's second-operand elements per sample (``ProfileArrays.operand``; default none).
+    a weightless layer's second-operand elements per sample (``ProfileArrays.operand``; default none); ``fp``:
+    the width full-precision layers run at (``layer_bits``).
     """
     store = storage or _identity_bits
     numel = np.asarray(numel, dtype=np.float64)
     calls = np.ones(numel.shape[0]) if calls is None else np.asarray(calls, dtype=np.float64)
-    b_w, b_a, b_g = layer_bits(quantized, q, g)
+    b_w, b_a, b_g = layer_bits(quantized, q, g, fp)
     s_w, s_a, s_g = store(b_w), store(b_a), store(b_g)
     n = _col(np.asarray(batch, dtype=np.float64))
     w = numel[:, 0] * calls
@@ -420,8 +425,14 @@ def _kind_costs(a: ProfileArrays, hw, q: np.ndarray, g: np.ndarray, samples: np.
     bops = macs_k * b1 * b2
     t = e = xt = xe = None
     if hw is not None:
+        # AMP means AMP: a GPU step that computes in FP16 runs its full-precision layers in FP16 too, as autocast
+        # casts every conv and linear -- in its time and energy only; BitOPs keep them at 32 (above)
+        full = getattr(hw, "full_precision_bits", None)
+        fp = FP if full is None else full(q)
+        if full is not None:
+            b1, b2 = phase_operands(a.quantized, q, g, fp)
         opnd = getattr(a, "operand", None)
-        nbytes = bytes_moved(a.numel, a.macs, a.quantized, q, g, samples, a.calls, storage_bits(hw), opnd)
+        nbytes = bytes_moved(a.numel, a.macs, a.quantized, q, g, samples, a.calls, storage_bits(hw), opnd, fp)
         qe = quant_elems(a.numel, a.macs, a.quantized, q, g, samples, a.calls, opnd)
         # a GPU runs FP32 convolutions and FP32 matmuls on the tiers PyTorch's defaults give each (GPUProfile)
         mm = None if getattr(a, "matmul", None) is None else a.matmul[:, None]

@@ -208,6 +208,13 @@ class GPUProfile(HardwareProfile):
         non-GEMM ops in FP16 too), 32 on the FP32/TF32 tier."""
         return np.where(self._tier_bits[self.tier_index(b, b)] <= 16, 16, 32)
 
+    def full_precision_bits(self, q) -> np.ndarray:
+        """The width a step's full-precision layers run at here, per step kind of forward bits ``q``: 16 in a step
+        that computes in FP16 (``compute_bits``: AMP, or an int pipeline, whose non-GEMM ops are FP16 too), as
+        ``torch.autocast`` runs every conv and linear layer in FP16 whatever the model calls full precision; 32
+        otherwise."""
+        return self.compute_bits(np.asarray(q))
+
     def _cost(self, macs, b1, b2, bytes_moved, quant_elems):
         # A GEMM keeps the GPU busy: board power (x power_fraction) for its whole time. Its launch is counted with
         # the step's other launches (step_ops_cost). Quantizer passes are not costed here (``quant_elems``): an int
