@@ -33,6 +33,11 @@ from .base import (_CAL_COMPUTE, _CAL_MEMORY, _MISSING, FULL_PRECISION_BITS, Fie
                    register, roofline_time)
 
 
+# FlashAttention-2 (Dao, 2023, Fig. 4-5): 50-73% of an A100's FP16 peak forward, less backward, where large
+# GEMMs reach ~80%: a fused attention kernel at ~0.6 of the large-GEMM rate. Not fitted (no table isolates it).
+ATTENTION_EFFICIENCY = 0.6
+
+
 def gpu_tier_index(bmax, narrow_bits, narrow_index, fp32_index):
     """Index of the tier a GEMM with operand widths up to ``bmax`` runs on.
 
@@ -92,6 +97,8 @@ class GPUProfile(HardwareProfile):
         Field("kernel_overhead_us", "nonneg", "fixed time per kernel launched, in microseconds", 0.0),
         # The shape model of each GEMM (cptsim.cost.hardware.gpu_kernels), used when the profile gives sm_count;
         # absent: that module's DEFAULTS (the Ampere fit).
+        Field("attention_efficiency", "fraction", "a fused attention kernel's MAC rate / the tier's GEMM rate "
+              "(default 0.6: FlashAttention-2 reaches 50-73% of an A100's peak, Dao 2023)", None),
         Field("gemm_n0", "nonneg", "output columns at which a GEMM runs at half its large-N rate (fitted)", None),
         Field("gemm_k0", "nonneg", "reduction depth at which a GEMM runs at half its deep-K rate (fitted)", None),
         Field("nchw_conv_factor", "fraction", "an NCHW convolution's tensor-core rate / its channels-last rate "
@@ -261,9 +268,32 @@ class GPUProfile(HardwareProfile):
         """(time s, energy J), each (K, 3) for K step kinds x the phases (fwd, dgrad, wgrad), of everything in a
         step besides the layers' GEMMs: the memory-bound ops of ``ops`` (a ``cptsim.measure.opcount.OpProfile``) and
         every kernel launch. Forward ops are charged to fwd, backward ops to dgrad, the optimizer to wgrad."""
-        return gpu_step_ops_cost(ops.summary(), ops.element_bits, self.compute_bits(np.asarray(q)),
-                                 self.compute_bits(np.maximum(q, g)), samples, self._bandwidth * self._meff,
-                                 self.kernel_overhead_s, self.busy_power_w, self.idle_power_w)
+        fwd_bits, bwd_bits = self.compute_bits(np.asarray(q)), self.compute_bits(np.maximum(q, g))
+        t, e = gpu_step_ops_cost(ops.summary(), ops.element_bits, fwd_bits, bwd_bits, samples,
+                                 self._bandwidth * self._meff, self.kernel_overhead_s, self.busy_power_w,
+                                 self.idle_power_w)
+        at = self._attention_time(ops.summary(), ops.element_bits, fwd_bits, bwd_bits, samples)
+        return t + at, e + at * self.busy_power_w
+
+    def _attention_time(self, summary, element_bits, fwd_bits, bwd_bits, samples) -> np.ndarray:
+        """(K, 3) seconds of the fused attention kernels (FlashAttention and kin; ``opcount`` counts their MACs):
+        their MACs at the step's matmul tier x ``attention_efficiency``, bounded by their bytes."""
+        n = np.asarray(samples, dtype=np.float64)
+        eff = self.calibration.get("attention_efficiency")
+        eff = ATTENTION_EFFICIENCY if eff is None else float(eff)
+        out = []
+        for phase, bits in (("fwd", fwd_bits), ("bwd", bwd_bits), ("opt", fwd_bits)):
+            s = summary[phase]
+            macs = s.get("attention_macs_per_sample", 0.0) * n
+            if not np.any(macs):
+                out.append(np.zeros(n.shape))
+                continue
+            b = np.asarray(bits)
+            i = self.tier_index(b, b, True)
+            rate = self._tier_mac_rate[i] * self._tier_eff[i] * self._ceff * eff
+            nbytes = s.get("attention_bytes_per_sample", 0.0) * n * np.minimum(b / element_bits, 1.0)
+            out.append(np.maximum(macs / rate, nbytes / (self._bandwidth * self._meff)))
+        return np.stack(out, axis=-1)
 
     def describe_bits(self, b1: int, b2: int) -> str:
         return self._tier_names[int(self.tier_index(b1, b2))]
