@@ -51,7 +51,7 @@ squares; +- from bootstrap refits and seed spread), and falls back to the score 
 It fits the runs' VALIDATION accuracy (a language model: validation loss), never their test accuracy: 'cptsim
 sweep' holds out --val-split 0.2 of the training data by default and records it; runs without one are left out.
 A candidate outside the range of score, mean bits and cost that was measured gets no prediction ("outside
-fit"): it is ranked after those inside, by the score; with none inside, the plan is ranked by the score.
+fit") and keeps its place by the score; the model re-orders only the candidates inside that range.
 
 Hardware: BitOPs do not depend on it; energy and latency do, and often not smoothly -- an H100 runs every
 width up to 8 bits on its int8 tier, so its latency and energy do not fall below 8 bits and a latency budget

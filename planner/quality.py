@@ -23,10 +23,11 @@ The model does not extrapolate. It is trusted only inside the range its features
 from the lowest to the highest value among the measured schedules: ``QualityModel.in_range``). Outside it a linear
 fit says nothing -- fitted to issue 9's runs, whose mean bits span 2.99-3.01 and relative cost 0.30-0.31, it
 "predicted" static:8 at 0.9998 +- 0.676, and 8% of its bootstrap refits gave the near-constant cost a positive
-weight, which would rank "most expensive within budget" first. So a candidate outside the range gets no prediction:
-the planner ranks the candidates inside it by the model and those outside after them, by the proxy score, marks
-them ``extrapolated`` in the plan and says how many there were; when no candidate within budget is inside, the plan
-is ranked by the proxy altogether and says why.
+weight, which would rank "most expensive within budget" first. So a candidate outside the range gets no prediction and
+keeps the place the proxy score gives it: the planner takes the proxy's ranking and lets the model re-order only
+the candidates inside the range, among the places they hold. The plan marks the others ``extrapolated``, says how
+many there were (and when the chosen one is among them); when no candidate within budget is inside, the plan is
+ranked by the proxy altogether and says why.
 
 Why these features and not more: a few dozen runs is what a user has; three sign-constrained coefficients cannot
 chase seed noise far, and all three features exist for every candidate without materialising its bits (the fast

@@ -300,14 +300,19 @@ def _quality_rank(cands: Candidates, mask: np.ndarray, cost: np.ndarray, base_bi
                      f"the model was measured over ({rng}); a linear fit would extrapolate there, so the plan is "
                      "ranked by the proxy score instead - sweep schedules like these to extend the range")
         return None, doc
-    order_in = np.lexsort((ins, cost[ins], -cands.score[ins], -np.round(mean[ins], 12)))
-    order_out = np.lexsort((outs, cost[outs], -cands.score[outs]))  # by the proxy, as _ranked
+    # The proxy's ranking, in which the model re-orders the candidates it was measured over among the places they
+    # hold; a candidate outside keeps the place the proxy gives it.
+    ranked = _ranked(cands, mask, cost)
+    slots = inside[ranked]
+    by_model = ins[np.lexsort((ins, cost[ins], -cands.score[ins], -np.round(mean[ins], 12)))]
+    ranked = ranked.copy()
+    ranked[slots] = by_model
     if outs.size:
         notes.append(f"--quality db: {outs.size} of the {idx.size} candidates within budget lie outside the range "
-                     f"the model was measured over ({rng}); they get no prediction (marked extrapolated) and are "
-                     f"ranked after the {ins.size} inside it, by the proxy score")
+                     f"the model was measured over ({rng}); they get no prediction (marked extrapolated) and keep "
+                     f"the proxy score's ranking; the model re-orders the {ins.size} inside it among their places")
     doc["predicted"] = {"mean": mean, "std": std, "in_range": inside}  # arrays: per alternative in select
-    return np.concatenate((ins[order_in], outs[order_out])), doc
+    return ranked, doc
 
 
 def _why_not_separated(rd: dict) -> str:
@@ -470,6 +475,9 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
     if chosen is None:
         raise infeasible()
     sched = cands.schedules[chosen]
+    if predicted is not None and not predicted["in_range"][chosen]:
+        notes.append(f"--quality db: the chosen {sched.to_text()} lies outside the range the model was measured over; "
+                     "it holds its place by the proxy score, not by a prediction")
 
     # Alternatives: the best by score within budget, the chosen one, and the cheapest candidate overall.
     alt_idx = [chosen] + [int(i) for i in ranked[:top] if int(i) != chosen]
