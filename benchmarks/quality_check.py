@@ -14,7 +14,20 @@ The runs were made with (each run a normal run directory; ~10-30 s per run on on
     cptsim sweep --seeds 0,1,2 --jobs 3 --out runs/digits --db benchmarks/results/issue9.db \\
       --schedules cos-rep:3-8:g8:n32,static:5,lin-tri:3-8:g8:n1,exp-tri-v:5-8:g8:n1
 
-    python benchmarks/quality_check.py [--db PATH] [--json] [--plot DIR]
+    python benchmarks/quality_check.py [--db PATH] [--json] [--plot DIR] [--val-db PATH]
+
+The planner's ``--quality db`` fits a run's *validation* measure, never its test accuracy (issue 22), and the runs
+above recorded none (they trained on the whole training set). ``--val-db`` (default: the shipped
+benchmarks/results/issue22-val.db) holds the 3-epoch bits-2-4 sweep again, with the default validation split held
+out (``cptsim sweep`` does that by default now):
+
+    cptsim sweep --epochs 3 --seeds 0,1,2 --jobs 2 --out runs/hard-val --db benchmarks/results/issue22-val.db \
+      --schedules (the 14 schedules above)
+
+and this script plans that workload with ``--quality db`` from it at CPT default's BitOPs: the model's measure,
+its leave-one-schedule-out Spearman, the pick, its predicted validation accuracy +- and its measured validation
+and test accuracy (the test split reported here, never used to choose); then the same database asked about the
+3-8 space, all of it outside the measured range, which the plan must rank by the proxy.
 """
 
 from __future__ import annotations
@@ -40,7 +53,10 @@ def main() -> int:
     ap.add_argument("--db", default=str(HERE / "results" / "issue9.db"))
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", default=None, help="write one accuracy-vs-cost PNG per workload into this folder")
+    ap.add_argument("--val-db", default=str(HERE / "results" / "issue22-val.db"),
+                    help="runs with a validation split, for the --quality db check (issue 22)")
     args = ap.parse_args()
+    val = quality_db_check(args.val_db) if Path(args.val_db).exists() else None
 
     from cptsim.planner import Workload, plan
     from cptsim.planner.space import parse_space
@@ -79,8 +95,10 @@ def main() -> int:
                 Path(args.plot).mkdir(parents=True, exist_ok=True)
                 atomic_write_bytes(Path(args.plot) / f"quality-{key}.png", sweep_figure(rep))
     if args.json:
-        print(json.dumps(out, indent=1))
+        print(json.dumps({"workloads": out, "quality_db": val}, indent=1))
         return 0
+    if val is not None:
+        print_quality_db(val)
     for d in out:
         print(f"\n{d['workload']} ({d['steps']} steps)")
         print(f"  {'schedule':24s} {'seeds':>5s} {'acc mean':>9s} {'std':>6s} {'BitOPs':>7s} {'score':>7s}")
@@ -101,6 +119,74 @@ def main() -> int:
         else:
             print(f"  pick {d['pick']}: not measured in this database")
     return 0
+
+
+def quality_db_check(db_path: str) -> dict:
+    """plan --quality db on the 3-epoch bits-2-4 workload from runs with a validation split (issue 22)."""
+    from cptsim.cost.schedules import parse_schedule
+    from cptsim.planner import Workload, plan
+    from cptsim.planner.quality import measured_workload
+    from cptsim.planner.space import parse_space
+    from cptsim.study.evidence import LocalEvidence
+    from cptsim.study.results import ResultsDB, workload_key
+
+    w = Workload.build(epochs=3)
+    cpt = parse_schedule("cos-rep:2-4:g8:n32")
+    budget = f"{w.estimate(cpt, 'bitfusion').bitops['total']}bitops"
+    ev = LocalEvidence()
+    p = plan(w, "bitfusion", budget, parse_space(None, None, "2", "4", "8", None, None), quality="db", db=db_path,
+             evidence=ev, top=30)
+    with ResultsDB(db_path) as db:
+        rows = db.rows(workload_key=workload_key(measured_workload(w)))
+
+    def measured(text):
+        rs = [r for r in rows if r["schedule"] == text]
+        v, t = [r["val_acc"] for r in rs], [r["test_acc"] for r in rs]
+        return {"n": len(rs), "val": [statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0] if v else None,
+                "test": [statistics.mean(t), statistics.stdev(t) if len(t) > 1 else 0.0] if t else None}
+
+    pick = next(a for a in p.alternatives if a["role"] == "chosen")
+    wide = plan(w, "bitfusion", "90%", parse_space(None, None, "3", "8", "8", None, None), quality="db",
+                db=db_path, evidence=ev)
+    wide_proxy = plan(w, "bitfusion", "90%", parse_space(None, None, "3", "8", "8", None, None))
+    q = p.quality
+    return {"db": db_path, "workload_key": q.get("workload_key"), "steps": measured_workload(w)["steps"],
+            "ranking": p.ranking, "measure": q.get("measure"), "runs": q.get("runs"), "schedules": q.get("schedules"),
+            "loo_spearman": q.get("loo_spearman"), "feature_range": q.get("feature_range"),
+            "in_range": q.get("in_range"), "extrapolated": q.get("extrapolated"),
+            "pick": p.schedule.to_text(), "pick_predicted": [pick.get("predicted_acc"), pick.get("predicted_std")],
+            "pick_measured": measured(p.schedule.to_text()), "cpt_default": cpt.to_text(),
+            "cpt_measured": measured(cpt.to_text()),
+            "best_measured_val": max(({"schedule": s, **measured(s)} for s in {r["schedule"] for r in rows}),
+                                     key=lambda d: d["val"][0]) if rows else None,
+            "notes": p.notes, "space_3_8": {"budget": "90%", "ranking": wide.ranking, "pick": wide.schedule.to_text(),
+                                            "proxy_pick": wide_proxy.schedule.to_text(),
+                                            "in_range": wide.quality.get("in_range"),
+                                            "extrapolated": wide.quality.get("extrapolated"),
+                                            "notes": [n for n in wide.notes if n.startswith("--quality db")]}}
+
+
+def print_quality_db(v: dict) -> None:
+    pct = lambda m: "n/a" if m is None else f"{100 * m[0]:.2f} +- {100 * m[1]:.2f}%"  # noqa: E731
+    print(f"\nplan --quality db from {v['db']} (digits-cnn, 3 epochs, bits 2-4, a validation split held out: "
+          f"{v['steps']} steps)")
+    print(f"  fitted to the {v['measure']['name']} of {v['runs']} runs of {v['schedules']} schedules; "
+          f"leave-one-schedule-out Spearman {v['loo_spearman']:.3f}")
+    print("  measured range: " + "; ".join(f"{k} {a:.4g}-{b:.4g}" for k, (a, b) in v["feature_range"].items()))
+    print(f"  candidates within budget: {v['in_range']} inside the range, {v['extrapolated']} outside; "
+          f"ranked by {v['ranking']}")
+    pp = v["pick_predicted"]
+    pred = "extrapolated: no prediction" if pp[0] is None else f"{100 * pp[0]:.2f} +- {100 * pp[1]:.2f}%"
+    pm, cm = v["pick_measured"], v["cpt_measured"]
+    print(f"  pick {v['pick']}: predicted validation accuracy {pred}; measured validation {pct(pm['val'])}, "
+          f"test {pct(pm['test'])} ({pm['n']} seeds; the test split is reported, never used to choose)")
+    print(f"  CPT default {v['cpt_default']}: validation {pct(cm['val'])}, test {pct(cm['test'])}")
+    b = v["best_measured_val"]
+    if b:
+        print(f"  best measured validation accuracy: {b['schedule']} {pct(b['val'])} (test {pct(b['test'])})")
+    s = v["space_3_8"]
+    print(f"  the same runs asked about the 3-8 space at {s['budget']} of static 8: {s['in_range']} candidates "
+          f"inside the range, {s['extrapolated']} outside -> pick {s['pick']} (the proxy alone: {s['proxy_pick']})")
 
 
 if __name__ == "__main__":
