@@ -159,6 +159,34 @@ def test_quality_db_fits_the_validation_measure_and_never_the_test_split(digits_
     assert any("recorded no validation measure" in n for n in p2.notes)
 
 
+def test_quality_db_fits_a_language_models_validation_loss_not_its_next_token_accuracy():
+    """Issue 22 item 1, language models: the measure is the per-token validation loss (log perplexity), fitted as
+    minus the loss so that higher is better; the text dataset has its own validation split, so the workload is
+    looked up as planned. Rows without a validation loss (test only) are counted and left out."""
+    from types import SimpleNamespace
+
+    from cptsim.planner.quality import load_measurements
+
+    wl = {"model": "lstm", "dataset": "pydoc-chars", "dataset_size": 1000, "batch_size": 8, "steps": 50,
+          "epochs": 2}
+    rows = [{"schedule": "static:8:g8", "val_loss": 1.5, "test_acc": 0.9},
+            {"schedule": "static:6:g8", "val_loss": None, "extra": {"val_loss": 1.7}, "test_acc": 0.95},
+            {"schedule": "static:4:g8", "val_loss": None, "extra": {}, "test_acc": 0.99}]
+    asked = []
+
+    class Ev:
+        def measurements(self, workload, db):
+            asked.append(workload)
+            return rows, "k", "p"
+
+    w = SimpleNamespace(dataset="pydoc-chars", to_json=lambda: dict(wl))
+    m = load_measurements(w, None, Ev())
+    assert asked == [wl]  # nothing held out of a text dataset
+    assert m.measure["key"] == "val_loss" and not m.measure["higher_is_better"]
+    assert m.schedules == ["static:8:g8", "static:6:g8"] and m.values == [-1.5, -1.7]
+    assert m.without_validation == 1
+
+
 def _measured_features(w, texts, base_bitops):
     """The three features of each schedule, computed here from their definitions (score_bits of the schedule's
     bits, their mean, its BitOPs over the baseline's)."""
