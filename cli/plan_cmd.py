@@ -184,7 +184,7 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
     def on_pilot(ev: dict) -> None:
         if show and ev["event"] == "done":
             err.print(f"pilot round {ev['round'] + 1}: {ev['schedule']} {ev['steps']} steps -> validation "
-                      f"{_pilot_figure(ev)} @ {ev['eval_bits']} bits ({ev['time_s']:.1f} s)", highlight=False)
+                      f"{_pilot_figure(ev)} @ {ev['eval_bits']} bits ({_pilot_time(ev)})", highlight=False)
 
     result = make_plan(workload, hardware, bud, space, prefer_cyclic=prefer_cyclic, top=top, pilot=pilot,
                        pilot_steps=pilot_steps, pilot_dir=pilot_dir, device=device, range_test=rt,
@@ -211,6 +211,10 @@ class _nothing:
         return False
 
 
+def _pilot_time(rec: dict) -> str:
+    return "reused from --pilot-dir" if rec.get("reused") else f"{rec['time_s']:.1f} s"
+
+
 def _pilot_figure(rec: dict) -> str:
     """A pilot run's ranking measure: perplexity for a language model (lower is better), else accuracy."""
     if "val_ppl" in rec:
@@ -219,7 +223,7 @@ def _pilot_figure(rec: dict) -> str:
 
 
 _RANKED_BY = {"pilot": "pilot runs (validation accuracy, or perplexity for a language model)",
-              "db": "accuracy predicted from measured runs"}
+              "db": "validation accuracy (or loss) predicted from measured runs"}
 
 
 def _pct(x: float | None) -> str:
@@ -289,6 +293,12 @@ def print_plan(p, doc: dict) -> None:
     if p.pilot:
         for r in p.pilot["rounds"]:
             accs = ", ".join(f"{x['schedule']} {_pilot_figure(x)}" for x in r["runs"])
-            out.print(f"pilot round {r['round'] + 1} ({r['steps']} steps): {accs}", highlight=False)
+            test = ""
+            if r.get("p_value") is not None:  # McNemar's exact test on the samples the cut's two sides disagree on
+                test = (f"; McNemar {r['kept_only']} vs {r['dropped_only']} disagreements, p = {r['p_value']:.3g}"
+                        + ("" if r.get("resolvable_gap") is None else
+                           f" (resolves gaps >= {100 * r['resolvable_gap']:.1f} points)"))
+            out.print(f"pilot round {r['round'] + 1} ({r['steps']} steps): {accs}{test}"
+                      f"{'' if r['separated'] else ' - not separated'}", highlight=False)
     for n in p.notes:
         out.print(f"[yellow]note:[/] {n}", highlight=False)
