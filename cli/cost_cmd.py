@@ -85,6 +85,8 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
                 "batch_size": batch_size, "dataset_size": dataset_size,
                 "dataset_size_from": size_from, "static_bits": sched.q_max}
 
+    mix = prof.op_mix()
+    sureness = {p.name: time_sureness(p, prof, c) for p, c in zip(profiles, costs)}
     if as_json:
         rows = []
         for p, c in zip(profiles, costs):
@@ -92,8 +94,9 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
             d.pop("per_layer")
             rows.append({"hardware": p.name, "kind": p.kind, **d,
                          "saving_vs_static": {k: 1.0 - v for k, v in c.vs_static.items()},
-                         "throughput": throughput(c.samples, c.latency_s["total"], dataset_size)})
-        emit_json({"workload": workload, "profiles": rows})
+                         "throughput": throughput(c.samples, c.latency_s["total"], dataset_size),
+                         **sureness[p.name]})
+        emit_json({"workload": {**workload, "op_mix": mix, "channels_last": bool(channels_last)}, "profiles": rows})
         return
 
     epochs_txt = f", {first.samples / dataset_size:.4g} epochs of {dataset_size}" if dataset_size else ""
@@ -123,5 +126,38 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
                   si(c.energy_j["total"] / t_run, "W") if t_run > 0 else "-")
     print_table(s, drop=("avg power", "run time", "time/step"))
     for p in profiles:
+        for line in sureness_lines(p.name, sureness[p.name]):
+            out.print(line, highlight=False)
+    for p in profiles:
         for n in p.notes:
             err.print(f"[yellow]note ({p.name}):[/yellow] {n}", highlight=False)
+
+
+def time_sureness(hw, prof, c) -> dict:
+    """How sure a profile's time is (its [validation] against this network's op mix) and, on a GPU with a measured
+    host overhead, whether an eager step is launch-bound and what CUDA graphs save: the ``cost --json`` keys
+    ``time_validation`` and ``launch_bound``."""
+    out = {"time_validation": hw.time_validation(prof.op_mix())}
+    if hasattr(hw, "launch_bound") and c.steps:
+        lb = hw.launch_bound(prof.ops, c.latency_s["total"] / c.steps)
+        if lb is not None:
+            out["launch_bound"] = lb
+    return out
+
+
+def sureness_lines(name: str, s: dict) -> list[str]:
+    v = s["time_validation"]
+    if not v["checked"]:
+        lines = [f"{name} time: {v['note']}"]
+    else:
+        cover = ("its op mix was covered" if v.get("op_mix_covered") else
+                 f"not checked on {', '.join(v.get('op_mix_missing', []))} (this network has them)")
+        lines = [f"{name} time: median |error| {100 * v['median_abs_error']:.0f}%, worst "
+                 f"{100 * v['worst_abs_error']:.0f}% over {v['n']} {v['against']} "
+                 f"({'held out' if v['held_out'] == 'yes' else 'in-sample'}); {cover}"]
+    lb = s.get("launch_bound")
+    if lb is not None:
+        lines.append(f"{name} step: GPU {si(lb['gpu_step_s'], 's')}, host dispatch {si(lb['host_step_s'], 's')} "
+                     f"-> an eager step is {lb['bound']}-bound ({si(lb['eager_step_s'], 's')}); CUDA graphs (cptsim "
+                     f"train's default on CUDA) would save {100 * lb['cuda_graphs_saving']:.0f}%")
+    return lines

@@ -106,7 +106,11 @@ def show_cmd(name_or_path: str, as_json: bool) -> None:
         else:
             nums.add_row(k, str(v).lower() if isinstance(v, bool) else str(v))
     for k, v in p.calibration.items():
-        nums.add_row(f"calibration.{k}", f"{v:g}")
+        if v is not None:  # an optional constant the file leaves to its default
+            nums.add_row(f"calibration.{k}", f"{v:g}")
+    for k, v in p.validation.items():
+        nums.add_row(f"validation.{k}", ", ".join(v) if isinstance(v, list) else f"{v:g}" if isinstance(v, float)
+                     else str(v))
     out.print(nums)
     out.print("[bold]sources[/bold]")
     for s in p.sources:

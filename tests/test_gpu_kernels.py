@@ -102,3 +102,50 @@ def test_fused_attention_is_counted_by_its_macs_and_priced_on_the_gpu():
     hw = load_profile("h100")
     t = hw._attention_time(s, 32, np.array([16]), np.array([16]), np.array([1024]))
     assert t.shape == (1, 3) and t[0, 0] > 0 and t[0, 1] > t[0, 0] and t[0, 2] == 0
+
+
+def test_launch_bound_by_hand():
+    from cptsim.cost.hardware.gpu import launch_bound
+
+    lb = launch_bound(268, 41e-6, 5e-3)  # resnet20's counted launches x the H100 host's 41 us vs 5 ms of GPU work
+    assert lb["host_step_s"] == pytest.approx(268 * 41e-6)
+    assert lb["bound"] == "launch (host)" and lb["eager_step_s"] == pytest.approx(268 * 41e-6)
+    assert lb["cuda_graphs_saving"] == pytest.approx(1 - 5e-3 / (268 * 41e-6))
+    gpu_bound = launch_bound(268, 41e-6, 0.1)
+    assert gpu_bound["bound"] == "GPU" and gpu_bound["cuda_graphs_saving"] == 0.0
+
+
+def test_a_profiles_validation_says_how_sure_its_times_are_and_whether_it_covered_the_op_mix(tmp_path):
+    from cptsim.cost.hardware import load_profile
+    from cptsim.errors import InputError
+
+    h100 = load_profile("h100")
+    v = h100.time_validation(["conv", "lstm"])
+    assert v["checked"] and 0 < v["median_abs_error"] <= v["worst_abs_error"]
+    assert v["op_mix_covered"] is False and v["op_mix_missing"] == ["lstm"]
+    assert h100.time_validation(["conv"])["op_mix_covered"] is True
+    assert load_profile("v100").time_validation(["conv"])["checked"] is False  # no [validation]: it says so
+    bad = (tmp_path / "x.toml")
+    text = (load_profile("h100").path and open(load_profile("h100").path).read())
+    bad.write_text(text.replace('name = "h100"', 'name = "x"').replace("n = 24", 'n = "many"'))
+    with pytest.raises(InputError, match="validation.n"):
+        load_profile(str(bad))
+
+
+def test_cost_json_carries_the_validation_and_the_launch_bound():
+    import json
+
+    from cli_util import run_cli
+
+    r = run_cli("cost", "--model", "resnet20", "--dataset", "cifar10", "--hw", "h100", "--batch-size", "128",
+                "--steps", "1", "--schedule", "static:32", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    row = doc["profiles"][0]
+    assert doc["workload"]["op_mix"] == ["conv"] and doc["workload"]["channels_last"] is False
+    assert row["time_validation"]["checked"] and row["time_validation"]["op_mix_covered"]
+    lb = row["launch_bound"]
+    assert lb["bound"] == "launch (host)" and lb["eager_step_s"] > lb["gpu_step_s"]  # small convs, eager
+    r = run_cli("cost", "--model", "resnet20", "--dataset", "cifar10", "--hw", "h100", "--batch-size", "128",
+                "--steps", "1", "--schedule", "static:32")
+    assert "CUDA graphs" in r.stdout and "median |error|" in r.stdout

@@ -271,6 +271,31 @@ class LayerProfile:
             raise _bad(f'memory_format must be "contiguous" or "channels_last", got {fmt!r}')
         return cls(model=model, input_shape=list(shape), layers=layers, ops=ops, channels_last=fmt == "channels_last")
 
+    def op_mix(self) -> list[str]:
+        """The kinds of kernel that make up this network (``cptsim.cost.hardware.files.OP_MIXES``), so that a time
+        estimate can say whether the networks its profile was checked on had them: dense convolutions, grouped
+        ones, depthwise ones, attention (matmul layers or fused kernels), linear-dominated (over half the forward
+        MACs in Linear layers), recurrent (LSTM)."""
+        mix = set()
+        fwd = sum(r.macs["fwd"] for r in self.layers) or 1
+        lin = 0
+        for r in self.layers:
+            g = r.gemm or {}
+            if r.type == "Conv2d":
+                groups = g.get("groups", 1)
+                mix.add("conv" if groups == 1 else "depthwise" if g.get("n") == 1 else "grouped")
+            elif r.type == "Matmul":
+                mix.add("attention")
+            elif r.type == "Linear":
+                lin += r.macs["fwd"]
+            if r.name.endswith(".hh"):  # a recurrent layer's hidden-to-hidden GEMM (cptsim.numerics.lm_layers)
+                mix.add("lstm")
+        if lin * 2 > fwd:
+            mix.add("linear")
+        if self.ops is not None and any(o.kind == "attention" for o in self.ops.records):
+            mix.add("attention")
+        return sorted(mix)
+
     def totals(self) -> dict[str, int]:
         """Per-phase MACs per sample, summed over layers."""
         return {p: sum(r.macs[p] for r in self.layers) for p in PHASES}

@@ -193,6 +193,7 @@ class HardwareProfile:
     params: dict
     calibration: dict
     notes: list[str] = field(default_factory=list)
+    validation: dict = field(default_factory=dict)  # the file's [validation]: what its times were checked on
 
     KIND: ClassVar[str] = ""
     PARAMS: ClassVar[tuple[Field, ...]] = ()
@@ -241,6 +242,21 @@ class HardwareProfile:
         """How a (b1, b2) GEMM runs here, in a few words (the GPU tier, the passes...)."""
         return ""
 
+    def time_validation(self, op_mix: list[str] | None = None) -> dict:
+        """How sure this profile's times are: its [validation] (what they were checked on, median and worst
+        |error|, held out or in-sample) and whether that set covered ``op_mix`` (``LayerProfile.op_mix``); a
+        profile without one says it was not checked."""
+        if not self.validation:
+            return {"checked": False, "note": "not checked against measurements (the profile has no [validation])"}
+        v = dict(self.validation)
+        out = {"checked": True, **v}
+        if op_mix is not None:
+            missing = sorted(set(op_mix) - set(v.get("op_mixes", [])))
+            out["op_mix"] = list(op_mix)
+            out["op_mix_covered"] = not missing
+            out["op_mix_missing"] = missing
+        return out
+
     def to_json(self) -> dict:
         return {
             "name": self.name,
@@ -251,6 +267,7 @@ class HardwareProfile:
             "hash": self.content_hash,
             "params": copy.deepcopy(self.params),
             "calibration": dict(self.calibration),
+            "validation": dict(self.validation),
             "notes": list(self.notes),
         }
 

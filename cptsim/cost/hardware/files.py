@@ -156,7 +156,7 @@ def parse_profile(data: bytes, label: str, path: str = "", expect_name: str | No
     kind = doc["kind"]
     if not isinstance(kind, str) or kind not in _KIND_CLASSES:
         chk.fail(f"kind must be one of {', '.join(kinds())}, got {kind!r}")
-    head = chk.fields(doc, _TOP, "", nested=(kind, "calibration"))
+    head = chk.fields(doc, _TOP, "", nested=(kind, "calibration", "validation"))
     if not _NAME_RE.match(head["name"]):
         chk.fail(f"name must be letters, digits, '.', '_' or '-', got {head['name']!r}")
     if expect_name is not None and head["name"] != expect_name:
@@ -171,8 +171,29 @@ def parse_profile(data: bytes, label: str, path: str = "", expect_name: str | No
     if not isinstance(cal_table, dict):
         chk.fail(f"calibration must be a table [calibration], got {cal_table!r}")
     calibration = chk.fields(cal_table, cls.CALIBRATION, "calibration")
+    val_table = doc.get("validation", {})
+    if not isinstance(val_table, dict):
+        chk.fail(f"validation must be a table [validation], got {val_table!r}")
+    validation = chk.fields(val_table, _VALIDATION, "validation") if val_table else {}
+    if validation and not all(isinstance(m, str) for m in validation["op_mixes"]):
+        chk.fail(f"validation.op_mixes must be a list of names ({', '.join(OP_MIXES)}), got {validation['op_mixes']!r}")
 
     return cls(
         name=head["name"], kind=kind, description=head["description"], sources=list(sources), path=path,
         content_hash=hashlib.sha256(data).hexdigest()[:16], params=params, calibration=calibration,
+        validation=validation,
     )
+
+
+# What a profile's time model was checked against: the file's [validation] table, which cost, plan and report
+# print beside every time they give (how sure the number is). Errors are |predicted / measured - 1|.
+OP_MIXES = ("conv", "depthwise", "grouped", "attention", "linear", "lstm")
+_VALIDATION = (
+    Field("against", "string", "what the times were checked on (published or measured; which networks)"),
+    Field("n", "positive", "how many measurements"),
+    Field("median_abs_error", "nonneg", "median |predicted / measured - 1| over them"),
+    Field("worst_abs_error", "nonneg", "the largest |predicted / measured - 1| over them"),
+    Field("held_out", "string", '"yes" when the check is on measurements the constants were not fitted to, '
+          '"no" when in-sample'),
+    Field("op_mixes", "list", f"the kinds of network the set covers ({', '.join(OP_MIXES)})"),
+)

@@ -97,6 +97,9 @@ class GPUProfile(HardwareProfile):
         Field("kernel_overhead_us", "nonneg", "fixed time per kernel launched, in microseconds", 0.0),
         # The shape model of each GEMM (cptsim.cost.hardware.gpu_kernels), used when the profile gives sm_count;
         # absent: that module's DEFAULTS (the Ampere fit).
+        Field("host_overhead_us", "nonneg", "the host's time per kernel of an eager PyTorch training step (Python, "
+              "autograd, dispatch, launch), in microseconds, measured; eager steps of small kernels are bound by "
+              "it, CUDA graphs (cptsim train's default on CUDA) are not", None),
         Field("attention_efficiency", "fraction", "a fused attention kernel's MAC rate / the tier's GEMM rate "
               "(default 0.6: FlashAttention-2 reaches 50-73% of an A100's peak, Dao 2023)", None),
         Field("gemm_n0", "nonneg", "output columns at which a GEMM runs at half its large-N rate (fitted)", None),
@@ -275,6 +278,14 @@ class GPUProfile(HardwareProfile):
         at = self._attention_time(ops.summary(), ops.element_bits, fwd_bits, bwd_bits, samples)
         return t + at, e + at * self.busy_power_w
 
+    def launch_bound(self, ops, gpu_step_s: float) -> dict | None:
+        """Whether an eager step of ``ops`` (its launches) is bound by the host's dispatch or by the GPU, given the
+        modelled GPU time of one step; None without a measured ``host_overhead_us``."""
+        host_us = self.calibration.get("host_overhead_us")
+        if host_us is None or ops is None:
+            return None
+        return launch_bound(ops.totals()["launches"], float(host_us) * 1e-6, gpu_step_s)
+
     def _attention_time(self, summary, element_bits, fwd_bits, bwd_bits, samples) -> np.ndarray:
         """(K, 3) seconds of the fused attention kernels (FlashAttention and kin; ``opcount`` counts their MACs):
         their MACs at the step's matmul tier x ``attention_efficiency``, bounded by their bytes."""
@@ -297,6 +308,16 @@ class GPUProfile(HardwareProfile):
 
     def describe_bits(self, b1: int, b2: int) -> str:
         return self._tier_names[int(self.tier_index(b1, b2))]
+
+
+def launch_bound(launches: float, host_s_per_launch: float, gpu_step_s: float) -> dict:
+    """An eager step cannot finish before the host has issued its launches: eager time = max(GPU time, launches x
+    the host's time per launch); a CUDA graph replays the step with the host out of the loop (GPU time)."""
+    host = launches * host_s_per_launch
+    eager = max(gpu_step_s, host)
+    return {"gpu_step_s": gpu_step_s, "host_step_s": host, "eager_step_s": eager,
+            "bound": "launch (host)" if host > gpu_step_s else "GPU",
+            "cuda_graphs_saving": 1.0 - gpu_step_s / eager if eager > 0 else 0.0}
 
 
 def gpu_step_ops_cost(summary, element_bits, fwd_bits, bwd_bits, samples, bandwidth, overhead_s, busy_w, idle_w):

@@ -1,0 +1,163 @@
+"""Fit the GPU shape model's constants from shipped measurements and check them where the fit did not look (issue 23).
+
+Everything it reads ships with the repository, so the fit is re-run in a test (tests/test_gpu_fit.py) and fails
+there if it drifts from the constants in hw_profiles/*.toml:
+
+* Ampere (hw_profiles/rtx3090.toml, and gpu_kernels.DEFAULTS for a GPU described only by its datasheet): every
+  constant fitted on timm's published RTX 3090 AMP training tables, NCHW and NHWC (benchmarks/data/timm), the
+  networks profiled once by benchmarks/gpu_zoo_profiles.py; checked by leaving one family out (--lofo).
+* Hopper (hw_profiles/h100.toml, h200.toml): the tiers' large-GEMM efficiencies are our H100's measured 8192^3
+  GEMMs; the depthwise constants fitted on its depthwise-conv microbenchmarks; the NCHW factor and the achieved
+  memory bandwidth fitted on its timm training runs (benchmarks/results/gpu23_H100*.json); the shape constants
+  n0, k0 are Ampere's (one physics, not refitted on 24 rows).
+* Checks: the H100 predicted from its datasheet with Ampere's constants (what a user gets for a GPU nobody
+  measured), CIFAR ResNet-20 at batch 128 (H100 measured here; H200 measured in benchmarks/results/
+  gpu_check_H200_run3.txt) graphed and eager.
+
+    python benchmarks/fit_gpu_model.py             # fits and checks, prints the TOML lines and the tables
+    python benchmarks/fit_gpu_model.py --lofo      # also leave-one-family-out on the RTX 3090 tables (minutes)
+    python benchmarks/fit_gpu_model.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from gpu_zoo_profiles import HERE as _H, family, load_profiles, table_rows  # noqa: E402
+
+from cptsim.calibration import gpu_fit as F  # noqa: E402
+
+NHWC_TABLE = _H / "data" / "timm" / "benchmark-train-amp-nhwc-pt112-cu113-rtx3090.csv"
+H100_RUNS = [HERE / "results" / f for f in ("gpu23_H100.json", "gpu23_H100_run2.json", "gpu23_H100_run3.json")]
+AMPERE_FIT = ("tier:fp16", "gemm_n0", "gemm_k0", "nchw_conv_factor", "nchw_depthwise_factor", "depthwise_efficiency",
+              "depthwise_memory_efficiency", "memory_efficiency")
+HOPPER_DEPTHWISE = ("nchw_depthwise_factor", "depthwise_efficiency", "depthwise_memory_efficiency")
+HOPPER_NETWORK = ("nchw_conv_factor", "memory_efficiency")
+# measured resnet20 (CIFAR), batch 128, FP32 steps: (GPU, graphed ms, eager ms, where)
+RESNET20 = [("h100", 5.03, 11.08, "benchmarks/results/gpu23_H100.json (cudnn.benchmark on)"),
+            ("h200", 5.72, 8.88, "benchmarks/results/gpu_check_H200_run3.txt")]
+
+
+def profiles() -> dict:
+    from cptsim.measure.profiler import LayerProfile
+
+    return {k: LayerProfile.from_json(v["profile"]) for k, v in load_profiles().items() if "profile" in v}
+
+
+def rtx3090_rows(profs: dict) -> list:
+    rows = []
+    for path, cl in ((None, False), (NHWC_TABLE, True)):
+        t = table_rows() if path is None else table_rows(path)
+        rows += [F.Row(m, family(m), int(t[m]["train_batch_size"]), float(t[m]["train_samples_per_sec"]), cl)
+                 for m in sorted(profs) if m in t and int(t[m]["train_img_size"]) == 224]
+    return rows
+
+
+def h100_rows(profs: dict) -> list:
+    rows = []
+    for f in H100_RUNS:
+        for r in json.loads(f.read_text()).get("timm_train", []):
+            if r.get("precision") == "amp" and r["model"] in profs and r.get("img_per_s_median"):
+                rows.append(F.Row(r["model"], family(r["model"]), int(r["batch"]), float(r["img_per_s_median"]),
+                                  r["format"] == "nhwc"))
+    return rows
+
+
+def table(hw, profs, rows) -> list[dict]:
+    out = []
+    for r in rows:
+        p = F.predicted_img_s(hw, profs[r.model], r)
+        out.append({"model": r.model, "family": r.family, "format": "nhwc" if r.channels_last else "nchw",
+                    "batch": r.batch, "measured": r.img_s, "predicted": p, "error": p / r.img_s - 1})
+    return out
+
+
+def summary(rows: list[dict]) -> dict:
+    return {fmt: F.error_summary([r["error"] for r in rows if r["format"] == fmt]) for fmt in ("nchw", "nhwc")}
+
+
+def resnet20_checks(hws: dict) -> list[dict]:
+    from cptsim.cost.model import estimate
+    from cptsim.cost.schedules import parse_schedule
+    from cptsim.measure.profiler import profile_named_model
+
+    prof = profile_named_model("resnet20", (3, 32, 32), 10)
+    out = []
+    for name, graphed, eager, where in RESNET20:
+        hw = hws[name]
+        c = estimate(prof, parse_schedule("static:32"), hw, steps=1, batch_size=128, per_layer=False)
+        lb = hw.launch_bound(prof.ops, c.latency_s["total"])
+        out.append({"gpu": name, "measured_graphed_ms": graphed, "model_graphed_ms": 1e3 * c.latency_s["total"],
+                    "measured_eager_ms": eager, "model_eager_ms": 1e3 * lb["eager_step_s"] if lb else None,
+                    "bound": lb["bound"] if lb else None, "source": where})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lofo", action="store_true", help="leave one family out on the RTX 3090 tables")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    from cptsim.cost.hardware import load_profile
+
+    profs = profiles()
+    doc = {"profiles": len(profs)}
+    # Ampere: every constant on both RTX 3090 tables
+    r3090 = load_profile("rtx3090")
+    rows = rtx3090_rows(profs)
+    amp = F.fit(r3090, profs, rows, AMPERE_FIT)
+    fitted3090 = F.with_values(r3090, amp)
+    doc["ampere"] = {"rows": len(rows), "constants": amp, "in_sample": summary(table(fitted3090, profs, rows)),
+                     "table": table(fitted3090, profs, rows)}
+    if args.lofo:
+        nchw = [r for r in rows if not r.channels_last]
+        lo = F.lofo(r3090, profs, nchw, AMPERE_FIT)
+        doc["ampere"]["lofo_nchw"] = {"summary": F.error_summary([r["error"] for r in lo]), "rows": lo}
+    # Hopper
+    h100 = load_profile("h100")
+    hrows = h100_rows(profs)
+    sheet = F.with_values(h100, {k: v for k, v in amp.items() if k != "tier:fp16"})  # Ampere's constants
+    doc["h100_datasheet_only"] = summary(table(F.with_values(sheet, {"tier:fp16": amp["tier:fp16"]}), profs, hrows))
+    micro = json.loads(H100_RUNS[0].read_text())
+    dw_rows = [r for r in F.kernel_rows(micro, min_us=0) if r["label"].startswith("conv dw")]
+    dw = F.fit_kernels(sheet, dw_rows, HOPPER_DEPTHWISE)
+    net = F.fit(F.with_values(sheet, dw), profs, hrows, HOPPER_NETWORK)
+    hopper = {**dw, **net}
+    fitted_h100 = F.with_values(sheet, hopper)
+    doc["hopper"] = {"rows": len(hrows), "constants": hopper, "in_sample": summary(table(fitted_h100, profs, hrows)),
+                     "table": table(fitted_h100, profs, hrows)}
+    doc["shipped_h100"] = summary(table(h100, profs, hrows))
+    doc["resnet20"] = resnet20_checks({"h100": h100, "h200": load_profile("h200")})
+    if args.json:
+        print(json.dumps(doc, indent=1, default=float))
+        return 0
+    for key in ("ampere", "hopper"):
+        d = doc[key]
+        print(f"\n{key}: {d['rows']} rows; fitted constants:")
+        for k, v in d["constants"].items():
+            print(f"  {k} = {v:.4g}")
+        print(f"  in-sample: {json.dumps(d['in_sample'], default=float)}")
+        for r in d["table"]:
+            print(f"    {r['model']:34} {r['format']} b{r['batch']:<4} measured {r['measured']:8.0f} "
+                  f"model {r['predicted']:8.0f}  {100 * r['error']:+5.0f}%")
+    if "lofo_nchw" in doc["ampere"]:
+        print(f"\nleave one family out (RTX 3090 NCHW): {json.dumps(doc['ampere']['lofo_nchw']['summary'])}")
+    print(f"\nH100 from its datasheet with Ampere's constants: {json.dumps(doc['h100_datasheet_only'])}")
+    print(f"H100 with the shipped h100.toml: {json.dumps(doc['shipped_h100'])}")
+    for r in doc["resnet20"]:
+        print(f"resnet20 b128 FP32 on {r['gpu']}: graphed {r['model_graphed_ms']:.2f} ms vs {r['measured_graphed_ms']}"
+              f" measured; eager {r['model_eager_ms'] or float('nan'):.2f} vs {r['measured_eager_ms']} "
+              f"({r['bound']}-bound); {r['source']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
