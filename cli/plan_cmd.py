@@ -77,8 +77,9 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
               help="Target hardware profile (name or .toml path) for energy and latency.")
 @click.option("--model", default="digits-cnn", show_default=True,
               help="Model name ('cptsim train --list-models'), or torchvision:NAME / timm:NAME (any classifier there).")
-@click.option("--dataset", default="digits", show_default=True,
-              help="Dataset (shapes and epoch size only; nothing is loaded unless --pilot or --min-bits auto).")
+@click.option("--dataset", default=None,
+              help="Dataset (shapes and epoch size only; nothing is loaded unless --pilot or --min-bits auto) "
+                   "[default: the model's kind: pydoc-chars for a language model, digits otherwise].")
 @click.option("--data-dir", default=None,
               help="Folder holding the dataset: its training samples are counted for the epoch size (no image is "
                    "loaded), and 'cptsim train --plan' reads it from there.")

@@ -42,7 +42,8 @@ def workload_options(f):
                      help="Model name ('cptsim train --list-models'), or torchvision:NAME / timm:NAME."),
         click.option("--dataset", default=None,
                      help="Dataset the shapes (and, for `cost`, the epoch size) come from; nothing is loaded. "
-                          "Default digits, unless --input-shape is given."),
+                          "Default: the model's kind (pydoc-chars for a language model, digits otherwise), unless "
+                          "--input-shape is given."),
         click.option("--data-dir", default=None,
                      help="Only for imagefolder: the folder whose classes to count (and images' size to read)."),
         click.option("--image-size", type=int, default=None,
@@ -64,7 +65,7 @@ def workload_options(f):
 def resolve_workload(model: str, dataset: str | None, data_dir: str | None, input_shape: str | None,
                      num_classes: int | None, image_size: int | None = None):
     """(input shape, num_classes, DataInfo or None) from the flags, without loading any data."""
-    from cptsim.data import dataset_info, needs_data_dir
+    from cptsim.data import dataset_info, default_dataset, needs_data_dir
 
     shape = parse_shape(input_shape)
     info = None
@@ -76,7 +77,7 @@ def resolve_workload(model: str, dataset: str | None, data_dir: str | None, inpu
         if image_size is not None:
             raise InputError("--image-size reads the images in --data-dir; --input-shape gives the shape itself")
     elif dataset is not None or shape is None:
-        info = dataset_info(dataset or "digits", data_dir, image_size)
+        info = dataset_info(dataset or default_dataset(model), data_dir, image_size)
     elif image_size is not None:
         raise InputError("--image-size goes with --dataset imagefolder; --input-shape gives the shape itself")
     if shape is None:

@@ -27,7 +27,9 @@ Examples:
                short_help="CPT's precision range test: short training at rising bits, suggests q_min.")
 @click.option("--model", default="digits-cnn", show_default=True,
               help="Model name ('cptsim train --list-models'), or torchvision:NAME / timm:NAME (any classifier there).")
-@click.option("--dataset", default="digits", show_default=True, help="Dataset name (digits is embedded).")
+@click.option("--dataset", default=None,
+              help="Dataset name [default: the model's kind: pydoc-chars (embedded text) for a language model, "
+                   "digits (embedded) otherwise].")
 @click.option("--data-dir", default=None, help="Folder holding the dataset (never downloaded).")
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--lr", type=float, default=0.05, show_default=True, help="Constant SGD learning rate.")

@@ -61,7 +61,8 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 # the workload: the flags (and defaults) of `cptsim train`
 @click.option("--model", default="digits-cnn", show_default=True,
               help="Model name ('cptsim train --list-models'), or torchvision:NAME / timm:NAME.")
-@click.option("--dataset", default="digits", show_default=True)
+@click.option("--dataset", default=None,
+              help="[default: the model's kind: pydoc-chars for a language model, digits otherwise]")
 @click.option("--data-dir", default=None, help="Folder holding the dataset (never downloaded).")
 @click.option("--epochs", type=int, default=15, show_default=True)
 @click.option("--steps", type=int, default=None, help="Total steps (overrides --epochs).")

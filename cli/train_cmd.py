@@ -228,8 +228,10 @@ def _tensorboard(cfg):
 @click.command("train", epilog=_EPILOG)
 @click.option("--model", default="digits-cnn", show_default=True,
               help="Model name ('cptsim train --list-models'), or torchvision:NAME / timm:NAME (any classifier there).")
-@click.option("--dataset", default="digits", show_default=True,
-              help="digits (embedded), cifar10, cifar100, mnist, fashion-mnist, imagefolder, or "
+@click.option("--dataset", default=None,
+              help="[default: the model's kind: pydoc-chars (embedded text) for a language model, digits (embedded) "
+                   "for the others; a dataset of the other kind is an error] "
+                   "digits, cifar10, cifar100, mnist, fashion-mnist, imagefolder, ptb, wikitext-2, wikitext-103, or "
                    "synthetic:C,H,W:K[:N] (random tensors of that shape, K classes, N samples, seeded; for "
                    "throughput and calibration runs where no dataset exists).")
 @click.option("--data-dir", default=None, help="Folder holding the dataset (never downloaded).")
@@ -362,6 +364,9 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
                 highlight=False)
         run = T.train(_tensorboard(cfg), out, progress=progress, plan=plan)
     else:
+        from cptsim.data import default_dataset
+
+        dataset = dataset or default_dataset(model)
         text = _schedule_text(schedule, q_min, q_max, g_bits, cycles)
         fp = parse_fp_layers(fp_layers)
         cfg = T.TrainConfig(model=model, dataset=dataset, data_dir=data_dir, schedule=text, epochs=epochs, steps=steps,

@@ -45,7 +45,7 @@ class Workload:
     image_size: int | None = None  # imagefolder's input side as resolved (cptsim.data.resolve_image_size)
 
     @classmethod
-    def build(cls, model: str = "digits-cnn", dataset: str = "digits", data_dir: str | None = None,
+    def build(cls, model: str = "digits-cnn", dataset: str | None = None, data_dir: str | None = None,
               batch_size: int = 64, epochs: int | None = None, steps: int | None = None,
               dataset_size: int | None = None, fp_layers: list[str] | None = None, lr: float = 0.1,
               lr_schedule: str = "cosine", momentum: float = 0.9, weight_decay: float = 5e-4, seed: int = 0,
@@ -57,12 +57,14 @@ class Workload:
         data training will run over: counted in ``data_dir`` (or the embedded set) when it is there
         (``cptsim.data.epoch_size``), else ``dataset_size``, else the dataset's nominal size. A ``dataset_size``
         that contradicts the data found is an InputError: the plan would cost a run other than the one trained."""
-        from cptsim.data import dataset_info, epoch_size
+        from cptsim.data import dataset_info, default_dataset, epoch_size
         from cptsim.numerics.layers import quantize_model, resolve_fp_layers
         from cptsim.models import create_model, default_fp_layers
         from cptsim.measure.profiler import profile_model
         from cptsim.run.config import TrainConfig, validate
 
+        if dataset is None:  # the embedded dataset of the model's kind
+            dataset = default_dataset(model)
         if epochs is not None and steps is not None:
             raise InputError("give --epochs or --steps, not both")
         for flag, v in (("--epochs", epochs), ("--steps", steps), ("--batch-size", batch_size),

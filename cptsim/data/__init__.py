@@ -3,7 +3,8 @@
 - ``registry``: ``dataset_info``, ``epoch_size``, ``load_datasets``, ``register_dataset`` (the public way a family
   registers), and the image datasets: sklearn digits (embedded), CIFAR-10/100, MNIST, Fashion-MNIST, ImageNet-style
   folders, ``synthetic:C,H,W:K[:N]``;
-- ``text``: the text corpora (PTB, WikiText-2/103, the embedded pydoc-chars) and per-token evaluation.
+- ``text``: the text corpora (PTB, WikiText-2/103, the embedded pydoc-chars) and per-token evaluation;
+- ``defaults``: ``default_dataset(model)``, the embedded dataset of a model's kind (when ``--dataset`` is not given).
 
 Nothing here ever downloads. May import: ``cptsim.errors``, ``cptsim.numerics``, ``cptsim.models``.
 """
@@ -16,3 +17,4 @@ from .registry import (  # noqa: F401
     list_datasets, load_datasets, native_image_size, needs_data_dir, nominal_info, parse_synthetic,
     register_dataset, resolve_image_size, synthetic_test_size)
 from . import text  # noqa: E402,F401  (registers ptb, wikitext-2, wikitext-103, pydoc-chars)
+from .defaults import default_dataset  # noqa: E402,F401

@@ -160,13 +160,31 @@ def _read_plan(plan) -> dict:
     return validate_plan(plan, "plan")
 
 
+def _recorded_dataset(model: nn.Module, name: str, dataset) -> str:
+    """RunRecorder's dataset: the one given (checked against the model's kind), else the model's kind's embedded
+    one when the model is cptsim's (``cptsim.data.default_dataset``), else "custom"."""
+    from cptsim.data.defaults import check_pairing, default_dataset, model_kind
+
+    kind = model_kind(name)
+    if kind is None and model_kind(model) == "text":  # a cptsim language model under a name of the user's
+        kind, name = "text", model
+    if dataset is not None:
+        if kind is not None:
+            check_pairing(name, str(dataset))
+        return str(dataset)
+    return default_dataset(name) if kind is not None else "custom"
+
+
 class RunRecorder:
     """Records a training loop you wrote as a cptsim run directory (see the module docstring).
 
     ``path``: the new run directory (must not exist, or be empty). ``model``: the (quantized) model, whose
     Conv2d / Linear layers are counted. ``scheduler``: its PrecisionScheduler. ``config``: what describes the run
-    (model, dataset, batch_size, lr, seed, train_size, input_shape, ... : any JSON values; ``model`` and
-    ``dataset`` default to the model's class name and "custom"); it lands in config.json's settings.
+    (model, dataset, batch_size, lr, seed, train_size, input_shape, ... : any JSON values; ``model`` defaults to
+    the model's class name, ``dataset`` to the embedded dataset of the model's kind when the model is one of
+    cptsim's (a registry name in ``config["model"]``, or a cptsim language model: pydoc-chars; digits for a
+    registered image model), else "custom"; a known dataset of the other kind than a known model is an
+    InputError); it lands in config.json's settings.
     ``plan``: a plan (dict or plan.json path) the run executes, so the report compares with it.
     ``optimizer``: its learning rate goes into each trace line. ``tensorboard``: a log directory for
     TensorBoard scalars (``cptsim.run.tensorboard``), modelled energy on ``tensorboard_hw``."""
@@ -203,8 +221,9 @@ class RunRecorder:
             sched = scheduler.schedule
             eval_bits = config.pop("eval_bits", sched.q_max)
             steps_per_epoch = config.pop("steps_per_epoch", None)
-            settings = {"model": str(config.pop("model", type(model).__name__)),
-                        "dataset": str(config.pop("dataset", "custom")), "batch_size": config.pop("batch_size", None),
+            model_name = str(config.pop("model", type(model).__name__))
+            settings = {"model": model_name, "dataset": _recorded_dataset(model, model_name, config.pop("dataset", None)),
+                        "batch_size": config.pop("batch_size", None),
                         "schedule": sched.to_text(), "device": _model_device(model), **config}
             self._config = {
                 "settings": settings,

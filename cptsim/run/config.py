@@ -19,10 +19,12 @@ LR_SCHEDULES = ("step", "cosine", "constant")
 
 @dataclass
 class TrainConfig:
-    """Everything that defines a training run. Defaults: the embedded digits workload with CPT 3-8 / 8."""
+    """Everything that defines a training run. Defaults: the embedded digits workload with CPT 3-8 / 8; with no
+    ``dataset``, the embedded dataset of the model's kind (``cptsim.data.default_dataset``: pydoc-chars for a
+    language model, digits otherwise)."""
 
     model: str = "digits-cnn"
-    dataset: str = "digits"
+    dataset: str | None = None  # None: the model's kind's embedded dataset, resolved on construction
     data_dir: str | None = None
     schedule: str = "cpt:3-8:g8:n32"
     epochs: int = 15
@@ -51,6 +53,12 @@ class TrainConfig:
     # imagefolder: side of the square input (None: the images' own size when they share one, else 224); config.json
     # records the size resolved, so a resumed run, the plan and the report see the same input shape.
     image_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dataset is None:
+            from cptsim.data import default_dataset
+
+            self.dataset = default_dataset(self.model)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":

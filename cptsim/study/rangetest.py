@@ -65,7 +65,7 @@ class RangeTestSettings:
     """What a range test runs. steps_per_stage None = one epoch of the training set per precision."""
 
     model: str = "digits-cnn"
-    dataset: str = "digits"
+    dataset: str | None = None  # None: the embedded dataset of the model's kind (cptsim.data.default_dataset)
     data_dir: str | None = None
     batch_size: int = 64
     lr: float = 0.05
@@ -82,6 +82,12 @@ class RangeTestSettings:
     workers: int = 0
     augment: bool = True
     image_size: int | None = None  # imagefolder only (cptsim.data.resolve_image_size)
+
+    def __post_init__(self) -> None:
+        if self.dataset is None:
+            from cptsim.data import default_dataset
+
+            object.__setattr__(self, "dataset", default_dataset(self.model))
 
     def validate(self) -> None:
         for name, value in (("--q-start", self.q_start), ("--q-max", self.q_max)):

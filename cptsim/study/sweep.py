@@ -58,7 +58,7 @@ class SweepSettings:
     run it (device, workers, threads, checkpoint_every: not part of the workload)."""
 
     model: str = "digits-cnn"
-    dataset: str = "digits"
+    dataset: str | None = None  # None: the embedded dataset of the model's kind (cptsim.data.default_dataset)
     data_dir: str | None = None
     epochs: int = 15
     steps: int | None = None
@@ -76,6 +76,12 @@ class SweepSettings:
     checkpoint_every: int | None = None
 
     RUNTIME = ("device", "workers", "threads", "checkpoint_every")
+
+    def __post_init__(self) -> None:
+        if self.dataset is None:
+            from cptsim.data import default_dataset
+
+            self.dataset = default_dataset(self.model)
 
     def workload(self) -> dict:
         """The settings that define what is trained (a rerun into the same OUT must not change them)."""
