@@ -128,3 +128,80 @@ def check_output_file(flag: str, path):
     if not p.parent.is_dir():
         raise InputError(f"{flag} {p}: directory {str(p.parent)!r} does not exist")
     return p
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The workload flags: what is trained (or costed) on what. One definition and one default each, shared by every
+# command that takes them (train, plan, cost, profile, sweep, range-test), so that a flag means the same thing and
+# defaults to the same value wherever it is typed. A command names the ones it takes: ``workload_options(...)``.
+
+DEFAULT_MODEL = "digits-cnn"
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_EPOCHS = 15  # when neither --epochs nor --steps is given
+
+
+def _workload_option_defs() -> dict:
+    return {
+        "model": click.option(
+            "--model", default=DEFAULT_MODEL, show_default=True,
+            help="Model name ('cptsim train --list-models'), or torchvision:NAME / timm:NAME (any classifier there)."),
+        "dataset": click.option(
+            "--dataset", default=None,
+            help="digits (embedded), cifar10, cifar100, mnist, fashion-mnist, imagefolder, ptb, wikitext-2, "
+                 "wikitext-103, pydoc-chars (embedded text), or synthetic:C,H,W:K[:N] (random tensors, K classes, "
+                 "N samples, seeded). [default: the model's kind: pydoc-chars for a language model, digits for an "
+                 "image model]; a dataset of the other kind is an error. cost, profile and plan read only its "
+                 "shapes and size (nothing is loaded)."),
+        "data_dir": click.option(
+            "--data-dir", default=None,
+            help="Folder holding the dataset (never downloaded); cost and plan count its training samples for the "
+                 "epoch size, and imagefolder's classes and image size are read there."),
+        "image_size": click.option(
+            "--image-size", type=int, default=None,
+            help="imagefolder: N x N input (random crop with padding and flips up to 64, random resized crops above) "
+                 "[default: the images' own size when they all share one, else 224]; recorded in config.json and "
+                 "the plan."),
+        "batch_size": click.option(
+            "--batch-size", type=int, default=DEFAULT_BATCH_SIZE, show_default=True,
+            help="Samples per step (the global batch, with train --nproc)."),
+        "epochs": click.option(
+            "--epochs", type=int, default=None, help=f"Training epochs [default: {DEFAULT_EPOCHS} unless --steps]."),
+        "steps": click.option(
+            "--steps", type=int, default=None,
+            help="Training steps (instead of --epochs; a run may stop mid-epoch)."),
+        "fp_layers": click.option(
+            "--fp-layers", default=None,
+            help="Comma-separated layer names or globs kept in full precision; 'none' quantizes every layer. "
+                 "[default: the model's convention: the final classifier (ImageNet ResNets also conv1 and "
+                 "downsample; a language model its output head)]"),
+        "input_shape": click.option(
+            "--input-shape", default=None, help="Per-sample input C,H,W (or T,F); overrides the dataset's."),
+        "num_classes": click.option(
+            "--num-classes", type=int, default=None, help="Classes; overrides the dataset's (default 10)."),
+    }
+
+
+WORKLOAD_FLAGS = tuple(_workload_option_defs())
+
+
+def workload_options(*names: str):
+    """Decorator adding the named workload flags (``WORKLOAD_FLAGS``, in that order) to a command."""
+    defs = _workload_option_defs()
+    unknown = [n for n in names if n not in defs]
+    if unknown:
+        raise ValueError(f"unknown workload flags {unknown}; known: {', '.join(defs)}")
+
+    def deco(f):
+        for name in reversed([n for n in defs if n in names]):
+            f = defs[name](f)
+        return f
+
+    return deco
+
+
+def run_length(epochs: int | None, steps: int | None) -> tuple[int | None, int | None]:
+    """(epochs, steps) with the shared default: DEFAULT_EPOCHS when neither is given (whether both may be given is
+    the command's business: train's --steps overrides --epochs, cost refuses both)."""
+    if epochs is None and steps is None:
+        epochs = DEFAULT_EPOCHS
+    return epochs, steps

@@ -7,7 +7,8 @@ from rich.table import Table
 
 from cptsim.errors import InputError
 
-from .common import emit_json, err, json_option, out, print_table, si, wide_option
+from .common import emit_json, err, json_option, out, print_table, run_length, si, wide_option
+from .common import workload_options as common_workload_options
 from .profile_cmd import build_profile, resolve_workload, throughput, workload_options
 
 DEFAULT_HW = "h100,a100,bitfusion,stripes,int8-systolic"
@@ -34,11 +35,8 @@ dataset, the epoch size is that of the data there (a subset costs what training 
 
 @click.command("cost", epilog=_EPILOG)
 @workload_options
+@common_workload_options("epochs", "steps")
 @click.option("--schedule", default="cpt", show_default=True, help="Precision schedule, name or text form.")
-@click.option("--steps", type=int, default=None, help="Training steps.")
-@click.option("--epochs", type=int, default=None, help="Training epochs (needs the dataset's size).")
-@click.option("--batch-size", type=int, default=64, show_default=True,
-              help="Samples per step (the same default as 'cptsim plan' and 'cptsim train').")
 @click.option("--dataset-size", type=int, default=None,
               help="Training samples per epoch [default: counted in --data-dir when the data is there (no image "
                    "loaded), else the dataset's full train split]; contradicting the data found is an error.")
@@ -58,8 +56,8 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
     sched = parse_schedule(schedule)
     if steps is not None and epochs is not None:
         raise InputError("give --steps or --epochs, not both")
-    if steps is None and epochs is None:
-        raise InputError("give the run length: --steps T or --epochs E")
+    epochs_given = epochs is not None
+    epochs, steps = run_length(epochs, steps)
     for flag, v in (("--steps", steps), ("--epochs", epochs), ("--batch-size", batch_size),
                     ("--dataset-size", dataset_size)):
         if v is not None and v < 1:
@@ -73,6 +71,10 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
     if info is not None:
         dataset_size, size_from = epoch_size(info.name, data_dir, dataset_size)
     if epochs is not None and dataset_size is None:
+        if not epochs_given:
+            raise InputError(f"the run length is {epochs} epochs by default, and the epoch size is unknown: give "
+                             "--steps T, or --dataset-size N" + (f" (or --data-dir holding the {dataset} data)"
+                                                                 if dataset else " or --dataset"))
         raise InputError("--epochs needs the epoch size: give --dataset-size"
                          + (f" (or --data-dir holding the {dataset} data)" if dataset else " or --dataset"))
     with err.status(f"profiling {model}: one training step on input {tuple(shape)} ..."):

@@ -12,7 +12,8 @@ from cptsim.planner.budget import BUDGET_HELP
 from cptsim.planner.score import SCORE_HELP
 from cptsim.study.plots import plot_frontier
 
-from .common import check_output_file, emit_json, err, json_option, out, parse_fp_layers, print_table, si, wide_option
+from .common import (check_output_file, emit_json, err, json_option, out, parse_fp_layers, print_table, si,
+                     wide_option, workload_options)
 
 DEFAULT_HW = "bitfusion"
 
@@ -75,20 +76,7 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
               help="What a % budget is a fraction of [default: bitops; an absolute unit picks its own metric].")
 @click.option("--hw", "--hardware", "hw", default=DEFAULT_HW, show_default=True,
               help="Target hardware profile (name or .toml path) for energy and latency.")
-@click.option("--model", default="digits-cnn", show_default=True,
-              help="Model name ('cptsim train --list-models'), or torchvision:NAME / timm:NAME (any classifier there).")
-@click.option("--dataset", default=None,
-              help="Dataset (shapes and epoch size only; nothing is loaded unless --pilot or --min-bits auto) "
-                   "[default: the model's kind: pydoc-chars for a language model, digits otherwise].")
-@click.option("--data-dir", default=None,
-              help="Folder holding the dataset: its training samples are counted for the epoch size (no image is "
-                   "loaded), and 'cptsim train --plan' reads it from there.")
-@click.option("--image-size", type=int, default=None,
-              help="imagefolder: train on N x N images [default: the images' own size when they share one, "
-                   "else 224]; recorded in the plan.")
-@click.option("--batch-size", type=int, default=64, show_default=True)
-@click.option("--epochs", type=int, default=None, help="Training epochs [default: 15 unless --steps].")
-@click.option("--steps", type=int, default=None, help="Training steps (instead of --epochs).")
+@workload_options("model", "dataset", "data_dir", "image_size", "batch_size", "epochs", "steps")
 @click.option("--dataset-size", type=int, default=None,
               help="Samples per epoch, for data not at hand [default: counted in --data-dir, else the full train "
                    "split's size]; one that contradicts the data found is an error (exit 2).")
@@ -98,9 +86,7 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
 @click.option("--lr-schedule", type=click.Choice(["step", "cosine", "constant"]), default="cosine",
               show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--fp-layers", default=None,
-              help="Layer names or globs kept in full precision; 'none' quantizes every layer "
-                   "[default: the model's convention].")
+@workload_options("fp_layers")
 @click.option("--no-augment", is_flag=True, help="Turn off random crop / flip in training.")
 @click.option("--schedules", default=None, help="Schedules to search, comma-separated, or 'all' [default: all 11].")
 @click.option("--cycles", default=None, help="Cycle counts, e.g. 1,2,4 or 1-8 [default: 1,2,4,8,16,32,64].")

@@ -8,10 +8,11 @@ from rich.table import Table
 from cptsim.errors import InputError
 
 from .common import emit_json, err, json_option, out, parse_fp_layers, si
+from .common import workload_options as common_workload_options
 
 _EPILOG = """\b
 Examples:
-  cptsim profile                                     digits-cnn on digits (8x8), 8/8 bits, batch 128, h100
+  cptsim profile                                     digits-cnn on digits (8x8), 8/8 bits, batch 64, h100
   cptsim profile --model resnet20 --dataset cifar10 --bits 4 --hw bitfusion
   cptsim profile --model token-mlp --input-shape 16,64 --num-classes 10 --json
 
@@ -35,31 +36,18 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     return shape
 
 
+# --channels-last: profile's and cost's own (train has its own, which also changes how the run runs)
+_channels_last_option = click.option(
+    "--channels-last", is_flag=True,
+    help="The step runs in NHWC memory format (as `train --channels-last`); a GPU profile prices its convolutions "
+         "accordingly. Default NCHW, PyTorch's default.")
+
+
 def workload_options(f):
-    """The options that say which model on which input: shared by `profile` and `cost`."""
-    opts = [
-        click.option("--model", default="digits-cnn", show_default=True,
-                     help="Model name ('cptsim train --list-models'), or torchvision:NAME / timm:NAME."),
-        click.option("--dataset", default=None,
-                     help="Dataset the shapes (and, for `cost`, the epoch size) come from; nothing is loaded. "
-                          "Default: the model's kind (pydoc-chars for a language model, digits otherwise), unless "
-                          "--input-shape is given."),
-        click.option("--data-dir", default=None,
-                     help="Only for imagefolder: the folder whose classes to count (and images' size to read)."),
-        click.option("--image-size", type=int, default=None,
-                     help="imagefolder: N x N input [default: the images' own size when they share one, else 224]."),
-        click.option("--input-shape", default=None, help="Per-sample input C,H,W (or T,F); overrides the dataset's."),
-        click.option("--num-classes", type=int, default=None, help="Classes; overrides the dataset's (default 10)."),
-        click.option("--fp-layers", default=None,
-                     help="Comma-separated layer names or globs kept in full precision; 'none' quantizes every "
-                          "layer. Default: the model's convention (the final classifier)."),
-        click.option("--channels-last", is_flag=True,
-                     help="The step runs in NHWC memory format (as `train --channels-last`); a GPU profile prices "
-                          "its convolutions accordingly. Default NCHW, PyTorch's default."),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
+    """What `profile` and `cost` take to say which model on which input: the shared workload flags (one definition,
+    one default: ``cli.common.workload_options``) and --channels-last."""
+    return common_workload_options("model", "dataset", "data_dir", "image_size", "input_shape", "num_classes",
+                                   "fp_layers", "batch_size")(_channels_last_option(f))
 
 
 def resolve_workload(model: str, dataset: str | None, data_dir: str | None, input_shape: str | None,
@@ -124,7 +112,6 @@ def speed_text(speed: dict) -> str:
 
 @click.command("profile", epilog=_EPILOG)
 @workload_options
-@click.option("--batch-size", type=int, default=128, show_default=True, help="Samples per step for the step costs.")
 @click.option("--hw", "--hardware", "hw", default="h100", show_default=True,
               help="Hardware profile (name or .toml path) for energy and latency per step.")
 @click.option("--bits", type=int, default=8, show_default=True, help="Forward bits (weights and activations).")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from .common import emit_json, err, json_option, out
+from .common import emit_json, err, json_option, out, parse_fp_layers, workload_options
 
 _EPILOG = """\b
 How it works: one model trains in stages at forward precision q_start, q_start+1, ..., q_max
@@ -25,13 +25,7 @@ Examples:
 
 @click.command("range-test", epilog=_EPILOG,
                short_help="CPT's precision range test: short training at rising bits, suggests q_min.")
-@click.option("--model", default="digits-cnn", show_default=True,
-              help="Model name ('cptsim train --list-models'), or torchvision:NAME / timm:NAME (any classifier there).")
-@click.option("--dataset", default=None,
-              help="Dataset name [default: the model's kind: pydoc-chars (embedded text) for a language model, "
-                   "digits (embedded) otherwise].")
-@click.option("--data-dir", default=None, help="Folder holding the dataset (never downloaded).")
-@click.option("--batch-size", type=int, default=64, show_default=True)
+@workload_options("model", "dataset", "data_dir", "image_size", "batch_size", "fp_layers")
 @click.option("--lr", type=float, default=0.05, show_default=True, help="Constant SGD learning rate.")
 @click.option("--q-start", type=int, default=2, show_default=True, help="First (lowest) forward precision tried.")
 @click.option("--q-max", type=int, default=8, show_default=True, help="Last (highest) forward precision tried.")
@@ -44,12 +38,13 @@ Examples:
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @json_option
-def range_test(model, dataset, data_dir, batch_size, lr, q_start, q_max, g_bits, steps_per_stage, threshold, seed,
+def range_test(model, dataset, data_dir, image_size, batch_size, fp_layers, lr, q_start, q_max, g_bits, steps_per_stage, threshold, seed,
                device, quiet, as_json) -> None:
     """Run CPT's precision range test and suggest q_min (the lowest precision of a cyclic schedule)."""
     from cptsim.study.rangetest import RangeTestSettings
 
-    settings = RangeTestSettings(model=model, dataset=dataset, data_dir=data_dir, batch_size=batch_size, lr=lr,
+    settings = RangeTestSettings(model=model, dataset=dataset, data_dir=data_dir, image_size=image_size,
+                                 fp_layers=parse_fp_layers(fp_layers), batch_size=batch_size, lr=lr,
                                  q_start=q_start, q_max=q_max, g_bits=g_bits, steps_per_stage=steps_per_stage,
                                  threshold=threshold, seed=seed, device=device)
     settings.validate()  # before the progress bar, so bad input is one clean line

@@ -9,8 +9,8 @@ from rich.table import Table
 
 from cptsim.errors import InputError, RunFailed
 
-from .common import (check_output_file, emit_json, err, json_option, out, parse_fp_layers, print_table, si,
-                     wide_option)
+from .common import (DEFAULT_EPOCHS, check_output_file, emit_json, err, json_option, out, parse_fp_layers,
+                     print_table, si, wide_option, workload_options)
 
 _EPILOG = """\b
 Examples:
@@ -59,19 +59,12 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 @click.option("--q-max", default=None, help="With --top: q_max range to search.")
 @click.option("--g-bits", default=None, help="With --top: gradient bits to search.")
 # the workload: the flags (and defaults) of `cptsim train`
-@click.option("--model", default="digits-cnn", show_default=True,
-              help="Model name ('cptsim train --list-models'), or torchvision:NAME / timm:NAME.")
-@click.option("--dataset", default=None,
-              help="[default: the model's kind: pydoc-chars for a language model, digits otherwise]")
-@click.option("--data-dir", default=None, help="Folder holding the dataset (never downloaded).")
-@click.option("--epochs", type=int, default=15, show_default=True)
-@click.option("--steps", type=int, default=None, help="Total steps (overrides --epochs).")
-@click.option("--batch-size", type=int, default=64, show_default=True)
+@workload_options("model", "dataset", "data_dir", "image_size", "epochs", "steps", "batch_size")
 @click.option("--lr", type=float, default=0.1, show_default=True)
 @click.option("--momentum", type=float, default=0.9, show_default=True)
 @click.option("--weight-decay", type=float, default=5e-4, show_default=True)
 @click.option("--lr-schedule", type=click.Choice(["step", "cosine", "constant"]), default="cosine", show_default=True)
-@click.option("--fp-layers", default=None, help="Layers kept in full precision ('none': quantize all).")
+@workload_options("fp_layers")
 @click.option("--no-augment", is_flag=True, help="Turn off random crop / flip.")
 @click.option("--val-split", type=float, default=0.2, show_default=True,
               help="Fraction of the training data held out as a validation split (what 'plan --quality db' fits "
@@ -89,7 +82,7 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 @wide_option
 @json_option
 def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, hw, families, cycles, q_min, q_max,
-          g_bits, model, dataset, data_dir, epochs, steps, batch_size, lr, momentum, weight_decay, lr_schedule,
+          g_bits, model, dataset, data_dir, image_size, epochs, steps, batch_size, lr, momentum, weight_decay, lr_schedule,
           fp_layers, no_augment, val_split, device, workers, threads, checkpoint_every, report_mode, workload_key, plot, quiet,
           as_json) -> None:
     """Train a set of precision schedules x seeds on one workload, N processes at a time, each a normal run
@@ -112,7 +105,8 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
         raise InputError("--budget, --metric, --families, --cycles, --q-min, --q-max and --g-bits go with --top K")
     if top is None and not schedules:
         raise InputError("nothing to sweep: give --schedules and/or --top K --budget B")
-    settings = SW.SweepSettings(model=model, dataset=dataset, data_dir=data_dir, epochs=epochs, steps=steps,
+    settings = SW.SweepSettings(model=model, dataset=dataset, data_dir=data_dir, image_size=image_size,
+                                epochs=DEFAULT_EPOCHS if epochs is None else epochs, steps=steps,
                                 batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay,
                                 lr_schedule=lr_schedule, fp_layers=parse_fp_layers(fp_layers),
                                 augment=not no_augment, val_split=val_split, device=device, workers=workers, threads=threads,

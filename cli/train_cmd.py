@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .common import emit_json, err, json_option, parse_fp_layers
+from .common import DEFAULT_EPOCHS, emit_json, err, json_option, parse_fp_layers, workload_options
 from .common import out as console
 
 _EPILOG = """\b
@@ -226,35 +226,19 @@ def _tensorboard(cfg):
 
 
 @click.command("train", epilog=_EPILOG)
-@click.option("--model", default="digits-cnn", show_default=True,
-              help="Model name ('cptsim train --list-models'), or torchvision:NAME / timm:NAME (any classifier there).")
-@click.option("--dataset", default=None,
-              help="[default: the model's kind: pydoc-chars (embedded text) for a language model, digits (embedded) "
-                   "for the others; a dataset of the other kind is an error] "
-                   "digits, cifar10, cifar100, mnist, fashion-mnist, imagefolder, ptb, wikitext-2, wikitext-103, or "
-                   "synthetic:C,H,W:K[:N] (random tensors of that shape, K classes, N samples, seeded; for "
-                   "throughput and calibration runs where no dataset exists).")
-@click.option("--data-dir", default=None, help="Folder holding the dataset (never downloaded).")
-@click.option("--image-size", type=int, default=None,
-              help="imagefolder: resize and crop to N x N (random crop with padding and flips up to 64, random "
-                   "resized crops above) [default: the images' own size when they all share one, else 224]; "
-                   "recorded in config.json.")
+@workload_options("model", "dataset", "data_dir", "image_size")
 @click.option("--schedule", default="cpt", show_default=True, help="Precision schedule, name or text form.")
 @click.option("--q-min", type=int, default=None, help="Lower forward bits (default 3, or from the text).")
 @click.option("--q-max", type=int, default=None, help="Upper forward bits (default 8, or from the text).")
 @click.option("--g-bits", default=None, help='Gradient bits "G" or "GMIN-GMAX" (default 8).')
 @click.option("--cycles", type=int, default=None, help="Schedule cycles over the whole run (default 32).")
-@click.option("--epochs", type=int, default=15, show_default=True)
-@click.option("--steps", type=int, default=None, help="Total steps (overrides --epochs; may stop mid-epoch).")
-@click.option("--batch-size", type=int, default=64, show_default=True)
+@workload_options("epochs", "steps", "batch_size")
 @click.option("--lr", type=float, default=0.1, show_default=True, help="Peak learning rate (SGD).")
 @click.option("--momentum", type=float, default=0.9, show_default=True)
 @click.option("--weight-decay", type=float, default=5e-4, show_default=True)
 @click.option("--lr-schedule", type=click.Choice(["step", "cosine", "constant"]), default="cosine", show_default=True,
               help="step: x0.1 at 50% and 75% of the steps (CPT's recipe); cosine: to 0 over the run.")
-@click.option("--fp-layers", default=None,
-              help="Comma-separated layer names or globs kept in full precision; 'none' quantizes every layer. "
-                   "Default: the model's convention (final classifier; ImageNet ResNets also conv1 and downsample).")
+@workload_options("fp_layers")
 @click.option("--no-augment", is_flag=True, help="Turn off random crop / flip for CIFAR and ImageFolder.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
@@ -369,7 +353,8 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
         dataset = dataset or default_dataset(model)
         text = _schedule_text(schedule, q_min, q_max, g_bits, cycles)
         fp = parse_fp_layers(fp_layers)
-        cfg = T.TrainConfig(model=model, dataset=dataset, data_dir=data_dir, schedule=text, epochs=epochs, steps=steps,
+        cfg = T.TrainConfig(model=model, dataset=dataset, data_dir=data_dir, schedule=text,
+                            epochs=DEFAULT_EPOCHS if epochs is None else epochs, steps=steps,
                             batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay,
                             lr_schedule=lr_schedule, fp_layers=fp, seed=seed, device=device, workers=workers,
                             augment=not no_augment, checkpoint_every=checkpoint_every, threads=threads,

@@ -332,7 +332,7 @@ def test_cost_command_compares_profiles():
     ("profile", "--model", "no-such-model"),
     ("cost", "--steps", "0"),
     ("cost", "--steps", "10", "--epochs", "1"),
-    ("cost",),
+    ("cost", "--input-shape", "1,8,8"),  # the default 15 epochs, of an epoch size not known
     ("cost", "--epochs", "1", "--input-shape", "1,8,8"),
     ("cost", "--steps", "10", "--schedule", "cpt:3-40"),
     ("cost", "--steps", "10", "--hw", "h100,nope"),

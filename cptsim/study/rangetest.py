@@ -82,6 +82,7 @@ class RangeTestSettings:
     workers: int = 0
     augment: bool = True
     image_size: int | None = None  # imagefolder only (cptsim.data.resolve_image_size)
+    fp_layers: list[str] | None = None  # layers kept in full precision; None: the model's convention
 
     def __post_init__(self) -> None:
         if self.dataset is None:
@@ -208,7 +209,8 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
                       batch_size=settings.batch_size, lr=settings.lr, momentum=settings.momentum,
                       weight_decay=settings.weight_decay, lr_schedule="constant", seed=settings.seed,
                       device=settings.device, workers=settings.workers, augment=settings.augment,
-                      image_size=settings.image_size)
+                      image_size=settings.image_size,
+                      fp_layers=None if settings.fp_layers is None else list(settings.fp_layers))
     w = build(cfg)
     model, device = w.model, settings.device
     valid = getattr(w.train_set, "valid", None)  # a text dataset's own validation split: a language model

@@ -74,6 +74,7 @@ class SweepSettings:
     workers: int = 0
     threads: int | None = None
     checkpoint_every: int | None = None
+    image_size: int | None = None  # imagefolder's N x N input (cptsim.data.resolve_image_size); None: its default
 
     RUNTIME = ("device", "workers", "threads", "checkpoint_every")
 
@@ -88,6 +89,8 @@ class SweepSettings:
         w = {k: v for k, v in asdict(self).items() if k not in self.RUNTIME}
         if self.steps is not None:
             w["epochs"] = None  # --steps overrides --epochs: an unused --epochs does not make another workload
+        if self.image_size is None:
+            del w["image_size"]  # the workloads of sweeps made before --image-size existed stay the same
         return w
 
     def validate(self) -> None:
@@ -102,8 +105,9 @@ class SweepSettings:
                              weight_decay=self.weight_decay, lr_schedule=self.lr_schedule,
                              fp_layers=self.fp_layers, augment=self.augment, val_split=self.val_split,
                              device=self.device,
-                             workers=self.workers, threads=self.threads, checkpoint_every=self.checkpoint_every))
-        info = dataset_info(self.dataset, self.data_dir)
+                             workers=self.workers, threads=self.threads, checkpoint_every=self.checkpoint_every,
+                             image_size=self.image_size))
+        info = dataset_info(self.dataset, self.data_dir, self.image_size)
         shape = tuple(int(d) for d in info.input_shape)
         create_model(self.model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape)
 
@@ -116,6 +120,8 @@ class SweepSettings:
         f += ["--steps", str(self.steps)] if self.steps is not None else ["--epochs", str(self.epochs)]
         if self.data_dir is not None:
             f += ["--data-dir", self.data_dir]
+        if self.image_size is not None:
+            f += ["--image-size", str(self.image_size)]
         if self.fp_layers is not None:
             f += ["--fp-layers", ",".join(self.fp_layers) if self.fp_layers else "none"]
         if not self.augment:
@@ -195,7 +201,8 @@ def planner_schedules(settings: SweepSettings, budgets: list[str], hw: str, top:
                               batch_size=settings.batch_size, epochs=None if settings.steps else settings.epochs,
                               steps=settings.steps, fp_layers=settings.fp_layers, lr=settings.lr,
                               lr_schedule=settings.lr_schedule, momentum=settings.momentum,
-                              weight_decay=settings.weight_decay, augment=settings.augment)
+                              weight_decay=settings.weight_decay, augment=settings.augment,
+                              image_size=settings.image_size)
     out = []
     for b in parsed:
         p = plan(workload, hardware, b, space, top=top)
