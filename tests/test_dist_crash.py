@@ -113,3 +113,75 @@ def test_nan_loss_stops_with_the_step_and_bits_and_keeps_the_checkpoint(tmp_path
     run = RunDir.open(out)
     assert run.load_checkpoint()["step"] == 12  # the last good checkpoint: end of epoch 0
     assert [r["step"] for r in run.read_trace().records] == list(range(14))  # the NaN step was not recorded
+
+
+LSTM = ["train", "--model", "lstm-lm:layers=1,hidden=32", "--dataset", "pydoc-chars", "--batch-size", "64",
+        "--steps", "8", "--checkpoint-every", "3", "--quiet", "--nproc", "2"]
+
+
+@pytest.mark.slow
+def test_two_ranks_of_an_lstm_resume_each_with_its_own_carried_state(tmp_path):
+    """Issue 22 item 4: each rank carries the hidden state of its own rows of the text streams. A checkpoint holds
+    every rank's (not rank 0's alone), so a 2-rank run killed mid-epoch and resumed equals the uninterrupted one
+    bit for bit (two ranks' gradient sums are exact whatever their order)."""
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    r = _cptsim(*LSTM, "--out", str(ref))
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _cptsim(*LSTM, "--out", str(out), env_extra={"CPTSIM_FAULT_KILL_AT_STEP": "5"})
+    assert r.returncode != 0
+    run = RunDir.open(out)
+    assert run.load_checkpoint()["step"] == 3
+    r = _cptsim("train", "--resume", str(out), "--quiet", "--nproc", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    a = RunDir.open(ref)
+    assert [x["step"] for x in run.read_trace().records] == list(range(8))
+    assert _no_time(run.read_trace().records) == _no_time(a.read_trace().records)
+    assert _no_time(run.read_metrics().records) == _no_time(a.read_metrics().records)
+    wa, wb = _weights(a), _weights(run)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa if k != "carry")
+
+
+def _cuda_rng_worker(rank, world, port, out):
+    """One gloo rank of a job on "cuda" whose CUDA generator is a stub: its state is 16 bytes of the rank."""
+    import torch.distributed as dist
+
+    from cptsim.run.dist import Dist
+    from cptsim.run.train import rank_model_state, rank_states, restore_rng
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    restored = []
+    torch.cuda.get_rng_state = lambda device="cuda": torch.full((16,), 10 + rank, dtype=torch.uint8)
+    torch.cuda.set_rng_state = lambda state, device="cuda": restored.append(state.clone())
+    d = Dist(rank=rank, world=world, device="cuda")
+    model = torch.nn.BatchNorm1d(3)
+    model.running_mean.fill_(rank)  # a rank-local buffer, as between two end-of-epoch broadcasts
+    state = rank_states(d, model, "cuda")
+    ckpt = [{"model": model.state_dict(), **state}]
+    dist.broadcast_object_list(ckpt, src=0)  # what every rank reads back from rank 0's checkpoint file
+    torch.manual_seed(123)
+    restore_rng(ckpt[0], d, "cuda")
+    mine = rank_model_state(ckpt[0], rank)["running_mean"]
+    torch.save({"restored": restored, "running_mean": mine, "n_cuda": len(ckpt[0]["rng"]["cuda"])},
+               f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_every_rank_gets_its_own_cuda_generator_state_back(tmp_path):
+    """Issue 22 item 4: a checkpoint of a data-parallel CUDA run held rank 0's CUDA generator state alone, and
+    resume read ``["cuda"][rank]``: an IndexError on every rank but 0. Two gloo ranks with the CUDA generator
+    stubbed: the checkpoint holds both states, each rank restores its own, and its own buffers."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_cuda_rng_worker, args=(2, port, str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert got["n_cuda"] == 2
+        assert len(got["restored"]) == 1 and torch.equal(got["restored"][0], torch.full((16,), 10 + rank,
+                                                                                        dtype=torch.uint8))
+        assert torch.equal(got["running_mean"], torch.full((3,), float(rank)))

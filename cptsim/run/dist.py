@@ -82,11 +82,27 @@ class Dist:
 
     def gather_rng(self) -> list[torch.Tensor]:
         """Every rank's torch RNG state, in rank order (each rank draws its own stochastic-rounding noise)."""
-        state = torch.get_rng_state()
+        return self.gather_tensor(torch.get_rng_state())
+
+    def gather_tensor(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``t`` (the same shape and dtype on every rank), in rank order, on the CPU.
+
+        NCCL gathers device tensors only: a host tensor (an RNG state) travels through this rank's GPU."""
+        t = t.detach().cpu()
         if not self.active:
-            return [state]
-        out = [torch.empty_like(state) for _ in range(self.world)]
-        dist.all_gather(out, state)
+            return [t]
+        dev = torch.device(self.device) if dist.get_backend() == "nccl" else torch.device("cpu")
+        src = t.to(dev)
+        out = [torch.empty_like(src) for _ in range(self.world)]
+        dist.all_gather(out, src)
+        return [o.cpu() for o in out]
+
+    def gather_object(self, obj) -> list:
+        """Every rank's picklable ``obj`` (any size: a model's buffers), in rank order."""
+        if not self.active:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
         return out
 
     def any(self, flag: bool) -> bool:

@@ -9,7 +9,8 @@ Determinism (what makes a resumed run identical to an uninterrupted one):
 * the data order of epoch e is a permutation drawn from a generator seeded by (seed, e), not from a stream
   carried across epochs, so any step of any epoch can be found again without replaying the ones before;
 * the only other randomness (stochastic rounding, augmentation in the main process, dropout) draws from torch's
-  global RNG, whose state (every rank's) is saved in the checkpoint;
+  global generators, whose states (every rank's, CPU and CUDA) are saved in the checkpoint with every rank's
+  model buffers (an LSTM's carried state);
 * the schedule and learning rate are pure functions of the global step.
 
 Data parallel (torchrun, see cptsim.run.dist): every rank walks the same global batches; rank r takes the r-th of
@@ -420,7 +421,7 @@ def resume(run_path: str, progress: bool = True, keep_checkpoints: int | None = 
             if len(ckpt["rng"]["torch"]) != d.world:
                 raise InputError(f"{run_path} was checkpointed by {len(ckpt['rng']['torch'])} process(es); resume "
                                  f"it with the same number (--nproc {len(ckpt['rng']['torch'])}), not {d.world}")
-            w.model.load_state_dict(ckpt["model"])
+            w.model.load_state_dict(rank_model_state(ckpt, d.rank))
         if d.is_main:
             run.remove_stale_temp_files()
             run.truncate_after(start)
@@ -429,6 +430,43 @@ def resume(run_path: str, progress: bool = True, keep_checkpoints: int | None = 
     finally:
         if lock is not None:
             lock.release()
+
+
+def rank_states(d, model: nn.Module, device: str) -> dict:
+    """What a checkpoint holds of each rank, gathered from every rank in rank order (a collective):
+
+    * ``rng``: ``torch``, every rank's CPU generator state; ``cuda``, every rank's CUDA generator state on a GPU
+      (each rank draws its own stochastic-rounding noise and dropout masks, on its own device), else None;
+    * ``rank_buffers``: with several ranks, every rank's model buffers. They are rank-local between the
+      end-of-epoch broadcasts: an LSTM's hidden state carried along this rank's rows of the text streams, the
+      BatchNorm statistics and activation ranges of its own samples. ``model`` holds rank 0's."""
+    cuda = d.gather_tensor(torch.cuda.get_rng_state()) if str(device).startswith("cuda") else None
+    buffers = None
+    if d.active:
+        names = {n for n, _ in model.named_buffers()}
+        buffers = d.gather_object({k: v.detach().cpu() for k, v in model.state_dict().items() if k in names})
+    return {"rng": {"torch": d.gather_rng(), "cuda": cuda}, "rank_buffers": buffers}
+
+
+def rank_model_state(ckpt: dict, rank: int) -> dict:
+    """The state_dict this rank resumes with: the checkpoint's model, with this rank's own buffers."""
+    per_rank = ckpt.get("rank_buffers")
+    if per_rank is None:  # one process, or a checkpoint of an older cptsim (rank 0's buffers on every rank)
+        return ckpt["model"]
+    return {**ckpt["model"], **per_rank[rank]}
+
+
+def restore_rng(ckpt: dict, d, device: str) -> None:
+    """Put this rank's generators back as the checkpoint recorded them (see ``rank_states``)."""
+    torch.set_rng_state(ckpt["rng"]["torch"][d.rank])
+    cuda = ckpt["rng"].get("cuda")
+    if str(device).startswith("cuda") and cuda is not None:
+        if d.rank < len(cuda):
+            torch.cuda.set_rng_state(cuda[d.rank])
+        elif d.is_main:  # an older cptsim saved rank 0's alone: this rank keeps its seeded generator
+            print(f"warning: the checkpoint holds {len(cuda)} CUDA generator state(s) for {d.world} ranks (an older "
+                  "cptsim saved rank 0's only); ranks without one continue from a fresh seed, so this resume is "
+                  "not bit-identical to an uninterrupted run", file=sys.stderr)
 
 
 SYNC_CHECK_WARMUP = 2  # steps not checked: the first ones compile the fused quantizers, which may synchronise
@@ -523,9 +561,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
     epoch_stats = [0.0, 0, 0]  # loss sum, correct, samples of the current epoch so far
     if ckpt is not None:
         opt.load_state_dict(ckpt["optimizer"])
-        torch.set_rng_state(ckpt["rng"]["torch"][d.rank])
-        if device.startswith("cuda") and ckpt["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"][d.rank])
+        restore_rng(ckpt, d, device)
         epoch_stats = list(ckpt.get("epoch_stats", epoch_stats))
     T, spe = w.total_steps, w.steps_per_epoch
     if start_step >= T:
@@ -562,15 +598,11 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
         return torch.stack([loss.detach().double(), (logits.detach().argmax(1) == y).sum().double()])
 
     def checkpoint(step: int) -> None:
-        rng = d.gather_rng()
-        cuda = None
-        if device.startswith("cuda"):
-            cuda = [torch.cuda.get_rng_state()]  # per-rank CUDA state is only restored exactly for one process
+        ranks = rank_states(d, model, device)  # a collective: every rank takes part, rank 0 writes
         if d.is_main:
             try:
                 run.save_checkpoint({"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                                     "rng": {"torch": rng, "cuda": cuda}, "epoch_stats": list(epoch_stats)},
-                                    keep=cfg.keep_checkpoints)
+                                     **ranks, "epoch_stats": list(epoch_stats)}, keep=cfg.keep_checkpoints)
             except OSError as e:  # ENOSPC, EIO: the checkpoints before this one and their manifest are untouched
                 raise RunFailed(f"cannot write the checkpoint at step {step} ({e.strerror or e}); the earlier "
                                 f"checkpoints are intact - make room, then continue with --resume {run.path}") from None
