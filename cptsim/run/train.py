@@ -8,9 +8,11 @@ metrics line, replace the checkpoint.
 Determinism (what makes a resumed run identical to an uninterrupted one):
 * the data order of epoch e is a permutation drawn from a generator seeded by (seed, e), not from a stream
   carried across epochs, so any step of any epoch can be found again without replaying the ones before;
-* the only other randomness (stochastic rounding, augmentation in the main process, dropout) draws from torch's
-  global generators, whose states (every rank's, CPU and CUDA) are saved in the checkpoint with every rank's
-  model buffers (an LSTM's carried state);
+* augmentation (crops, flips) of sample i in epoch e is seeded by (seed, e, i) alone (``SeededAugmentation``),
+  whichever DataLoader worker reads it and wherever the loader started;
+* the only other randomness (stochastic rounding, dropout) draws from torch's global generators, whose states
+  (every rank's, CPU and CUDA) are saved in the checkpoint with every rank's model buffers (an LSTM's carried
+  state);
 * the schedule and learning rate are pure functions of the global step.
 
 Data parallel (torchrun, see cptsim.run.dist): every rank walks the same global batches; rank r takes the r-th of
@@ -92,6 +94,52 @@ def cpu_threads(requested: int | None, input_shape) -> int:
 def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     """The sample order of one epoch: a permutation fixed by (seed, epoch) alone."""
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of one sample's augmentation in one epoch: a function of (seed, epoch, sample index) alone."""
+    h = (seed * 0x9E3779B97F4A7C15 + epoch) & 0xFFFFFFFFFFFFFFFF
+    h = (h * 0xBF58476D1CE4E5B9 + index) & 0xFFFFFFFFFFFFFFFF
+    h ^= h >> 31
+    return (h * 0x94D049BB133111EB) & 0x7FFFFFFFFFFFFFFF
+
+
+class SeededAugmentation(torch.utils.data.Dataset):
+    """One epoch's view of a training set whose transforms draw random numbers (crops, flips): sample i is read
+    with torch's and Python's generators seeded by ``sample_seed(seed, epoch, i)``, and both put back after.
+
+    Why: a DataLoader worker's generator otherwise runs on from one sample to the next, so a batch's crops depend
+    on which worker read it and what it read before; a loader rebuilt at batch ``first`` (a mid-epoch resume)
+    drew different crops from the uninterrupted run's. Seeded per sample, any batch can be rebuilt alone, in any
+    worker or in the main process, and reading one draws nothing from the training loop's own generators."""
+
+    def __init__(self, dataset, seed: int, epoch: int):
+        self.dataset, self.seed, self.epoch = dataset, seed, epoch
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        import random
+
+        s = sample_seed(self.seed, self.epoch, int(i))
+        saved = random.getstate()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(s)
+            random.seed(s)
+            try:
+                return self.dataset[i]
+            finally:
+                random.setstate(saved)
+
+
+def augments(dataset) -> bool:
+    """Whether reading a sample of ``dataset`` may run transforms (torchvision datasets, through any Subsets)."""
+    from torch.utils.data import Subset
+
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return getattr(dataset, "transform", None) is not None or getattr(dataset, "transforms", None) is not None
 
 
 def local_share(global_batch: torch.Tensor, rank: int, world: int) -> torch.Tensor:
@@ -176,7 +224,9 @@ def epoch_batches(cfg: TrainConfig, w: Workload, epoch: int, first: int, last: i
     """Yield (global step index in epoch, global batch size, this rank's (x, y) or None) for steps first..last-1.
 
     Local batches load through a DataLoader (worker processes, pinned memory) driven by an explicit list of index
-    lists; its generator is seeded per epoch so creating it draws nothing from the global RNG.
+    lists; its generator is seeded per epoch so creating it draws nothing from the global RNG. Augmentation is
+    seeded per sample (``SeededAugmentation``), so a batch is the same whichever worker reads it and whether the
+    loader started at batch 0 or at a resumed run's batch ``first``.
     """
     stream = getattr(w.train_set, "stream_order", None)  # text: contiguous BPTT streams, the same every epoch
     order = stream(cfg.batch_size) if stream is not None else epoch_order(len(w.train_set), cfg.seed, epoch)
@@ -193,7 +243,8 @@ def epoch_batches(cfg: TrainConfig, w: Workload, epoch: int, first: int, last: i
             yield i, n_global, (gather(idx, cfg.device) if idx else None)
         return
     lists = [idx for _, _, idx in plan if idx]
-    loader = iter(DataLoader(w.train_set, batch_sampler=lists, num_workers=cfg.workers,
+    data = SeededAugmentation(w.train_set, cfg.seed, epoch) if cfg.augment and augments(w.train_set) else w.train_set
+    loader = iter(DataLoader(data, batch_sampler=lists, num_workers=cfg.workers,
                              pin_memory=cfg.device.startswith("cuda"),
                              generator=torch.Generator().manual_seed(cfg.seed * 7919 + epoch)))
     for i, n_global, idx in plan:
