@@ -401,3 +401,40 @@ def test_shipped_runs_the_pick_is_at_least_as_good_as_cpt_default():
     assert len(pick) >= 3 and len(cpt) >= 3
     assert np.mean(pick) >= np.mean(cpt) - np.std(cpt, ddof=1)
     assert math.isfinite(np.mean(pick))
+
+
+def test_recalibration_reads_the_training_images_as_evaluation_does_not_augmented(tmp_path):
+    """Issue 22 item 8: BatchNorm statistics were re-estimated on augmented batches -- for ImageNet-style
+    augmentation, random resized crops, whose statistics are not those of the centre crops evaluated. They come
+    from the un-augmented view now: the same statistics whatever the generators' state, equal to those of the
+    evaluation transforms of the same images (a validation split held out too)."""
+    import numpy as np
+    from PIL import Image
+
+    from cptsim.data import load_datasets
+    from cptsim.run.train import TrainConfig, build, recalibrate
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 12), ("val", 2)):
+        for c in ("a", "b"):
+            (tmp_path / split / c).mkdir(parents=True)
+            for i in range(n):
+                img = rng.integers(0, 256, (80, 96, 3), dtype=np.uint8)
+                img[:, :48] //= 4  # a dark left half: where a crop falls changes the statistics
+                Image.fromarray(img).save(tmp_path / split / c / f"{i}.png")
+    cfg = TrainConfig(model="resnet20", dataset="imagefolder", data_dir=str(tmp_path), image_size=72,
+                      schedule="static:8:g8", steps=1, batch_size=4, recal_batches=100, val_split=0.25)
+    w = build(cfg)  # 72 > 64: ImageNet's recipe (RandomResizedCrop) for training, resize + centre crop for eval
+    stats = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        recalibrate(w, cfg, epoch=0, device="cpu")
+        bn = next(m for m in w.model.modules() if isinstance(m, nn.BatchNorm2d))
+        stats.append((bn.running_mean.clone(), bn.running_var.clone()))
+    assert torch.equal(stats[0][0], stats[1][0]) and torch.equal(stats[0][1], stats[1][1])
+    # the samples it read are the evaluation transforms of the training images it kept
+    plain = load_datasets("imagefolder", tmp_path, augment=False, image_size=72)[0]
+    kept = w.train_set.indices
+    assert len(kept) == 18 and len(w.recal_set) == 18
+    for j in (0, 7, 17):
+        assert torch.equal(w.recal_set[j][0], plain[kept[j]][0])

@@ -61,6 +61,7 @@ class Workload:
     quantized_layers: list[str] = field(default_factory=list)
     val_loader: DataLoader | None = None  # held out of train_set (cfg.val_split), without augmentation
     eval_bits: int = 8                    # cfg.eval_bits, or the schedule's q_max
+    recal_set: object = None              # train_set's samples without augmentation (None: train_set has none)
 
 
 def lr_factor(kind: str, step: int, total: int) -> float:
@@ -173,11 +174,16 @@ def build(cfg: TrainConfig) -> Workload:
         model.to(memory_format=torch.channels_last)
 
     val_loader = None
+    # the same training files read without augmentation (the evaluation's transforms): BatchNorm re-estimation
+    # and the validation split see what evaluation sees (centre crops, not random resized crops)
+    plain = load_datasets(cfg.dataset, cfg.data_dir, augment=False, image_size=cfg.image_size)[0] \
+        if cfg.augment and augments(train_set) else None
+    recal_set = plain
     valid = getattr(train_set, "valid", None)  # a text dataset's own validation split (cptsim.data.text)
     if valid is not None:
         val_loader = DataLoader(valid, batch_size=max(cfg.batch_size, 256), shuffle=False)
     elif cfg.val_split:
-        train_set, val_set = validation_split(cfg, train_set)
+        train_set, val_set, recal_set = validation_split(cfg, train_set, plain)
         val_loader = DataLoader(val_set, batch_size=max(cfg.batch_size, 256), shuffle=False,
                                 num_workers=cfg.workers, pin_memory=cfg.device.startswith("cuda"))
     steps_per_epoch = math.ceil(len(train_set) / cfg.batch_size)  # the ragged last batch is a step too
@@ -189,19 +195,20 @@ def build(cfg: TrainConfig) -> Workload:
         schedule=schedule, bits=schedule.bits(total).tolist(), grad_bits=schedule.grad_bits(total).tolist(),
         steps_per_epoch=steps_per_epoch, total_steps=total, fp_layers=fp_layers,
         quantized_layers=quantized_layer_names(model), val_loader=val_loader,
-        eval_bits=cfg.eval_bits if cfg.eval_bits is not None else schedule.q_max,
+        eval_bits=cfg.eval_bits if cfg.eval_bits is not None else schedule.q_max, recal_set=recal_set,
     )
 
 
 VAL_SPLIT_SEED = 12345  # one fixed held-out set per dataset, whatever the run's seed: runs stay comparable
 
 
-def validation_split(cfg: TrainConfig, train_set):
-    """(train part, validation part) of the training set: a fixed random ``cfg.val_split`` of it is held out.
+def validation_split(cfg: TrainConfig, train_set, plain=None):
+    """(train part, validation part, train part un-augmented or None) of the training set: a fixed random
+    ``cfg.val_split`` of it is held out.
 
-    The validation part is read without augmentation (a second, un-augmented view of the same training files), so
-    that it measures what the test split would, and the planner's pilot can rank on it without touching the test
-    split."""
+    The validation part is read without augmentation (``plain``: a second, un-augmented view of the same training
+    files; None when ``train_set`` does not augment), so that it measures what the test split would, and the
+    planner's pilot can rank on it without touching the test split."""
     from torch.utils.data import Subset
 
     from cptsim.data import load_datasets
@@ -215,9 +222,8 @@ def validation_split(cfg: TrainConfig, train_set):
                          "training data")
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(VAL_SPLIT_SEED))
     val_idx, train_idx = perm[:n_val].sort().values.tolist(), perm[n_val:].sort().values.tolist()
-    plain = load_datasets(cfg.dataset, cfg.data_dir, augment=False, image_size=cfg.image_size)[0] \
-        if cfg.augment else train_set
-    return Subset(train_set, train_idx), Subset(plain, val_idx)
+    return (Subset(train_set, train_idx), Subset(plain if plain is not None else train_set, val_idx),
+            Subset(plain, train_idx) if plain is not None else None)
 
 
 def epoch_batches(cfg: TrainConfig, w: Workload, epoch: int, first: int, last: int, rank: int, world: int):
@@ -325,13 +331,15 @@ def restore_momenta(saved: list) -> None:
 @torch.no_grad()
 def recalibrate(w: Workload, cfg: TrainConfig, epoch: int, device: str) -> dict:
     """Re-estimate BatchNorm statistics and activation ranges at the evaluation precision (``w.eval_bits``) from
-    ``cfg.recal_batches`` training batches: forward passes in training mode, no gradient, no weight change.
+    ``cfg.recal_batches`` training batches: forward passes in training mode, no gradient, no weight change. The
+    batches are read without augmentation (``w.recal_set``), as evaluation reads its images: statistics of
+    random resized crops are not those of the centre crops evaluated.
 
     Why: the statistics a model carries belong to the precision it last trained at. A schedule that ends at 3 bits
     and is evaluated at 8 carries 3-bit BatchNorm statistics and ranges; measured on MNIST (issue 9), that alone
     took a model from ~91% to ~24% test accuracy, and re-estimating at 8 bits gave it back (92.5%). The batches
-    are the first of a permutation seeded by (seed, epoch), and the global RNG (augmentation, dropout) is forked
-    so that training afterwards draws exactly what it would have drawn without this. Returns its cost."""
+    are the first of a permutation seeded by (seed, epoch), and the global RNG (dropout) is forked so that
+    training afterwards draws exactly what it would have drawn without this. Returns its cost."""
     t0 = time.perf_counter()
     k = min(cfg.recal_batches, math.ceil(len(w.train_set) / cfg.batch_size))
     if k <= 0:
@@ -345,7 +353,8 @@ def recalibrate(w: Workload, cfg: TrainConfig, epoch: int, device: str) -> dict:
         w.model.train()
         w.precision.set(w.eval_bits, w.schedule.g_max)
         try:
-            for x, _ in DataLoader(w.train_set, batch_sampler=lists, num_workers=cfg.workers):
+            data = w.recal_set if w.recal_set is not None else w.train_set
+            for x, _ in DataLoader(data, batch_sampler=lists, num_workers=cfg.workers):
                 w.model(x.to(device, non_blocking=True))
                 samples += x.shape[0]
         finally:
