@@ -318,9 +318,136 @@ def register_quantized(fp_cls: type, q_cls: type) -> None:
         QUANTIZED_TYPES = QUANTIZED_TYPES + (q_cls,)
 
 
+# A subclass of a swappable layer (timm's Conv2dSame, torch's NonDynamicallyQuantizableLinear, a user's own) is
+# quantized when its forward is its base's: the quantized class is made for it (its own methods and attributes
+# kept, the quantized forward first in line). One that overrides forward computes something cptsim cannot know,
+# so it stays in full precision, and ``unquantized_layers`` says so (config.json records it).
+_SUBCLASS_SWAP: dict[type, type] = {}
+# Subclasses whose own forward is known to compute the parent's op, possibly on a transformed input:
+# cls -> pre(module, x) -> x (None: the input as it is). timm's are registered when timm is loaded.
+_EQUIVALENT: dict[type, object] = {}
+
+
+def register_equivalent_forward(cls: type, pre=None) -> None:
+    """Declare that ``cls`` (a subclass of a swappable layer) computes its parent's op on ``pre(module, x)`` (on x
+    when ``pre`` is None), so quantize_model quantizes it although it overrides forward."""
+    _EQUIVALENT[cls] = pre
+    _SUBCLASS_SWAP.pop(cls, None)
+
+
+def _timm_equivalents() -> None:
+    """timm's Conv2dSame (TF 'SAME' padding, then the conv) and Linear (nn.Linear's op in eager mode; its dtype cast
+    is TorchScript's only), once timm is imported (never imported from here)."""
+    import sys
+
+    if "timm" not in sys.modules or _EQUIVALENT.get("timm-done"):
+        return
+    _EQUIVALENT["timm-done"] = True
+    try:
+        from timm.layers.conv2d_same import Conv2dSame
+        from timm.layers.linear import Linear
+        from timm.layers.padding import pad_same
+    except ImportError:  # another timm: its layers stay as they are, listed by unquantized_layers
+        return
+    register_equivalent_forward(Linear)
+    register_equivalent_forward(Conv2dSame, lambda m, x: pad_same(x, list(m.weight.shape[-2:]), list(m.stride),
+                                                                     list(m.dilation)))
+
+
+def _swap_base(cls: type) -> type | None:
+    """The nearest class in ``cls``'s MRO that quantize_model swaps (Conv2d, Linear, a registered one), or None."""
+    return next((c for c in cls.__mro__ if c in _SWAP), None)
+
+
+def _nested_weight_user(model: nn.Module) -> dict[str, str]:
+    """Layers whose owner computes with their weight directly, never calling their forward: name -> reason.
+    nn.MultiheadAttention's out_proj is one (F.multi_head_attention_forward reads out_proj.weight)."""
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, nn.MultiheadAttention):
+            prefix = f"{name}." if name else ""
+            out[prefix + "out_proj"] = ("nn.MultiheadAttention computes with out_proj's weight itself "
+                                        "(F.multi_head_attention_forward), never through its forward")
+    return out
+
+
+def _skip_reason(module: nn.Module) -> str | None:
+    """Why a Conv2d/Linear (or registered) layer cannot be quantized, or None when it can (or is no such layer)."""
+    cls = type(module)
+    if isinstance(module, QUANTIZED_TYPES) or cls in _SWAP:
+        return None
+    base = _swap_base(cls)
+    if base is None:
+        return None
+    _timm_equivalents()
+    if cls.forward is not base.forward and cls not in _EQUIVALENT:
+        return (f"{cls.__module__}.{cls.__name__} overrides {base.__name__}.forward: what it computes is its own, "
+                "so cptsim cannot quantize it (it runs in full precision)")
+    return None
+
+
+def _quantized_class(module: nn.Module) -> type | None:
+    """The quantized class to give ``module`` (None: not swappable, or already quantized)."""
+    cls = type(module)
+    if isinstance(module, QUANTIZED_TYPES):
+        return None
+    if cls in _SWAP:
+        return _SWAP[cls]
+    base = _swap_base(cls)
+    if base is None or _skip_reason(module) is not None:
+        return None
+    return _subclass_quantized(cls)
+
+
+def _subclass_quantized(cls: type) -> type:
+    """The quantized class made for the subclass ``cls`` (made once): the base's quantized class first in the MRO,
+    then ``cls``. Pickles (and deep-copies) by ``cls``, since the made class has no importable name."""
+    q = _SUBCLASS_SWAP.get(cls)
+    if q is None:
+        q_base = _SWAP[_swap_base(cls)]
+        name = f"Q{cls.__name__}"
+
+        def __reduce_ex__(self, protocol):
+            return _rebuild_subclass_quantized, (cls,), self.__getstate__()
+
+        body = {"__doc__": f"{cls.__name__} at the shared precision ({q_base.__name__}'s forward; made by "
+                           "cptsim.numerics.layers.quantize_model)",
+                "__module__": cls.__module__, "__qualname__": name, "__reduce_ex__": __reduce_ex__}
+        pre = _EQUIVALENT.get(cls)
+        if pre is not None:
+            def forward(self, x, _pre=pre, _fwd=q_base.forward):
+                return _fwd(self, _pre(self, x))
+
+            body["forward"] = forward
+        q = type(name, (q_base, cls), body)
+        _SUBCLASS_SWAP[cls] = q
+    return q
+
+
+def _rebuild_subclass_quantized(cls: type):
+    return object.__new__(_subclass_quantized(cls))
+
+
 def quantizable_layers(model: nn.Module) -> list[str]:
-    """Names of the layers cptsim can quantize (Conv2d and Linear), in module order."""
-    return [n for n, m in model.named_modules() if type(m) in _SWAP or isinstance(m, QUANTIZED_TYPES)]
+    """Names of the layers cptsim can quantize (Conv2d and Linear, and their subclasses that keep the parent's
+    forward), in module order."""
+    nested = _nested_weight_user(model)
+    return [n for n, m in model.named_modules()
+            if isinstance(m, QUANTIZED_TYPES) or (_quantized_class(m) is not None and n not in nested)]
+
+
+def unquantized_layers(model: nn.Module) -> list[dict]:
+    """Every Conv2d/Linear-like layer (the swappable types and their subclasses) that is not quantized, and why:
+    ``[{"name", "type", "reason"}]`` in module order. Reasons: kept in full precision (--fp-layers or the model's
+    convention), a subclass that overrides forward, or a layer whose owner never calls its forward."""
+    nested = _nested_weight_user(model)
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, QUANTIZED_TYPES) or _swap_base(type(m)) is None:
+            continue
+        reason = nested.get(name) or _skip_reason(m) or "kept in full precision (--fp-layers, or the model's convention)"
+        out.append({"name": name, "type": f"{type(m).__module__}.{type(m).__name__}", "reason": reason})
+    return out
 
 
 # The attribute in which a model declares its own full-precision layers (the model registry sets it on what
@@ -364,14 +491,18 @@ def quantize_model(
 ) -> PrecisionState:
     """Swap every Conv2d/Linear except the full-precision ones for its quantized version, in place.
 
+    Subclasses are swapped too when their forward is the parent's (timm's Conv2dSame is not: it pads in its own
+    forward); ``unquantized_layers(model)`` lists the layers left in full precision and why.
+
     Parameters are kept (the same Parameter objects), so an optimizer built before or after sees the same
     weights. Returns the shared PrecisionState the training loop drives.
     """
     precision = precision or PrecisionState()
     keep = set(resolve_fp_layers(model, fp_layers))
-    for name, module in model.named_modules():
-        cls = _SWAP.get(type(module))
-        if cls is None or name in keep:
+    nested = _nested_weight_user(model)
+    for name, module in list(model.named_modules()):
+        cls = _quantized_class(module)
+        if cls is None or name in keep or name in nested:
             continue
         # Changing the class in place keeps parameters, hooks and state_dict keys exactly as they were.
         module.__class__ = cls

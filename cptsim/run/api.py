@@ -41,7 +41,7 @@ import torch.nn as nn
 
 from cptsim import __version__
 from cptsim.errors import InputError
-from cptsim.numerics.layers import QUANTIZED_TYPES, PrecisionState, quantized_layer_names
+from cptsim.numerics.layers import QUANTIZED_TYPES, PrecisionState, quantized_layer_names, unquantized_layers
 from cptsim.cost.schedules import Schedule, parse_schedule
 
 __all__ = ["PrecisionScheduler", "RunRecorder"]
@@ -235,7 +235,7 @@ class RunRecorder:
                 "train_size": config.get("train_size"), "test_size": config.get("test_size"),
                 "fp_layers": [n for n, m in model.named_modules()
                               if isinstance(m, (nn.Conv2d, nn.Linear)) and n not in quantized],
-                "quantized_layers": quantized, "world_size": 1,
+                "quantized_layers": quantized, "unquantized_layers": unquantized_layers(model), "world_size": 1,
                 "recorded_by": "cptsim.RunRecorder (your own training loop; cptsim train --resume cannot continue it)",
                 "notes": self.notes,
                 "versions": {"cptsim": __version__, "torch": torch.__version__, "python": platform.python_version()},

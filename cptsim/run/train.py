@@ -280,6 +280,8 @@ def tf32_flags() -> dict:
 
 def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
     """What config.json records: the settings, what they resolved to, and the versions that ran them."""
+    from cptsim.numerics.layers import unquantized_layers
+
     return {
         # the image size resolved (imagefolder's own when not given): what a resume, plan and report must see
         "settings": asdict(cfg) | ({"image_size": int(w.info.input_shape[-1])}
@@ -297,6 +299,9 @@ def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
         "test_size": len(w.test_loader.dataset),
         "fp_layers": w.fp_layers,
         "quantized_layers": w.quantized_layers,
+        # every Conv2d/Linear-like layer left in full precision and why: --fp-layers, a subclass with a forward of
+        # its own (timm's Conv2dSame), a layer whose owner never calls its forward (issue 25)
+        "unquantized_layers": unquantized_layers(w.model),
         "world_size": world,
         "versions": {"cptsim": __version__, "torch": torch.__version__, "python": platform.python_version()},
         "host": {"machine": platform.machine(), "threads": torch.get_num_threads(),
