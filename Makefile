@@ -12,14 +12,21 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# The whole story on the embedded default (digits, digits-cnn): plan a schedule for 65% of the static-8-bit
-# BitOPs on Bit Fusion, train exactly that plan, then report estimated vs executed cost.
+# The whole story on the embedded default (digits, digits-cnn), on the target hardware's own terms: plan the best
+# schedule whose LATENCY on Bit Fusion is at most 65% of static 8-bit training's (on Bit Fusion, 3-4-bit steps run
+# 4x faster than 5-8-bit ones, so the pick must spend time below 5 bits), train exactly that plan, then report the
+# executed latency and energy saving on Bit Fusion -- and, for contrast, on an H100, whose int8 tier runs every
+# width up to 8 bits at one rate (no saving there), and on Stripes, a bit-serial array whose time falls per bit.
+DEMO_HW := bitfusion
 demo: $(STAMP)
 	rm -rf runs/demo
 	mkdir -p runs/demo
-	$(VENV)/bin/cptsim plan --budget 65% --hw bitfusion --out runs/demo/plan.json --plot runs/demo/plan.png
+	@echo "== 1/3 plan: the best schedule within 65% of static 8-bit's latency on $(DEMO_HW)"
+	$(VENV)/bin/cptsim plan --budget 65% --metric latency --hw $(DEMO_HW) --out runs/demo/plan.json --plot runs/demo/plan.png
+	@echo "== 2/3 train exactly that plan (real quantized training, one trace line per step)"
 	$(VENV)/bin/cptsim train --plan runs/demo/plan.json --out runs/demo/run
-	$(VENV)/bin/cptsim report runs/demo/run --hw bitfusion,h100,a100
+	@echo "== 3/3 report: planned vs executed, and the saving (E/t) realised on each hardware"
+	$(VENV)/bin/cptsim report runs/demo/run --hw $(DEMO_HW),stripes,h100
 
 test: $(STAMP)
 	$(PY) -m pytest -q
