@@ -27,6 +27,8 @@ PARAMS = {
     "depthwise_efficiency": (0.005, 1.0),
     "depthwise_memory_efficiency": (0.05, 1.0),
     "memory_efficiency": (0.2, 1.0),
+    "norm_memory_efficiency": (0.02, 1.0),
+    "nchw_norm_factor": (0.1, 1.0),
     "kernel_overhead_us": (0.0, 50.0),
 }
 
@@ -64,15 +66,23 @@ def with_values(hw, values: dict):
     return out
 
 
-def predicted_img_s(hw, profile, row: Row, schedule: str = "static:16") -> float:
-    """Images per second ``cptsim.cost.estimate`` gives for this row (one step at the row's batch)."""
-    from cptsim.cost.model import estimate
-    from cptsim.cost.schedules import parse_schedule
+def predicted_img_s(hw, profile, row: Row, bits: int = 16) -> float:
+    """Images per second of one training step at the row's batch, every layer at ``bits`` (16: AMP), priced by
+    the cost model's own per-step function (``cptsim.cost.model._kind_costs``, what ``estimate`` sums; the
+    profile's arrays are cached, so a fit evaluates thousands of steps quickly). tests/test_gpu_fit.py checks
+    it equals ``estimate``'s."""
+    from cptsim.cost.model import _kind_costs
 
-    prof = copy.copy(profile)
-    prof.channels_last = row.channels_last
-    c = estimate(prof, parse_schedule(schedule), hw, steps=1, batch_size=row.batch, per_layer=False)
-    return row.batch / c.latency_s["total"]
+    cache = profile.__dict__.setdefault("_fit_arrays", {})  # on the profile itself: no stale entry can outlive it
+    a = cache.get(row.channels_last)
+    if a is None:
+        a = profile.arrays()
+        a.channels_last = row.channels_last
+        cache[row.channels_last] = a
+    q = np.array([bits])
+    _, _, t, _, xt, _ = _kind_costs(a, hw, q, q, np.array([row.batch]))
+    total = float(t.sum()) + (float(xt.sum()) if xt is not None else 0.0)
+    return row.batch / total
 
 
 def log_errors(hw, profiles: dict, rows: list[Row]) -> np.ndarray:

@@ -504,6 +504,8 @@ def step_ops_cost(a: ProfileArrays, hw, q, g, samples):
         return None
     q, g = np.atleast_1d(np.asarray(q)), np.atleast_1d(np.asarray(g))
     n = np.broadcast_to(np.asarray(samples, dtype=np.float64), q.shape)
+    if getattr(hw, "shape_model", False):  # the step's memory format decides its norms' kernels (gpu.py)
+        return hw.step_ops_cost(a.ops, q, g, n, channels_last=bool(getattr(a, "channels_last", False)))
     return hw.step_ops_cost(a.ops, q, g, n)
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,12 @@ class _Acc:
     read: int = 0
     write: int = 0
     macs: int = 0
+
+
+def is_norm(op: str) -> bool:
+    """Batch, layer, group and instance norm ops, forward and backward (their own achieved bandwidth on a GPU:
+    statistics reduced per channel or row, then applied)."""
+    return re.search(r"(batch|layer|group|instance)_norm", op) is not None
 
 
 def attention_macs(base: str, tensors: list) -> int:
@@ -268,7 +275,8 @@ class OpProfile:
         """Per phase: memory-op bytes per sample and fixed, kernel launches (all kinds), GEMM launches, and the
         fused attention kernels' MACs and bytes per sample."""
         s = {p: {"bytes_per_sample": 0.0, "bytes_fixed": 0.0, "launches": 0.0, "gemm_launches": 0.0,
-                 "attention_macs_per_sample": 0.0, "attention_bytes_per_sample": 0.0} for p in OP_PHASES}
+                 "attention_macs_per_sample": 0.0, "attention_bytes_per_sample": 0.0,
+                 "norm_bytes_per_sample": 0.0, "conv_norm_bytes_per_sample": 0.0} for p in OP_PHASES}
         for r in self.records:
             d = s[r.phase]
             d["launches"] += r.launches
@@ -277,6 +285,10 @@ class OpProfile:
             elif r.kind == "memory":
                 d["bytes_per_sample"] += r.read_per_sample + r.write_per_sample
                 d["bytes_fixed"] += r.read_fixed + r.write_fixed
+                if is_norm(r.op):  # a normalisation's share of those bytes (reductions per channel or row)
+                    d["norm_bytes_per_sample"] += r.read_per_sample + r.write_per_sample
+                    if "layer_norm" not in r.op:  # batch/group/instance norm: on NCHW or NHWC feature maps
+                        d["conv_norm_bytes_per_sample"] += r.read_per_sample + r.write_per_sample
             elif r.kind == "attention":
                 d["attention_macs_per_sample"] += r.macs_per_sample
                 d["attention_bytes_per_sample"] += r.read_per_sample + r.write_per_sample

@@ -110,6 +110,10 @@ class GPUProfile(HardwareProfile):
               "(fitted)", None),
         Field("depthwise_efficiency", "fraction", "a depthwise convolution's MAC rate / the FP32 tier's peak "
               "(fitted)", None),
+        Field("norm_memory_efficiency", "fraction", "batch / layer / group norms' achieved / peak DRAM bandwidth "
+              "in a channels-last step (fitted)", None),
+        Field("nchw_norm_factor", "fraction", "a batch norm's achieved bandwidth in NCHW / in channels-last (fitted)",
+              None),
         Field("depthwise_memory_efficiency", "fraction", "a depthwise convolution's achieved / peak DRAM "
               "bandwidth (fitted)", None),
     )
@@ -267,14 +271,20 @@ class GPUProfile(HardwareProfile):
                                    channels_last=bool(getattr(a, "channels_last", False)))
         return t, self.busy_power_w * t
 
-    def step_ops_cost(self, ops, q, g, samples) -> tuple[np.ndarray, np.ndarray]:
+    def step_ops_cost(self, ops, q, g, samples, channels_last: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(time s, energy J), each (K, 3) for K step kinds x the phases (fwd, dgrad, wgrad), of everything in a
         step besides the layers' GEMMs: the memory-bound ops of ``ops`` (a ``cptsim.measure.opcount.OpProfile``) and
-        every kernel launch. Forward ops are charged to fwd, backward ops to dgrad, the optimizer to wgrad."""
+        every kernel launch. Forward ops are charged to fwd, backward ops to dgrad, the optimizer to wgrad. With
+        the shape model, normalisations run at their own achieved bandwidth (``norm_memory_efficiency``; batch
+        norms at ``nchw_norm_factor`` of it in an NCHW step)."""
         fwd_bits, bwd_bits = self.compute_bits(np.asarray(q)), self.compute_bits(np.maximum(q, g))
+        norm, conv_norm = 1.0, 1.0
+        if self.shape_model:
+            norm = self.kernel_constant("norm_memory_efficiency") / max(self._meff, 1e-9)
+            conv_norm = 1.0 if channels_last else self.kernel_constant("nchw_norm_factor")
         t, e = gpu_step_ops_cost(ops.summary(), ops.element_bits, fwd_bits, bwd_bits, samples,
                                  self._bandwidth * self._meff, self.kernel_overhead_s, self.busy_power_w,
-                                 self.idle_power_w)
+                                 self.idle_power_w, norm_factor=norm, conv_norm_factor=conv_norm)
         at = self._attention_time(ops.summary(), ops.element_bits, fwd_bits, bwd_bits, samples)
         return t + at, e + at * self.busy_power_w
 
@@ -320,13 +330,16 @@ def launch_bound(launches: float, host_s_per_launch: float, gpu_step_s: float) -
             "cuda_graphs_saving": 1.0 - gpu_step_s / eager if eager > 0 else 0.0}
 
 
-def gpu_step_ops_cost(summary, element_bits, fwd_bits, bwd_bits, samples, bandwidth, overhead_s, busy_w, idle_w):
+def gpu_step_ops_cost(summary, element_bits, fwd_bits, bwd_bits, samples, bandwidth, overhead_s, busy_w, idle_w,
+                      norm_factor: float = 1.0, conv_norm_factor: float = 1.0):
     """Seconds and joules, (K, 3), of a step's non-GEMM ops per step kind (fwd, bwd -> dgrad, opt -> wgrad).
 
     ``summary``: ``OpProfile.summary()`` (bytes per sample and fixed, launches, per op phase) measured with
     ``element_bits`` wide tensors; ``fwd_bits`` / ``bwd_bits`` (K,): the width the forward / backward computes in,
     which scales the per-sample (activation and error) bytes; the fixed bytes (weights, gradients, optimizer state:
-    FP32 master copies) do not scale. time = bytes / bandwidth + launches x overhead (every launch, GEMMs too).
+    FP32 master copies) do not scale. time = bytes / bandwidth + launches x overhead (every launch, GEMMs too);
+    the normalisations' per-sample bytes run at ``norm_factor`` x that bandwidth, and those of batch / group /
+    instance norms (on feature maps, whose kernels depend on the memory format) at ``conv_norm_factor`` x that.
     """
     n = np.asarray(samples, dtype=np.float64)
     scale = {"fwd": np.asarray(fwd_bits, dtype=np.float64) / element_bits,
@@ -334,8 +347,12 @@ def gpu_step_ops_cost(summary, element_bits, fwd_bits, bwd_bits, samples, bandwi
     busy, over = [], []
     for phase in ("fwd", "bwd", "opt"):
         s = summary[phase]
-        nbytes = s["bytes_per_sample"] * n * np.minimum(scale[phase], 1.0) + s["bytes_fixed"]
-        busy.append(nbytes / bandwidth)
+        width = np.minimum(scale[phase], 1.0)
+        norm = s.get("norm_bytes_per_sample", 0.0) * n * width
+        conv_norm = s.get("conv_norm_bytes_per_sample", 0.0) * n * width
+        nbytes = s["bytes_per_sample"] * n * width + s["bytes_fixed"] - norm
+        busy.append(nbytes / bandwidth + (norm - conv_norm) / (bandwidth * norm_factor)
+                    + conv_norm / (bandwidth * norm_factor * conv_norm_factor))
         over.append(np.full(n.shape, s["launches"] * overhead_s))
     busy, over = np.stack(busy, axis=-1), np.stack(over, axis=-1)
     return busy + over, busy * busy_w + over * idle_w

@@ -33,8 +33,16 @@ import numpy as np
 TILE = 128  # output tile side of a tensor-core GEMM kernel (CUTLASS/cuBLAS's common 128x128 threadblock tile)
 
 # Defaults when a profile has no fitted constants: the Ampere fit (hw_profiles/rtx3090.toml says where they came from)
-DEFAULTS = {"gemm_n0": 32.0, "gemm_k0": 64.0, "nchw_conv_factor": 0.6, "nchw_depthwise_factor": 0.5,
-            "depthwise_efficiency": 0.1, "depthwise_memory_efficiency": 0.5}
+DEFAULTS = {
+    "gemm_n0": 13.2,
+    "gemm_k0": 96.3,
+    "nchw_conv_factor": 1.0,
+    "nchw_depthwise_factor": 0.8728,
+    "depthwise_efficiency": 0.05394,
+    "depthwise_memory_efficiency": 0.6976,
+    "norm_memory_efficiency": 1.0,
+    "nchw_norm_factor": 0.3504,
+}
 
 
 def wave_efficiency(tiles, sm_count) -> np.ndarray:

@@ -1,0 +1,98 @@
+"""The GPU shape model's shipped constants are what the fit gives on the shipped measurements (issue 23).
+
+benchmarks/fit_gpu_model.py fits them; here the same fit is re-run from the same data (timm's RTX 3090 tables,
+our H100 runs, the profiles in benchmarks/data/timm/profiles-224.json.gz), starting from the TOML's values: if a
+change to the cost model, the profiler or the data moves the optimum, or the TOML is edited by hand, this fails.
+The [validation] figures each profile prints beside its times are re-measured too.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import fit_gpu_model as FG  # noqa: E402
+
+from cptsim.calibration import gpu_fit as F  # noqa: E402
+from cptsim.cost.hardware import load_profile  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def profs():
+    p = FG.profiles()
+    if len(p) < 20:
+        pytest.fail(f"benchmarks/data/timm/profiles-224.json.gz holds {len(p)} profiles; the fit needs the shipped set")
+    return p
+
+
+def test_the_fits_fast_pricing_is_estimates_own(profs):
+    from cptsim.cost.model import estimate
+    from cptsim.cost.schedules import parse_schedule
+
+    hw = load_profile("rtx3090")
+    for m in ["resnet50", "mobilenetv3_large_100", "vit_small_patch16_224"]:
+        for cl in (False, True):
+            prof = copy.copy(profs[m])
+            prof.channels_last = cl
+            c = estimate(prof, parse_schedule("static:16:g16"), hw, steps=1, batch_size=64, per_layer=False)
+            assert F.predicted_img_s(hw, profs[m], F.Row(m, "x", 64, 1.0, cl)) == pytest.approx(
+                64 / c.latency_s["total"], rel=1e-9)
+
+
+def _close(fitted: dict, hw) -> list[str]:
+    bad = []
+    for k, v in fitted.items():
+        shipped = F.get(hw, k)
+        if not np.isclose(v, shipped, rtol=0.05, atol=0.02 * max(1.0, abs(shipped))):
+            bad.append(f"{k}: shipped {shipped:.4g}, the fit gives {v:.4g}")
+    return bad
+
+
+def test_rtx3090s_constants_are_the_fit_on_both_timm_tables(profs):
+    hw = load_profile("rtx3090")
+    rows = FG.rtx3090_rows(profs)
+    fitted = F.fit(hw, profs, rows, FG.AMPERE_FIT, max_nfev=60)
+    assert not _close(fitted, hw), _close(fitted, hw)
+    errors = [F.predicted_img_s(hw, profs[r.model], r) / r.img_s - 1 for r in rows]
+    s = F.error_summary(errors)
+    v = hw.validation
+    assert v["n"] == s["n"] == len(rows)
+    assert s["median_abs"] == pytest.approx(v["median_abs_error"], abs=0.005)
+    assert s["worst_abs"] == pytest.approx(v["worst_abs_error"], abs=0.005)
+
+
+def test_the_hopper_constants_are_the_fit_on_the_h100_measurements(profs):
+    hw = load_profile("h100")
+    rows = FG.h100_rows(profs)
+    fitted = F.fit(hw, profs, rows, FG.HOPPER_NETWORK, max_nfev=60)
+    assert not _close(fitted, hw), _close(fitted, hw)
+    errors = [F.predicted_img_s(hw, profs[r.model], r) / r.img_s - 1 for r in rows]
+    s = F.error_summary(errors)
+    assert s["n"] == hw.validation["n"]
+    assert s["median_abs"] == pytest.approx(hw.validation["median_abs_error"], abs=0.005)
+
+
+def test_the_gemm_shape_constants_are_the_fit_on_the_h100s_gemm_microbenchmarks():
+    import json
+
+    hw = F.with_values(load_profile("h100"), {"memory_efficiency": FG.STREAM_EFFICIENCY})
+    rows = [r for r in F.kernel_rows(json.loads(FG.H100_RUNS[0].read_text()), min_us=40)
+            if r["label"].startswith("gemm") and "4097" not in r["label"]]
+    fitted = F.fit_kernels(hw, rows, FG.SHAPE_FIT, max_nfev=60)
+    for name in ("h100", "rtx3090"):
+        assert not _close(fitted, load_profile(name)), (name, _close(fitted, load_profile(name)))
+
+
+def test_a_gpu_described_by_its_datasheet_alone_gets_amperes_fitted_constants():
+    from cptsim.cost.hardware import gpu_kernels
+
+    r3090 = load_profile("rtx3090")
+    for k, v in gpu_kernels.DEFAULTS.items():
+        assert v == pytest.approx(r3090.calibration[k], rel=1e-3), k
