@@ -1,5 +1,6 @@
 """The results database: schema, one row per run path, concurrent writers, rows from real run directories."""
 
+import json
 import multiprocessing as mp
 import sqlite3
 import time
@@ -111,6 +112,51 @@ def test_workload_key_ignores_spelling_but_not_settings():
         assert workload_key(dict(WORKLOAD, **{k: v})) != workload_key(WORKLOAD), k
     # settings that do not define the workload do not change its key
     assert workload_key(dict(WORKLOAD, seed=3, data_dir="/x", device="cuda")) == workload_key(WORKLOAD)
+
+
+def test_one_workload_has_one_key_and_two_workloads_two(tmp_path):
+    """Issue 22 item 6. The dataset is keyed by its registry name (a plan wrote synthetic:1,8,8:4:1024, its runs
+    synthetic:1,8,8:4); --image-size keys imagefolder only (any other dataset has one size); an image folder's path
+    and class count, and the evaluation settings when not the defaults, are part of the workload."""
+    syn = dict(WORKLOAD, dataset="synthetic:1,8,8:4")
+    assert workload_key(syn) == workload_key(dict(syn, dataset="Synthetic:1,8,8:4:1024"))
+    assert workload_key(syn) != workload_key(dict(syn, dataset="synthetic:1,8,8:4:512"))
+    cifar = dict(WORKLOAD, dataset="cifar10")
+    assert workload_key(dict(cifar, image_size=32)) == workload_key(dict(cifar, image_size=None))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    folder = dict(WORKLOAD, dataset="imagefolder", image_size=32, num_classes=10, data_dir=str(tmp_path / "a"))
+    assert workload_key(folder) != workload_key(dict(folder, image_size=64))
+    assert workload_key(folder) != workload_key(dict(folder, data_dir=str(tmp_path / "b")))
+    assert workload_key(folder) != workload_key(dict(folder, num_classes=100))
+    assert workload_key(folder) == workload_key(dict(folder, data_dir=str(tmp_path / "x" / ".." / "a")))
+    for k, v in (("eval_bits", 8), ("recal_batches", 0)):
+        assert workload_key(dict(WORKLOAD, **{k: v})) != workload_key(WORKLOAD), k
+    # the defaults (q_max, 16 batches) are what every run had before they were keyed: those keys stay
+    assert workload_key(dict(WORKLOAD, eval_bits=None, recal_batches=16)) == workload_key(WORKLOAD)
+
+
+def test_the_keys_of_databases_written_before_stay_the_same():
+    """Rows of the issue 9 and issue 22 evidence databases are found under the keys they were written with."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    dbs = sorted(root.glob("*.db"))
+    assert dbs
+    for path in dbs:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)  # read only: the evidence files stay as they are
+        try:
+            held = con.execute("SELECT DISTINCT workload_key, workload FROM runs").fetchall()
+        finally:
+            con.close()
+        assert held
+        for key, workload in held:
+            assert workload_key(json.loads(workload)) == key, (path.name, workload)
+
+
+def test_a_runs_config_records_the_key_of_its_row(finished_run):
+    cfg = json.loads((finished_run / "config.json").read_text())
+    assert cfg["workload_key"] == run_row(finished_run)["workload_key"]
 
 
 def _writer(path: str, worker: int, n: int) -> None:

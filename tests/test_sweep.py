@@ -243,3 +243,32 @@ def test_a_run_held_by_a_live_process_is_left_alone(tmp_path):
     assert r.exit_code == 1, r.output
     assert [(x["action"], x["status"]) for x in json.loads(r.stdout)["runs"]] == [("busy", "busy")]
     assert not (out / "static_4_g8-s0").exists()
+
+
+def test_plan_sweep_then_plan_quality_db_finds_the_sweeps_rows_on_a_synthetic_dataset(tmp_path):
+    """Issue 22 item 6: one workload had two keys -- the plan keyed the canonical dataset name
+    (synthetic:1,8,8:4:1024), its runs the string given (synthetic:1,8,8:4) -- so `plan --quality db` never found
+    the rows of a sweep of the plan's own workload. One function keys the resolved workload for all of them."""
+    from cptsim.run.config import workload_key as key_of
+
+    ds = "synthetic:1,8,8:4"
+    wl = ["--dataset", ds, "--steps", STEPS]
+    r = _cli("plan", "--budget", "65%", *wl, "--out", tmp_path / "p1.json", "--json", "--quiet")
+    assert r.exit_code == 0, r.output
+    first = json.loads((tmp_path / "p1.json").read_text())
+    out, db = tmp_path / "sw", tmp_path / "r.db"
+    r = _cli("sweep", "--schedules", f"{first['schedule']['text']},static:4", "--seeds", "0", *wl, "--out", out,
+             "--db", db, "--quiet")
+    assert r.exit_code == 0, r.output
+    with ResultsDB(db) as d:
+        rows = d.rows()
+    assert len(rows) == 2 and len({x["workload_key"] for x in rows}) == 1
+    config = json.loads((out / "static_4_g8-s0" / "config.json").read_text())
+    assert config["workload_key"] == rows[0]["workload_key"]  # train records the key its row gets
+    r = _cli("plan", "--budget", "65%", *wl, "--quality", "db", "--db", db, "--out", tmp_path / "p2.json", "--json",
+             "--quiet")
+    assert r.exit_code == 0, r.output
+    q = json.loads(r.stdout)["quality"]
+    assert q["workload_key"] == rows[0]["workload_key"] and q["runs"] == 2, q
+    assert key_of(json.loads((tmp_path / "p2.json").read_text())["workload"] | {"dataset_size": 819}) == \
+        q["workload_key"]  # the plan's workload, as a sweep trains it (a fifth held out)

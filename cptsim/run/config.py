@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import torch
 
@@ -95,6 +96,109 @@ class TrainConfig:
                 f"--{k.replace('_', '-')} {overrides[k]} differs from the plan's {planned.get(k)}" for k in changed)
                 + "; re-plan with those settings instead")
         return cls.from_dict(settings | {k: v for k, v in overrides.items() if k not in PLAN_FIXED})
+
+
+# ---- the workload key ----------------------------------------------------------------------------------------------
+#
+# What makes two runs the same workload: seed and schedule are what vary across a sweep; device, threads and
+# workers change where and how fast it runs, not what it computes. The key is built here, from the workload as
+# resolved (a plan's workload section, a run's config.json), by ``workload_key`` alone: the planner (``plan
+# --quality db`` looks runs up by it), a run (config.json records it), a sweep and the results database
+# (``cptsim.study.results``) all call it, so one workload has one key.
+WORKLOAD_KEYS = ("model", "dataset", "dataset_size", "batch_size", "steps", "lr", "lr_schedule", "momentum",
+                 "weight_decay", "fp_layers", "augment")
+# Keyed only where they differ from the value every workload had before they were keyed, so that the keys of
+# workloads without them (every database written until then) stay what they were.
+EVAL_DEFAULTS = {"eval_bits": None, "recal_batches": 16}  # TrainConfig's: the schedule's q_max, 16 batches
+FOLDER_DATASETS = ("imagefolder",)  # the data are the user's folder: its path and class count are the workload's
+
+
+def _num(v):
+    """Numbers in one spelling (JSON writes floats by repr): an integral float (5.0) as the int 5."""
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)):
+        f = float(v)
+        if math.isfinite(f) and f == int(f) and abs(f) < 2**53:
+            return int(f)
+        return f
+    return v
+
+
+def canonical_dataset(name):
+    """The registry's own name of a dataset (``synthetic:1,8,8:4`` -> ``synthetic:1,8,8:4:1024``), lower case;
+    a name the registry does not know is kept as given (lower case), so an old row still has a key."""
+    if not isinstance(name, str):
+        return name
+    from cptsim.data import nominal_info
+
+    try:
+        return nominal_info(name).name
+    except InputError:
+        return name.strip().lower()
+
+
+def workload_settings(settings: dict) -> dict:
+    """The workload-defining settings of ``settings`` (a plan's workload, a sweep's, or ``run_workload`` of a run's
+    config.json), in one normal form: ``WORKLOAD_KEYS`` (missing ones None; ``fp_layers`` the resolved list of
+    full-precision layer names, sorted; the dataset by its registry name), and where they matter:
+    ``image_size`` (imagefolder's resolved side), ``data_dir`` and ``num_classes`` (imagefolder: the folder is
+    the data), ``eval_bits`` and ``recal_batches`` (how a run is evaluated) when not the defaults."""
+    if not isinstance(settings, dict):
+        raise InputError(f"workload settings must be a dict, got {type(settings).__name__}")
+    out: dict = {}
+    for k in WORKLOAD_KEYS:
+        v = settings.get(k)
+        if k == "dataset":
+            v = canonical_dataset(v)
+        elif k in ("model", "lr_schedule") and isinstance(v, str):
+            v = v.strip().lower()
+        elif k == "fp_layers" and v is not None:
+            v = sorted(str(x) for x in v)
+        elif k == "augment" and v is not None:
+            v = bool(v)
+        else:
+            v = _num(v)
+        out[k] = v
+    folder = out["dataset"] in FOLDER_DATASETS
+    if folder and settings.get("image_size") is not None:  # another resolution is another workload; any other
+        out["image_size"] = _num(settings["image_size"])    # dataset has one fixed size, whatever --image-size said
+    if folder:
+        d = settings.get("data_dir")
+        out["data_dir"] = str(Path(d).expanduser().resolve()) if d else None
+        out["num_classes"] = _num(settings.get("num_classes"))
+    for k, default in EVAL_DEFAULTS.items():
+        v = _num(settings.get(k))
+        if v is not None and v != default:
+            out[k] = v
+    return out
+
+
+def workload_key(settings: dict) -> str:
+    """A stable key for a workload: 16 hex digits of sha256 over ``workload_settings(settings)``.
+
+    ``workload_key(plan["workload"])`` and the key of a run trained from that plan agree: both use the
+    registry's dataset name, the real dataset size, the exact step count and the resolved full-precision layers."""
+    import hashlib
+    import json
+
+    canon = json.dumps(workload_settings(settings), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+
+def run_workload(config: dict) -> dict:
+    """The workload settings of a run, from its config.json as ``cptsim.run.train.resolved_config`` writes it
+    (resolved values: real steps, size, fp layers, class count, image size)."""
+    s = config["settings"]
+    return workload_settings({
+        "model": s.get("model"), "dataset": s.get("dataset"), "dataset_size": config.get("train_size"),
+        "batch_size": s.get("batch_size"), "steps": config.get("total_steps"), "lr": s.get("lr"),
+        "lr_schedule": s.get("lr_schedule"), "momentum": s.get("momentum"),
+        "weight_decay": s.get("weight_decay"),
+        "fp_layers": config.get("fp_layers", s.get("fp_layers")), "augment": s.get("augment"),
+        "image_size": s.get("image_size"), "data_dir": s.get("data_dir"), "num_classes": config.get("num_classes"),
+        "eval_bits": s.get("eval_bits"), "recal_batches": config.get("recal_batches", s.get("recal_batches")),
+    })
 
 
 # The fraction of the training data that sweeps and the planner's pilot hold out as a validation split: what the

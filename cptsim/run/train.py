@@ -40,7 +40,7 @@ from cptsim import __version__
 from cptsim.errors import InputError, RunFailed, RunStopped
 from .rundir import RunDir
 
-from .config import LR_SCHEDULES, PLAN_FIXED, TrainConfig, validate  # noqa: F401  (re-exported)
+from .config import LR_SCHEDULES, PLAN_FIXED, TrainConfig, run_workload, validate, workload_key  # noqa: F401
 
 
 @dataclass
@@ -282,7 +282,7 @@ def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
     """What config.json records: the settings, what they resolved to, and the versions that ran them."""
     from cptsim.numerics.layers import unquantized_layers
 
-    return {
+    config = {
         # the image size resolved (imagefolder's own when not given): what a resume, plan and report must see
         "settings": asdict(cfg) | ({"image_size": int(w.info.input_shape[-1])}
                                    if w.info.name == "imagefolder" else {}),
@@ -309,6 +309,9 @@ def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
         "argv": sys.argv,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    # the key its results row gets (cptsim.study.results), and the planner looks its workload up by
+    config["workload_key"] = workload_key(run_workload(config))
+    return config
 
 
 def reset_statistics(model: nn.Module) -> list:

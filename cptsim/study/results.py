@@ -32,9 +32,7 @@ Python API (stable names)::
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import os
 import sqlite3
 import time
@@ -45,11 +43,6 @@ from cptsim.errors import InputError
 
 SCHEMA_VERSION = 2
 SOURCES = ("sweep", "pilot", "train")
-
-# What makes two runs the same workload (seed and schedule are what vary across a sweep; data_dir, device, threads
-# and workers change where and how fast it runs, not what it computes).
-WORKLOAD_KEYS = ("model", "dataset", "dataset_size", "batch_size", "steps", "lr", "lr_schedule", "momentum",
-                 "weight_decay", "fp_layers", "augment")
 
 # Columns in order: (name, SQL type). `workload` and `extra` hold JSON text.
 COLUMNS = (
@@ -103,62 +96,29 @@ def default_db_path() -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ workload key
-
-
-def _num(v: Any) -> Any:
-    """Numbers in one spelling (JSON writes floats by repr): an integral float (5.0) as the int 5."""
-    if isinstance(v, bool) or v is None or isinstance(v, str):
-        return v
-    if isinstance(v, (int, float)):
-        f = float(v)
-        if math.isfinite(f) and f == int(f) and abs(f) < 2**53:
-            return int(f)
-        return f
-    return v
+# Built in one place, ``cptsim.run.config``, for the planner, runs, sweeps and this database alike; these are
+# that function, under the names it has always had here.
 
 
 def workload_settings(settings: dict) -> dict:
-    """The workload-defining settings of ``settings`` (a plan's workload, or one built from a run config), in one
-    normal form. Missing keys are None; ``fp_layers`` is the resolved list of full-precision layer names."""
-    if not isinstance(settings, dict):
-        raise InputError(f"workload settings must be a dict, got {type(settings).__name__}")
-    out: dict[str, Any] = {}
-    for k in WORKLOAD_KEYS:
-        v = settings.get(k)
-        if k in ("model", "dataset", "lr_schedule") and isinstance(v, str):
-            v = v.strip().lower()
-        elif k == "fp_layers" and v is not None:
-            v = sorted(str(x) for x in v)
-        elif k == "augment" and v is not None:
-            v = bool(v)
-        else:
-            v = _num(v)
-        out[k] = v
-    if settings.get("image_size") is not None:  # imagefolder at another resolution is another workload; only
-        out["image_size"] = _num(settings["image_size"])  # where set, so every other workload keeps its key
-    return out
+    """``cptsim.run.config.workload_settings``: a workload's defining settings in one normal form."""
+    from cptsim.run.config import workload_settings as normal
+
+    return normal(settings)
 
 
 def workload_key(settings: dict) -> str:
-    """A stable key for a workload: 16 hex digits of sha256 over its normalised settings (``WORKLOAD_KEYS``).
+    """``cptsim.run.config.workload_key``: 16 hex digits of sha256 over the workload-defining settings."""
+    from cptsim.run.config import workload_key as key
 
-    ``workload_key(plan["workload"])`` and the key of a run trained from that plan agree: both use the real
-    dataset size, the exact step count and the resolved full-precision layers."""
-    canon = json.dumps(workload_settings(settings), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canon.encode()).hexdigest()[:16]
+    return key(settings)
 
 
 def workload_from_config(cfg: dict) -> dict:
-    """The workload settings of a run, from its config.json (resolved values: real steps, size, fp layers)."""
-    s = cfg["settings"]
-    return workload_settings({
-        "model": s.get("model"), "dataset": s.get("dataset"), "dataset_size": cfg.get("train_size"),
-        "batch_size": s.get("batch_size"), "steps": cfg.get("total_steps"), "lr": s.get("lr"),
-        "lr_schedule": s.get("lr_schedule"), "momentum": s.get("momentum"),
-        "weight_decay": s.get("weight_decay"),
-        "fp_layers": cfg.get("fp_layers", s.get("fp_layers")), "augment": s.get("augment"),
-        "image_size": s.get("image_size"),
-    })
+    """The workload settings of a run, from its config.json (``cptsim.run.config.run_workload``)."""
+    from cptsim.run.config import run_workload
+
+    return run_workload(cfg)
 
 
 # ------------------------------------------------------------------------------------------------ proxy score
