@@ -115,12 +115,15 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 @click.option("--plot", default=None, help="Write a PNG of the cost-vs-score Pareto frontier here.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
+@click.option("--channels-last", is_flag=True,
+              help="The run will train in NHWC memory format (train --channels-last follows the plan); a GPU prices "
+                   "its convolutions and batch norms by it. Default NCHW, PyTorch's default.")
 @wide_option
 @json_option
 def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, epochs, steps, dataset_size, lr, momentum,
          weight_decay, lr_schedule, seed, fp_layers, no_augment, schedules, cycles, q_min, q_max, g_bits, min_bits,
          max_bits, range_steps, prefer_cyclic, quality, db, pilot, pilot_steps, pilot_dir, device, top, out_path,
-         force, plot, quiet, as_json) -> None:
+         force, plot, quiet, channels_last, as_json) -> None:
     """Search cyclic-precision schedules for the best one whose estimated cost on the target hardware fits the
     budget, show the top candidates, and write plan.json for 'cptsim train --plan'."""
     from cptsim.cost.hardware import load_profile
@@ -155,7 +158,7 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
                                   epochs=epochs, steps=steps, dataset_size=dataset_size,
                                   fp_layers=parse_fp_layers(fp_layers), lr=lr, lr_schedule=lr_schedule,
                                   momentum=momentum, weight_decay=weight_decay, seed=seed, augment=not no_augment,
-                                  image_size=image_size)
+                                  image_size=image_size, channels_last=channels_last)
     rt = None
     if space.min_bits_auto:
         from .rangetest_cmd import print_result, run_with_progress

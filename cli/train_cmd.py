@@ -333,8 +333,10 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
         evaluation = {k: v for k, v in (("eval_bits", eval_bits), ("recal_batches", recal_batches),
                                         ("val_split", val_split)) if click.get_current_context().get_parameter_source(
             k) not in (None, click.core.ParameterSource.DEFAULT)}
+        # the memory format follows the plan (it changes the cost) unless the flag is given, which must agree
+        layout = {"channels_last": True} if channels_last else {}
         cfg, changed = _plan_config(plan, params, device=device, workers=workers, checkpoint_every=checkpoint_every,
-                                    threads=threads, channels_last=channels_last, **evaluation, **keep)
+                                    threads=threads, **layout, **evaluation, **keep)
         _check_plan_data(plan, cfg)
         _warn_if_hardware_changed(plan)
         if out is None:

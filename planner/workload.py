@@ -43,13 +43,14 @@ class Workload:
     profile_s: float = 0.0
     dataset_size_from: str | None = None
     image_size: int | None = None  # imagefolder's input side as resolved (cptsim.data.resolve_image_size)
+    channels_last: bool = False  # the step's memory format (NHWC): a GPU prices its convolutions and norms by it
 
     @classmethod
     def build(cls, model: str = "digits-cnn", dataset: str | None = None, data_dir: str | None = None,
               batch_size: int = 64, epochs: int | None = None, steps: int | None = None,
               dataset_size: int | None = None, fp_layers: list[str] | None = None, lr: float = 0.1,
               lr_schedule: str = "cosine", momentum: float = 0.9, weight_decay: float = 5e-4, seed: int = 0,
-              augment: bool = True, image_size: int | None = None) -> "Workload":
+              augment: bool = True, image_size: int | None = None, channels_last: bool = False) -> "Workload":
         """Resolve the workload without loading data (``dataset_info``), and profile one real training step of the
         model quantized as ``cptsim train`` will quantize it (``fp_layers``: None = the model's convention).
 
@@ -87,11 +88,13 @@ class Workload:
         resolved = default_fp_layers(net) if fp_layers is None else resolve_fp_layers(net, fp_layers)
         quantize_model(net, fp_layers=resolved)
         prof = profile_model(net, shape, batch_size=2, model_name=model)
+        prof.channels_last = bool(channels_last)
         return cls(model=model, dataset=info.name, batch_size=batch_size, steps=steps, profile=prof,
                    input_shape=shape, num_classes=info.num_classes, dataset_size=n, data_dir=data_dir,
                    epochs=epochs, fp_layers=list(resolved), lr=lr, lr_schedule=lr_schedule, momentum=momentum,
                    weight_decay=weight_decay, seed=seed, augment=augment, profile_s=time.perf_counter() - t0,
-                   dataset_size_from=n_from, image_size=shape[-1] if info.name == "imagefolder" else None)
+                   dataset_size_from=n_from, image_size=shape[-1] if info.name == "imagefolder" else None,
+                   channels_last=bool(channels_last))
 
     @property
     def ragged(self) -> tuple[int, int] | None:
@@ -120,7 +123,9 @@ class Workload:
                 "input_shape": list(self.input_shape),
                 "num_classes": self.num_classes, "fp_layers": list(self.fp_layers), "lr": self.lr,
                 "lr_schedule": self.lr_schedule, "momentum": self.momentum, "weight_decay": self.weight_decay,
-                "seed": self.seed, "augment": self.augment, "image_size": self.image_size}
+                "seed": self.seed, "augment": self.augment, "image_size": self.image_size,
+                # only when set: a plan (and its workload key) for the default NCHW stays as it was
+                **({"channels_last": True} if self.channels_last else {})}
 
     def step_costs(self, hardware):
         """The ``cptsim.cost.StepCosts`` of this workload's profile on ``hardware`` (a HardwareProfile object):

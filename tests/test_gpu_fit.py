@@ -55,11 +55,24 @@ def _close(fitted: dict, hw) -> list[str]:
     return bad
 
 
+def _same_predictions(hw, fitted: dict, profs, rows, tol=0.02) -> list[str]:
+    """Rows whose prediction moves by more than ``tol`` when the fit's constants replace the shipped ones: the
+    check that matters (a weakly identified constant, e.g. a depthwise one, may wander along a flat valley)."""
+    h = F.with_values(hw, fitted)
+    bad = []
+    for r in rows:
+        a, b = F.predicted_img_s(hw, profs[r.model], r), F.predicted_img_s(h, profs[r.model], r)
+        if abs(b / a - 1) > tol:
+            bad.append(f"{r.model} {'nhwc' if r.channels_last else 'nchw'}: shipped {a:.0f}, refit {b:.0f} img/s")
+    return bad
+
+
 def test_rtx3090s_constants_are_the_fit_on_both_timm_tables(profs):
     hw = load_profile("rtx3090")
     rows = FG.rtx3090_rows(profs)
     fitted = F.fit(hw, profs, rows, FG.AMPERE_FIT, max_nfev=60)
-    assert not _close(fitted, hw), _close(fitted, hw)
+    moved = _same_predictions(hw, fitted, profs, rows)
+    assert not moved, moved
     errors = [F.predicted_img_s(hw, profs[r.model], r) / r.img_s - 1 for r in rows]
     s = F.error_summary(errors)
     v = hw.validation
@@ -72,7 +85,8 @@ def test_the_hopper_constants_are_the_fit_on_the_h100_measurements(profs):
     hw = load_profile("h100")
     rows = FG.h100_rows(profs)
     fitted = F.fit(hw, profs, rows, FG.HOPPER_NETWORK, max_nfev=60)
-    assert not _close(fitted, hw), _close(fitted, hw)
+    moved = _same_predictions(hw, fitted, profs, rows)
+    assert not moved, moved
     errors = [F.predicted_img_s(hw, profs[r.model], r) / r.img_s - 1 for r in rows]
     s = F.error_summary(errors)
     assert s["n"] == hw.validation["n"]

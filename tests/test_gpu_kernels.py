@@ -149,3 +149,23 @@ def test_cost_json_carries_the_validation_and_the_launch_bound():
     r = run_cli("cost", "--model", "resnet20", "--dataset", "cifar10", "--hw", "h100", "--batch-size", "128",
                 "--steps", "1", "--schedule", "static:32")
     assert "CUDA graphs" in r.stdout and "median |error|" in r.stdout
+
+
+def test_a_channels_last_plan_is_trained_in_channels_last_and_its_profile_says_so(tmp_path):
+    """plan --channels-last records the memory format (it changes a GPU's time); train --plan follows it, a run
+    asking for NCHW against it is refused, and the run's profile.json records the format report re-costs with."""
+    import json
+
+    from cli_util import run_cli
+
+    plan = tmp_path / "p.json"
+    r = run_cli("plan", "--budget", "65%", "--hw", "h100", "--channels-last", "--steps", "4", "--out", plan, "--quiet")
+    assert r.exit_code == 0, r.output
+    assert json.loads(plan.read_text())["workload"]["channels_last"] is True
+    r = run_cli("train", "--plan", plan, "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    prof = json.loads((tmp_path / "run" / "profile.json").read_text())
+    assert prof["memory_format"] == "channels_last"
+    nchw = tmp_path / "nchw.json"
+    assert run_cli("plan", "--budget", "65%", "--hw", "h100", "--steps", "4", "--out", nchw, "--quiet").exit_code == 0
+    assert "channels_last" not in json.loads(nchw.read_text())["workload"]  # an NCHW plan keeps its old keys

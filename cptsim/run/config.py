@@ -81,7 +81,7 @@ class TrainConfig:
 
         w = plan["workload"]
         keys = ("model", "dataset", "data_dir", "batch_size", "steps", "lr", "lr_schedule", "momentum",
-                "weight_decay", "seed", "fp_layers", "augment", "image_size")
+                "weight_decay", "seed", "fp_layers", "augment", "image_size", "channels_last")
         settings = {k: w[k] for k in keys if k in w}
         settings["schedule"] = Schedule.from_json(plan["schedule"]).to_text()
         if w.get("epochs") is not None:  # recorded for the reader; the plan's steps decide the run length
@@ -232,7 +232,8 @@ def unpack_correct(text: str, n: int):
 
 
 # The settings a plan's cost depends on: TrainConfig.from_plan refuses to change them.
-PLAN_FIXED = ("model", "dataset", "schedule", "batch_size", "steps", "epochs", "fp_layers", "image_size")
+PLAN_FIXED = ("model", "dataset", "schedule", "batch_size", "steps", "epochs", "fp_layers", "image_size",
+              "channels_last")  # the memory format changes a GPU's time
 
 
 def validate(cfg: TrainConfig) -> None:
