@@ -169,3 +169,28 @@ def test_a_channels_last_plan_is_trained_in_channels_last_and_its_profile_says_s
     nchw = tmp_path / "nchw.json"
     assert run_cli("plan", "--budget", "65%", "--hw", "h100", "--steps", "4", "--out", nchw, "--quiet").exit_code == 0
     assert "channels_last" not in json.loads(nchw.read_text())["workload"]  # an NCHW plan keeps its old keys
+
+
+def test_a_plan_less_runs_profile_has_the_op_list_so_its_report_prices_the_whole_gpu_step(tmp_path):
+    """issue 25 item 6: the run's own profile.json records the step's op list; report's GPU time on a run made
+    without a plan then includes the memory-bound ops and launches, not the GEMMs only."""
+    import json
+
+    from cli_util import run_cli
+    from cptsim.cost.hardware import load_profile
+    from cptsim.cost.model import estimate
+    from cptsim.cost.schedules import parse_schedule
+    from cptsim.measure.profiler import LayerProfile
+
+    run = tmp_path / "run"
+    r = run_cli("train", "--model", "resnet20", "--dataset", "synthetic:3,32,32:10:64", "--steps", "2",
+                "--batch-size", "16", "--schedule", "static:8", "--out", run)
+    assert r.exit_code == 0, r.output
+    prof = LayerProfile.from_json(json.loads((run / "profile.json").read_text()))
+    assert prof.ops is not None and prof.ops.totals()["launches"] > 100
+    rep = run_cli("report", run, "--hw", "h100", "--json", "--no-save")
+    assert rep.exit_code == 0, rep.output
+    latency = json.loads(rep.stdout)["runs"][0]["hardware"][0]["executed"]["latency_s"]
+    gemms_only = LayerProfile(prof.model, prof.input_shape, prof.layers, ops=None)
+    c = estimate(gemms_only, parse_schedule("static:8"), load_profile("h100"), steps=2, batch_size=16)
+    assert latency > 1.5 * c.latency_s["total"]

@@ -610,6 +610,21 @@ class _StopRequest:
             signal.signal(sig, old)
 
 
+def _step_ops(model: nn.Module, x: torch.Tensor, device: str):
+    """The step's op list (``cptsim.measure.opcount``: every kernel, its bytes and launches) for the run's own
+    profile.json, so that a report prices the whole step on a GPU, not only its GEMMs. Counted on copies of the
+    model at two batch sizes with the RNG forked: the run's own random streams are untouched. None if it cannot
+    be counted (the profile then holds the GEMMs only, as before)."""
+    from cptsim.measure.opcount import count_step_ops
+
+    devices = [torch.device(device)] if str(device).startswith("cuda") else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            return count_step_ops(model, x[: max(1, min(int(x.shape[0]), 4))])
+    except Exception:  # noqa: BLE001 - the run goes on; its profile lacks the op list, as runs always did
+        return None
+
+
 def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progress: bool, ckpt: dict | None = None):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -752,6 +767,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                     if need_profile and batch is not None:
                         prof = counter.layer_profile(batch[0].shape[0], w.info.input_shape)
                         prof.channels_last = channels_last  # the GPU model prices the step's memory format
+                        prof.ops = _step_ops(w.model, batch[0], device)
                         run.write_json(PROFILE, prof.to_json())
                         need_profile = False
                     line = {"step": step, "epoch": epoch, "batch_size": n_global, "bits": bits,
