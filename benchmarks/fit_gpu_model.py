@@ -238,7 +238,6 @@ def main(argv=None) -> int:
     fitted_h100 = F.with_values(sheet, hopper)
     doc["hopper"] = {"rows": len(hrows), "constants": hopper, "in_sample": summary(table(fitted_h100, profs, hrows)),
                      "table": table(fitted_h100, profs, hrows)}
-    doc["shipped_h100"] = summary(table(h100, profs, hrows))
     h200 = F.with_values(load_profile("h200"), hopper)
     doc["resnet20"] = resnet20_checks({"h100": fitted_h100, "h200": h200})
     if args.write:
@@ -258,7 +257,6 @@ def main(argv=None) -> int:
     if "lofo_nchw" in doc["ampere"]:
         print(f"\nleave one family out (RTX 3090 NCHW): {json.dumps(doc['ampere']['lofo_nchw']['summary'])}")
     print(f"\nH100 from its datasheet with Ampere's constants: {json.dumps(doc['h100_datasheet_only'])}")
-    print(f"H100 with the shipped h100.toml: {json.dumps(doc['shipped_h100'])}")
     for r in doc["resnet20"]:
         print(f"resnet20 b128 FP32 on {r['gpu']}: graphed {r['model_graphed_ms']:.2f} ms vs {r['measured_graphed_ms']}"
               f" measured; eager {r['model_eager_ms'] or float('nan'):.2f} vs {r['measured_eager_ms']} "

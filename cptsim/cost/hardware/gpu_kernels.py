@@ -37,11 +37,11 @@ DEFAULTS = {
     "gemm_n0": 13.2,
     "gemm_k0": 96.3,
     "nchw_conv_factor": 1.0,
-    "nchw_depthwise_factor": 0.8728,
-    "depthwise_efficiency": 0.05394,
-    "depthwise_memory_efficiency": 0.6976,
+    "nchw_depthwise_factor": 0.7822,
+    "depthwise_efficiency": 0.05746,
+    "depthwise_memory_efficiency": 0.8765,
     "norm_memory_efficiency": 1.0,
-    "nchw_norm_factor": 0.3504,
+    "nchw_norm_factor": 0.352,
 }
 
 
