@@ -13,8 +13,11 @@ the layer profile carries the step's op list, ``cptsim.measure.opcount``) is the
 * ``kernel_overhead_us`` per kernel launched (launch latency, ramp-up and tail of each kernel), which is what a
   step of small kernels -- a tiny model or a small batch -- is made of.
 
-The per-tier efficiencies, memory efficiency and overhead are fitted to measured training throughput (see the
-shipped TOML files and benchmarks/bench_gpu_throughput.py); they are the same for every network.
+A profile that gives ``sm_count`` prices each layer's GEMM from its shape instead (``gpu_kernels``: tiles and
+waves, reduction depth, depthwise convolutions on CUDA cores, the memory format), its norms at their own achieved
+bandwidth, fused attention from its MACs, and says how an eager step compares with its host's dispatch
+(``host_overhead_us``, ``launch_bound``). Every constant is one per GPU generation, fitted to measurements that ship
+with the repository (benchmarks/fit_gpu_model.py, benchmarks/bench_gpu_throughput.py), never per network.
 
 Energy (a model until NVML measurements calibrate it): average power between idle and board power by
 utilisation. While a kernel runs the GPU is busy and draws ``power_w x power_fraction``; during per-kernel
@@ -95,13 +98,13 @@ class GPUProfile(HardwareProfile):
         _CAL_MEMORY,
         Field("power_fraction", "fraction", "power while busy / TDP (1.0 = TDP, an upper bound)", 1.0),
         Field("kernel_overhead_us", "nonneg", "fixed time per kernel launched, in microseconds", 0.0),
-        # The shape model of each GEMM (cptsim.cost.hardware.gpu_kernels), used when the profile gives sm_count;
-        # absent: that module's DEFAULTS (the Ampere fit).
         Field("host_overhead_us", "nonneg", "the host's time per kernel of an eager PyTorch training step (Python, "
               "autograd, dispatch, launch), in microseconds, measured; eager steps of small kernels are bound by "
               "it, CUDA graphs (cptsim train's default on CUDA) are not", None),
         Field("attention_efficiency", "fraction", "a fused attention kernel's MAC rate / the tier's GEMM rate "
               "(default 0.6: FlashAttention-2 reaches 50-73% of an A100's peak, Dao 2023)", None),
+        # The shape model of each GEMM (cptsim.cost.hardware.gpu_kernels), used when the profile gives sm_count;
+        # a constant the file leaves out takes that module's DEFAULTS (the Ampere fit).
         Field("gemm_n0", "nonneg", "output columns at which a GEMM runs at half its large-N rate (fitted)", None),
         Field("gemm_k0", "nonneg", "reduction depth at which a GEMM runs at half its deep-K rate (fitted)", None),
         Field("nchw_conv_factor", "fraction", "an NCHW convolution's tensor-core rate / its channels-last rate "
