@@ -610,19 +610,27 @@ class _StopRequest:
             signal.signal(sig, old)
 
 
-def _step_ops(model: nn.Module, x: torch.Tensor, device: str):
+def _step_ops(model: nn.Module, x: torch.Tensor, device: str, precision=None):
     """The step's op list (``cptsim.measure.opcount``: every kernel, its bytes and launches) for the run's own
-    profile.json, so that a report prices the whole step on a GPU, not only its GEMMs. Counted on copies of the
-    model at two batch sizes with the RNG forked: the run's own random streams are untouched. None if it cannot
-    be counted (the profile then holds the GEMMs only, as before)."""
+    profile.json, so that a report prices the whole step on a GPU, not only its GEMMs. Counted as the planner's
+    profile counts it (``profile_model``): at full precision, without the quantizers' own passes, which the cost
+    model prices as a native low-precision pipeline, on copies of the model at two batch sizes, with the RNG
+    forked and the precision put back: the run's own random streams and bits are untouched. None if it cannot be
+    counted (the profile then holds the GEMMs only, as before)."""
     from cptsim.measure.opcount import count_step_ops
 
     devices = [torch.device(device)] if str(device).startswith("cuda") else []
+    saved = (precision.bits, precision.grad_bits) if precision is not None else None
     try:
+        if precision is not None:
+            precision.set(32, 32)
         with torch.random.fork_rng(devices=devices):
             return count_step_ops(model, x[: max(1, min(int(x.shape[0]), 4))])
     except Exception:  # noqa: BLE001 - the run goes on; its profile lacks the op list, as runs always did
         return None
+    finally:
+        if saved is not None:
+            precision.set(*saved)
 
 
 def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progress: bool, ckpt: dict | None = None):
@@ -767,7 +775,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                     if need_profile and batch is not None:
                         prof = counter.layer_profile(batch[0].shape[0], w.info.input_shape)
                         prof.channels_last = channels_last  # the GPU model prices the step's memory format
-                        prof.ops = _step_ops(w.model, batch[0], device)
+                        prof.ops = _step_ops(w.model, batch[0], device, w.precision)
                         run.write_json(PROFILE, prof.to_json())
                         need_profile = False
                     line = {"step": step, "epoch": epoch, "batch_size": n_global, "bits": bits,
