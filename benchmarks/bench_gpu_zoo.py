@@ -113,6 +113,23 @@ def timm_arch(name: str) -> tuple[str | None, str]:
     return None, f"unknown to timm {timm.__version__}"
 
 
+def spread_order(n: int) -> list[int]:
+    """0..n-1 ordered by the base-2 van der Corput sequence: every prefix is spread evenly over the range."""
+    def vdc(i: int) -> float:
+        x, f = 0.0, 0.5
+        while i:
+            x, i, f = x + f * (i & 1), i >> 1, f / 2
+        return x
+    seen, out = set(), []
+    for k in range(n):
+        j = min(n - 1, int(vdc(k) * n))
+        while j in seen:
+            j = (j + 1) % n
+        seen.add(j)
+        out.append(j)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ profiles
 def _source_hash() -> str:
     """Hash of the cptsim source a layer profile depends on (the imported copy, whichever tree that is)."""
@@ -285,8 +302,12 @@ def main() -> int:
                     "for h100-measured every model measured)")
     ap.add_argument("--all", action="store_true", help="every usable row of the timm table (slow; progress on stderr)")
     ap.add_argument("--img-sizes", default="224", help="with --all: image sizes to use, comma-separated, or 'any'")
-    ap.add_argument("--limit", type=int, default=None, help="with --all: at most this many rows (table order)")
+    ap.add_argument("--limit", type=int, default=None, help="with --all: at most this many rows (table order, or --spread's)")
     ap.add_argument("--timeout", type=float, default=600.0, help="with --all: seconds per model's profile")
+    ap.add_argument("--spread", action="store_true", help="with --all: take the rows in an order whose every "
+                    "prefix spreads over the whole table (0, 1/2, 1/4, 3/4, ...), so a --budget cut is a fair sample "
+                    "rather than the table's fastest models")
+    ap.add_argument("--from-json", default=None, help="print the table of a saved --json output and exit")
     ap.add_argument("--budget", type=float, default=None, help="with --all: stop starting new models after this "
                     "many seconds and report the rows done (cached profiles make a re-run resume)")
     ap.add_argument("--hw", default=None, help="hardware profile, name or .toml (default: the source's GPU)")
@@ -305,6 +326,9 @@ def main() -> int:
     args = ap.parse_args()
     cache = None if args.no_cache else Path(args.cache_dir)
 
+    if args.from_json:
+        print_report(json.loads(Path(args.from_json).read_text()))
+        return 0
     if args.profile_one:
         prof = make_profile(args.profile_one, args.img, args.fp_layers)
         _write(cache / cache_key(args.profile_one, args.img, args.fp_layers), prof.to_json())
@@ -337,6 +361,8 @@ def main() -> int:
                 skipped.append({"model": r["model"], "why": f"img_size {r['img_size']} (use --img-sizes)"})
                 continue
             wanted.append(dict(r))
+        if args.spread:
+            wanted = [wanted[i] for i in spread_order(len(wanted))]
         if args.limit is not None:
             wanted = wanted[:args.limit]
     elif args.models:
@@ -452,8 +478,13 @@ def print_report(doc: dict) -> None:
         print(f"--all: {doc['rows_in_table']} rows in the table, {u['rows_considered']} at image size "
               f"{u['img_sizes']}{lim}{cut}, {u['rows_used']} used (built and profiled)")
     if doc["skipped"]:
-        print(f"skipped {len(doc['skipped'])}: " + "; ".join(f"{x['model']} ({x['why']})" for x in doc["skipped"][:12])
-              + (" ..." if len(doc["skipped"]) > 12 else ""))
+        size = [x for x in doc["skipped"] if x["why"].startswith("img_size")]
+        other = [x for x in doc["skipped"] if not x["why"].startswith("img_size")]
+        if size:
+            print(f"skipped {len(size)} rows at other image sizes (--img-sizes)")
+        if other:
+            print(f"skipped {len(other)}: " + "; ".join(f"{x['model']} ({x['why']})" for x in other[:12])
+                  + (" ..." if len(other) > 12 else ""))
     m = doc.get("h100_micro_vs_profile")
     if m:
         print(f"\n{m['device']}: micro-benchmarks (gpu23_H100.json) beside profile {doc['hardware_arg']}")
