@@ -88,7 +88,7 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
                 "dataset_size_from": size_from, "static_bits": sched.q_max}
 
     mix = prof.op_mix()
-    sureness = {p.name: time_sureness(p, prof, c) for p, c in zip(profiles, costs)}
+    sureness = {p.name: time_sureness(p, prof, mix, c) for p, c in zip(profiles, costs)}
     if as_json:
         rows = []
         for p, c in zip(profiles, costs):
@@ -135,11 +135,11 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
             err.print(f"[yellow]note ({p.name}):[/yellow] {n}", highlight=False)
 
 
-def time_sureness(hw, prof, c) -> dict:
+def time_sureness(hw, prof, mix: list[str], c) -> dict:
     """How sure a profile's time is (its [validation] against this network's op mix) and, on a GPU with a measured
     host overhead, whether an eager step is launch-bound and what CUDA graphs save: the ``cost --json`` keys
-    ``time_validation`` and ``launch_bound``."""
-    out = {"time_validation": hw.time_validation(prof.op_mix())}
+    ``time_validation`` and ``launch_bound``. ``mix``: ``prof.op_mix()``."""
+    out = {"time_validation": hw.time_validation(mix)}
     if hasattr(hw, "launch_bound") and c.steps:
         lb = hw.launch_bound(prof.ops, c.latency_s["total"] / c.steps)
         if lb is not None:

@@ -169,21 +169,19 @@ def kernel_rows(measurement: dict, min_us: float = 40.0, dtypes=("fp16",)) -> li
 
 
 def kernel_seconds(hw, row: dict) -> float:
-    """The cost model's time for one measured kernel (``kernel_rows``) on GPU profile ``hw``."""
-    from cptsim.cost.hardware import gpu_kernels
+    """The cost model's time for one measured kernel (``kernel_rows``) on GPU profile ``hw``: the kernel as a
+    one-layer profile priced by ``GPUProfile.shaped_gemm_cost``, the very call ``cptsim.cost.estimate`` makes."""
+    from types import SimpleNamespace
 
     gemm, is_conv, samples, nbytes, dtype = _kernel_case(row["rec"])
     macs = np.zeros((1, 1, 3))
     macs[0, 0, row["phase"]] = gemm[0] * gemm[1] * gemm[2] * gemm[3] * samples
-    tier = {"fp16": "fp16", "bf16": "fp16", "tf32": "tf32", "fp32": "fp32", "int8": "int8"}[dtype]
-    i = hw._tier_names.index(tier)
-    rate = np.full((1, 1, 3), hw._tier_mac_rate[i] * hw._tier_eff[i] * hw._ceff)
-    tensor = np.full((1, 1, 3), tier != "fp32")
-    fp32 = hw._tier_mac_rate[hw._tier_names.index("fp32")] if "fp32" in hw._tier_names else rate[0, 0, 0]
-    consts = {k: hw.kernel_constant(k) for k in gpu_kernels.DEFAULTS}
-    t = gpu_kernels.gemm_times(gemm[None], np.array([is_conv]), macs, np.array([samples]), rate, tensor, fp32,
-                               np.full((1, 1, 3), nbytes), hw._bandwidth * hw._meff, float(hw.params["sm_count"]),
-                               consts, channels_last=row["channels_last"])
+    bits = np.full((1, 1, 3), {"fp16": 16, "bf16": 16, "int8": 8, "tf32": 32, "fp32": 32}[dtype])
+    # as PyTorch runs them: a "tf32" record ran with TF32 allowed (fp32_tier), an "fp32" GEMM in strict FP32
+    # (the matmul tier), an "fp32" convolution under cuDNN's default TF32
+    layer = SimpleNamespace(gemm=gemm[None], is_conv=np.array([is_conv]), channels_last=row["channels_last"],
+                            matmul=np.array([dtype == "fp32" and not is_conv]))
+    t, _ = hw.shaped_gemm_cost(layer, macs, bits, bits, np.full((1, 1, 3), nbytes), np.array([samples]))
     return float(t[0, 0, row["phase"]])
 
 

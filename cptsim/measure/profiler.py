@@ -57,6 +57,11 @@ NUMEL_KEYS = ("weight", "input", "output")
 # ``rows_per_gemm`` > 0 when the rows come as a batch of separate GEMMs of that many rows (attention's bmm),
 # 0 when all of a call's rows, batch included, form one GEMM (conv, linear).
 GEMM_KEYS = ("groups", "n", "k", "rows", "rows_per_gemm")
+
+
+def is_depthwise_gemm(groups, n):
+    """A depthwise convolution: more than one group, one output column each (scalars or arrays alike)."""
+    return (n == 1) & (groups > 1)
 PROFILE_FORMAT = "cptsim.profile/2"  # /2 adds "ops": every op of the step (cptsim.measure.opcount)
 READABLE_FORMATS = ("cptsim.profile/1", PROFILE_FORMAT)
 # Layer types whose GEMMs are matrix multiplies (cuBLAS on a GPU; torch.backends.cuda.matmul.allow_tf32 governs
@@ -283,7 +288,7 @@ class LayerProfile:
             g = r.gemm or {}
             if r.type == "Conv2d":
                 groups = g.get("groups", 1)
-                mix.add("conv" if groups == 1 else "depthwise" if g.get("n") == 1 else "grouped")
+                mix.add("conv" if groups == 1 else "depthwise" if is_depthwise_gemm(groups, g.get("n")) else "grouped")
             elif r.type == "Matmul":
                 mix.add("attention")
             elif r.type == "Linear":

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from cptsim.measure.profiler import is_depthwise_gemm
+
 TILE = 128  # output tile side of a tensor-core GEMM kernel (CUTLASS/cuBLAS's common 128x128 threadblock tile)
 
 # Defaults when a profile has no fitted constants: the Ampere fit (hw_profiles/rtx3090.toml says where they came from)
@@ -97,7 +99,7 @@ def tensor_core_rate_factor(gemm, is_conv, samples, sm_count, n0, k0, nchw_conv_
 
 def is_depthwise(gemm: np.ndarray) -> np.ndarray:
     """(L,) layers whose every group has one output column and more than one group: depthwise convolutions."""
-    return (gemm[:, 1] == 1) & (gemm[:, 0] > 1)
+    return is_depthwise_gemm(gemm[:, 0], gemm[:, 1])
 
 
 def gemm_times(gemm, is_conv, macs, samples, rate, tensor, fp32_rate, nbytes, bandwidth, sm_count, consts,
