@@ -61,8 +61,7 @@ def with_values(hw, values: dict):
         if name.startswith("tier:"):
             out._tier_eff[hw._tier_names.index(name[5:])] = float(v)
         else:
-            out.calibration[name] = float(v)
-    out._derive_kernel_constants()
+            out.calibration[name] = float(v)  # read at each pricing (kernel_constant): nothing to refresh
     return out
 
 

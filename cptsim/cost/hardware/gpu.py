@@ -249,9 +249,6 @@ class GPUProfile(HardwareProfile):
         v = self.calibration.get(name)
         return float(gpu_kernels.DEFAULTS[name] if v is None else v)
 
-    def _derive_kernel_constants(self) -> None:
-        """(Nothing is precomputed; kept so that a copy with new constants has one place to refresh them.)"""
-
     @property
     def shape_model(self) -> bool:
         """Whether GEMMs are priced from their shapes: the profile gives the GPU's SM count."""

@@ -84,17 +84,15 @@ def phase_dims(gemm: np.ndarray, samples: np.ndarray):
     return count3, m3, n3, k3
 
 
-def tensor_core_rate_factor(gemm, is_conv, samples, sm_count, n0, k0, nchw_conv_factor, channels_last):
-    """(Kinds, L, 3) factor on a tier's (peak x efficiency) for each layer-phase GEMM: shape x waves x layout."""
+def tensor_core_rate_factor(gemm, samples, sm_count, n0, k0):
+    """(Kinds, L, 3) factor on a tier's (peak x efficiency) for each layer-phase GEMM: shape x waves (the memory
+    format's factor is ``gemm_times``', which knows the tier)."""
     count, m, n, k = phase_dims(gemm, samples)
     tiles = count * np.ceil(m / TILE) * np.ceil(n / TILE)
     # too few output tiles to fill the SMs: the reduction is split among more (split-K, as cuBLAS and cuDNN do;
     # the weight gradient, reduced over every row, most of all), at most one split per 512 of depth
     split = np.clip(np.floor(sm_count / np.maximum(tiles, 1.0)), 1.0, np.maximum(np.ceil(k / 512.0), 1.0))
-    eff = shape_efficiency(n, k, n0, k0) * wave_efficiency(tiles * split, sm_count)
-    if not channels_last:
-        eff = eff * np.where(np.asarray(is_conv)[None, :, None], nchw_conv_factor, 1.0)
-    return eff
+    return shape_efficiency(n, k, n0, k0) * wave_efficiency(tiles * split, sm_count)
 
 
 def is_depthwise(gemm: np.ndarray) -> np.ndarray:
@@ -115,8 +113,7 @@ def gemm_times(gemm, is_conv, macs, samples, rate, tensor, fp32_rate, nbytes, ba
     gemm = np.asarray(gemm, dtype=np.float64)
     known = ~np.isnan(gemm).any(axis=1)                                   # (L,)
     g = np.where(known[:, None], gemm, 1.0)
-    factor = tensor_core_rate_factor(g, np.asarray(is_conv, dtype=bool), samples, sm_count, c["gemm_n0"],
-                                     c["gemm_k0"], 1.0, True)
+    factor = tensor_core_rate_factor(g, samples, sm_count, c["gemm_n0"], c["gemm_k0"])
     layout = 1.0 if channels_last else np.where(np.asarray(is_conv, dtype=bool)[None, :, None] & tensor,
                                                 c["nchw_conv_factor"], 1.0)
     factor = np.where(known[None, :, None], factor * layout, 1.0)
