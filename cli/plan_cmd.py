@@ -180,6 +180,7 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
                        pilot_steps=pilot_steps, pilot_dir=pilot_dir, device=device, range_test=rt,
                        on_pilot=on_pilot, quality=quality, db=db, evidence=LocalEvidence())
     doc = result.to_json()
+    doc.update(plan_sureness(result))
     if target.exists() and not force:  # appeared while we searched
         raise InputError(f"{target} already exists; pass --force to overwrite it or pick another --out")
     write_plan(doc, target)
@@ -191,6 +192,22 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
     print_plan(result, doc)
     out.print(f"plan written to {target}" + (f", frontier plot to {plot}" if plot else "") +
               f"; train it with: cptsim train --plan {target}", highlight=False)
+
+
+def plan_sureness(p) -> dict:
+    """How sure the plan's times are, as ``cost`` says it (``cost_cmd.time_sureness``: the profile's [validation]
+    against this network's op mix, and on a GPU with a measured host overhead whether an eager step is
+    launch-bound), and, for a time budget, the pick's margin against the profile's error (``budget_margin``)."""
+    from cptsim.planner.budget import time_margin
+
+    from .cost_cmd import time_sureness
+
+    prof = p.workload.profile
+    doc = time_sureness(p.hardware, prof, prof.op_mix(), p.estimate)
+    if p.metric == "latency":
+        doc["budget_margin"] = time_margin(p.budget, p.chosen_cost, p.budget_absolute, doc["time_validation"],
+                                           p.hardware.name)
+    return doc
 
 
 class _nothing:
@@ -274,6 +291,12 @@ def print_plan(p, doc: dict) -> None:
               f"{_pct(p.budget_fraction)} of the budget, score {p.score:.4f}", highlight=False)
     out.print(f"baseline {base}: {si(b['bitops']['total'])} BitOPs, {si(b['energy_j'], 'J')}, "
               f"{si(b['latency_s'], 's')}", highlight=False)
+    from .cost_cmd import sureness_lines
+
+    for line in sureness_lines(p.hardware.name, doc):
+        out.print(line, highlight=False)
+    if doc.get("budget_margin"):
+        out.print(f"budget margin: {doc['budget_margin']['text']}", highlight=False)
     q = p.quality or {}
     if q.get("name"):
         loo = q.get("loo_spearman")

@@ -302,6 +302,11 @@ def _print_run(r) -> None:
         out.print("  plan: the plan's own estimate (plan.json), or the cost model's estimate of the planned schedule "
                   "on that profile; exec: the executed steps; saving: 1 - cost / cost of the same steps at static "
                   "q_max", highlight=False)
+        from .cost_cmd import sureness_lines
+
+        for x in d["hardware"]:  # how sure each modelled time is, as `cost` says it
+            for line in sureness_lines(x["name"], x):
+                out.print(f"  {line}", highlight=False)
 
     L = d["layers"]
     if L:

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 from cptsim.errors import InputError
 
-__all__ = ["METRICS", "BASE_UNITS", "MAX_PERCENT", "BUDGET_HELP", "Budget", "parse_budget", "format_value"]
+__all__ = ["METRICS", "BASE_UNITS", "MAX_PERCENT", "BUDGET_HELP", "Budget", "parse_budget", "format_value",
+           "time_margin"]
 
 METRICS = ("bitops", "energy", "latency")
 BASE_UNITS = {"bitops": "bitops", "energy": "J", "latency": "s"}
@@ -191,3 +192,52 @@ def parse_budget(spec: str, metric: str | None = None) -> Budget:
     if not math.isfinite(value) or value <= 0:
         raise InputError(f"budget {shown!r} is out of range once converted to {BASE_UNITS[unit_metric]}")
     return Budget(unit_metric, value, BASE_UNITS[unit_metric], shown)
+
+
+def time_margin(budget: Budget, chosen_s: float, budget_s: float, validation: dict, hardware: str = "") -> dict:
+    """How far a time budget's pick is from the budget, against how wrong the profile's times are known to be.
+
+    ``chosen_s``: the pick's modelled time; ``budget_s``: the budget in seconds (a relative budget: its fraction of
+    the modelled static-q_max time); ``validation``: the profile's ``time_validation(op_mix)``. The error of a
+    profile is |predicted / measured - 1| (its [validation]), so a pick modelled a fraction ``margin`` under the
+    budget really runs over it only if its time is underestimated by more than that: predicted / measured below
+    1 - margin, an |error| above ``margin``. Returns ``margin`` (1 - chosen / budget), ``verdict`` (one of
+    "within at worst error", "within at median error", "margin under median error", "unknown error") and
+    ``text``, the sentence plan prints.
+    """
+    if budget.metric != "latency":
+        raise ValueError(f"time_margin is for a latency budget, got a {budget.metric} one")
+    margin = 1.0 - chosen_s / budget_s if budget_s > 0 else float("nan")
+    pick = format_quantity("latency", chosen_s)
+    limit = (f"the {format_value(budget.value * 100)}% budget ({format_quantity('latency', budget_s)} of modelled "
+             f"static-q_max time)" if budget.relative else f"the {format_quantity('latency', budget_s)} budget")
+    who = f"{hardware}'s" if hardware else "the profile's"
+    head = f"the pick's {pick} is {100 * margin:.0f}% under {limit}"
+    doc = {"chosen_s": float(chosen_s), "budget_s": float(budget_s), "margin": float(margin),
+           "relative": budget.relative}
+    if not validation.get("checked"):
+        doc.update(verdict="unknown error", median_abs_error=None, worst_abs_error=None)
+        doc["text"] = (f"{head}; {who} times were never checked against measurements (no [validation]), so how "
+                       "far off they may be is unknown")
+        return doc
+    med, worst = float(validation["median_abs_error"]), float(validation["worst_abs_error"])
+    if worst <= margin:
+        verdict, tail = "within at worst error", "within budget even at its worst error"
+    elif med <= margin:
+        verdict, tail = "within at median error", (f"within budget unless the time is underestimated by more "
+                                                  f"than {100 * margin:.0f}% (at the median error it fits; at "
+                                                  "the worst it would not)")
+    else:
+        verdict, tail = "margin under median error", ("the margin is smaller than the median error: the run may "
+                                                      "well take longer than the budget")
+    doc.update(verdict=verdict, median_abs_error=med, worst_abs_error=worst)
+    sample = "held out" if validation.get("held_out") == "yes" else "in-sample"
+    text = (f"{head}; {who} median |error| is {100 * med:.0f}%, worst {100 * worst:.0f}% ({sample}, "
+            f"{validation.get('n')} {validation.get('against')}): {tail}")
+    if validation.get("op_mix_covered") is False:
+        text += f"; that check had no {', '.join(validation.get('op_mix_missing', []))}, which this network has"
+    if budget.relative:
+        text += ("; a budget relative to the modelled static time shares the model's error with the pick, so "
+                 "most of it cancels")
+    doc["text"] = text
+    return doc

@@ -118,3 +118,39 @@ def test_valid_budgets_round_trip_through_their_text(x, unit, space):
     assert (again.metric, again.unit) == (b.metric, b.unit)
     assert math.isclose(again.value, b.value, rel_tol=1e-12)
     assert parse_budget(b.to_json()["spec"]) == b
+
+
+# ---------------------------------------------------------------------- a time budget's margin against the model's error
+
+_VAL = {"checked": True, "against": "24 timm runs", "n": 24, "median_abs_error": 0.08, "worst_abs_error": 0.25,
+        "held_out": "no", "op_mix_covered": True, "op_mix_missing": []}
+
+
+@pytest.mark.parametrize("chosen_h, verdict", [(2.61, "within at median error"),   # 13% under: 8% < 13% < 25%
+                                               (2.0, "within at worst error"),      # 33% under: beyond the worst
+                                               (2.85, "margin under median error")])  # 5% under: inside the median
+def test_a_time_budgets_margin_is_read_against_the_profiles_median_and_worst_error(chosen_h, verdict):
+    from cptsim.planner.budget import time_margin
+
+    b = parse_budget("3h")
+    m = time_margin(b, chosen_h * 3600, b.value, _VAL, "rtx3090")
+    assert m["margin"] == pytest.approx(1 - chosen_h / 3)
+    assert m["verdict"] == verdict and m["median_abs_error"] == 0.08 and m["worst_abs_error"] == 0.25
+    assert m["text"].startswith(f"the pick's {chosen_h:.4g} h is {100 * (1 - chosen_h / 3):.0f}% under the 3 h budget")
+    assert "rtx3090's median |error| is 8%, worst 25% (in-sample, 24 24 timm runs)" in m["text"]
+
+
+def test_a_margin_says_when_the_error_is_unknown_or_the_check_missed_the_op_mix_or_the_budget_is_relative():
+    from cptsim.planner.budget import time_margin
+
+    b = parse_budget("3h")
+    m = time_margin(b, 9000.0, b.value, {"checked": False, "note": "no [validation]"})
+    assert m["verdict"] == "unknown error" and m["median_abs_error"] is None and "unknown" in m["text"]
+    m = time_margin(b, 9000.0, b.value, {**_VAL, "op_mix_covered": False, "op_mix_missing": ["lstm"]})
+    assert "that check had no lstm, which this network has" in m["text"]
+    rel = parse_budget("80%", "latency")
+    m = time_margin(rel, 35.0, 40.0, _VAL)
+    assert m["relative"] and m["margin"] == pytest.approx(0.125) and "most of it cancels" in m["text"]
+    assert "the 80% budget (40 s of modelled static-q_max time)" in m["text"]
+    with pytest.raises(ValueError):
+        time_margin(parse_budget("500kJ"), 1.0, 2.0, _VAL)

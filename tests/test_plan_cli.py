@@ -151,3 +151,33 @@ def test_bad_plan_files_exit_2_with_one_line(tmp_path, content, words):
     p.write_text(content)
     msg = _one_line_error(_cli("train", "--plan", p, "--out", tmp_path / "run"))
     assert words in msg
+
+
+def test_plan_says_how_sure_its_times_are_as_cost_does(default_plan):
+    """Item 5 of issue 23: plan prints and records the profile's [validation] against this network's op mix; a
+    profile with none (bitfusion) says so; a BitOPs budget has no time margin."""
+    d, doc = default_plan
+    v = doc["time_validation"]
+    assert v["checked"] is False and "no [validation]" in v["note"]
+    assert "budget_margin" not in doc
+
+
+def test_a_time_budget_reports_the_picks_margin_against_the_profiles_error(tmp_path):
+    r = _cli("plan", "--budget", "1h", "--hw", "h100", "--out", tmp_path / "a.json", "--json")
+    assert r.exit_code == 0, r.output
+    static = json.loads(r.stdout)["estimate"]["latency_s"]
+    budget = 1.05 * static  # 4.8% over what the pick will cost
+    r = _cli("plan", "--budget", f"{budget!r}s", "--hw", "h100", "--out", tmp_path / "p.json")
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.stdout.split())
+    assert "h100 time: median |error| 13%" in text and "its op mix was covered" in text
+    assert "budget margin: the pick's" in text and "5% under the" in text
+    doc = read_plan(tmp_path / "p.json")
+    v, m = doc["time_validation"], doc["budget_margin"]
+    assert v["checked"] and v["op_mix_covered"] and v["op_mix"] == ["conv"]
+    assert doc["launch_bound"]["bound"] == "launch (host)"  # digits-cnn's tiny kernels, eager
+    assert m["margin"] == pytest.approx(1 - doc["estimate"]["latency_s"] / budget)
+    assert m["median_abs_error"] == v["median_abs_error"] and m["worst_abs_error"] == v["worst_abs_error"]
+    assert m["verdict"] == ("within at worst error" if v["worst_abs_error"] <= m["margin"] else
+                            "within at median error" if v["median_abs_error"] <= m["margin"] else
+                            "margin under median error")

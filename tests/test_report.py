@@ -370,3 +370,15 @@ def test_plot_without_matplotlib_is_a_clear_error(plan_run, monkeypatch, tmp_pat
 def test_bad_flags_exit_2(plan_run, args, needle):
     _, run = plan_run
     _one_line_exit_2(report(run.path, "--no-save", *args), needle)
+
+
+def test_each_modelled_hardware_says_how_sure_its_times_are(plan_run):
+    """Item 5 of issue 23: report carries each target profile's [validation] against the run's op mix, as cost does;
+    a profile with none says so."""
+    _, run = plan_run
+    rows = {r["name"]: r for r in report_json(run.path)["runs"][0]["hardware"]}
+    h = rows["h100"]["time_validation"]
+    assert h["checked"] and h["op_mix_covered"] and 0 < h["median_abs_error"] <= h["worst_abs_error"]
+    assert rows["bitfusion"]["time_validation"]["checked"] is False
+    text = " ".join(report(run.path, "--no-save").stdout.split())
+    assert "h100 time: median |error|" in text and "bitfusion time: not checked against measurements" in text

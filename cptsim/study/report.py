@@ -11,7 +11,8 @@ Sections of ``.data`` (the keys scripts may rely on; extend freely, rename never
                  own per-step counts as a cross-check, the difference in % and the reasons for it
     host_time    the host profile's estimate of the steps' wall time vs the measured step times, per epoch and total
     hardware     energy and latency of the executed steps on each target profile -- MODELLED, not executed there --
-                 next to the planned estimate on the same profile
+                 next to the planned estimate on the same profile, and how sure that profile's times are
+                 (``time_validation``: its [validation] against this network's op mix, as ``cost`` prints it)
     layers       the top layers by executed BitOPs, their share, and the bits they ran at
     accuracy     final and best test accuracy at q_max
 
@@ -223,6 +224,7 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
     # ---- target hardware: modelled -------------------------------------------------------------------------
     names = list(hardware) if hardware else _default_targets(plan)
     rows, seen = [], set()
+    mix = prof.op_mix()  # how sure each profile's times are for this network: its [validation] against this mix
     for name in names:
         try:
             hw = load_profile(name)
@@ -248,7 +250,8 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
         ex = {"energy_j": c.energy_j["total"], "latency_s": c.latency_s["total"]}
         rows.append({"name": hw.name, "kind": hw.kind, "label": MODELLED, "planned": {**pl, "source": src},
                      "executed": ex, "diff_pct": {k: _pct(ex[k], pl[k]) for k in ex},
-                     "vs_static": c.vs_static, "notes": list(hw.notes)})
+                     "vs_static": c.vs_static, "notes": list(hw.notes),
+                     "time_validation": hw.time_validation(mix)})
     data["hardware"] = rows
 
     # ---- layers ---------------------------------------------------------------------------------------------
