@@ -18,7 +18,7 @@ from torch.utils.data import Dataset, TensorDataset
 from cptsim.errors import InputError
 
 __all__ = ["DataInfo", "list_datasets", "dataset_info", "dataset_size", "epoch_size", "load_datasets",
-           "resolve_image_size", "native_image_size", "DIGITS_SPLIT_SEED"]
+           "resolve_image_size", "native_image_size", "DIGITS_SPLIT_SEED", "register_dataset", "register_prefix"]
 
 DIGITS_SPLIT_SEED = 0
 
@@ -32,10 +32,13 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 @dataclass(frozen=True)
 class DataInfo:
     name: str
-    input_shape: tuple[int, int, int]  # (C, H, W) of one sample as the model sees it
+    input_shape: tuple[int, ...]  # one sample as the model sees it: (C, H, W) image, (T,) text, (N, F) graph
     num_classes: int
     train_size: int | None  # None where unknown without scanning the data (imagefolder before loading)
     test_size: int | None
+    # A graph dataset (cptsim.data.graph; one sample = the whole graph): E, the directed edges of its edge_index as
+    # the model receives it (bidirected where the dataset says so, no self-loops). None for every other dataset.
+    graph_edges: int | None = None
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,26 @@ def _spec(name: str) -> _Spec:
     key = name.strip().lower() if isinstance(name, str) else None
     if key is not None and key.split(":")[0] == SYNTHETIC:
         return _synthetic_spec(key)
+    if key is not None and key.split(":")[0] in _PREFIXES:
+        info, loader = _PREFIXES[key.split(":")[0]][0](key)
+        return _Spec(info, None, loader)
     if key not in _DATASETS:
+        forms = [SYNTHETIC_FORM] + [form for _, form in _PREFIXES.values()]
         raise InputError(f"unknown dataset {name!r}; choose from: {', '.join(_DATASETS)}, "
-                         f"or {SYNTHETIC_FORM}")
+                         f"or {' or '.join(forms)}")
     return _DATASETS[key]
+
+
+# "prefix:spec" families of generated datasets besides synthetic: prefix -> (resolver, the form for messages)
+_PREFIXES: dict[str, tuple[Callable[[str], tuple[DataInfo, Callable]], str]] = {}
+
+
+def register_prefix(prefix: str, resolver: Callable[[str], tuple[DataInfo, Callable]], form: str) -> None:
+    """Register a family of generated datasets named ``prefix:...`` (``synthetic-graph:N,F,K[:DEG]`` comes in
+    this way; nothing on disk). ``resolver(lower-case name) -> (info, loader)``: its DataInfo (name: the canonical
+    spelling) and ``loader(root, augment) -> (train, test)``; an InputError for a malformed name. ``form``: the
+    name's pattern, shown in the unknown-dataset message."""
+    _PREFIXES[prefix] = (resolver, form)
 
 
 def _check_dir(name: str, spec: _Spec, data_dir) -> Path:
