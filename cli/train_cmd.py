@@ -58,17 +58,12 @@ def _default_out(model: str, schedule_text: str) -> str:
     return f"runs/{model}-{schedule_text.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _launch(nproc: int, out: str | None, resume_dir: str | None, model: str, schedule: str,
-            max_restarts: int = 0) -> None:
-    """Re-run this very command in `nproc` workers under torchrun (each joins the process group from its env).
-
-    This process holds the run's lock for the whole job, restarts included (rank 0 adopts it). With
-    ``max_restarts``, torchrun restarts every worker when one dies, and they resume the run (see `train`)."""
+def _launch_argv(nproc: int) -> list[str]:
+    """The command line the workers of ``--nproc`` run: this one without --nproc and --max-restarts (cheap checks
+    only; what the workers would refuse is checked by ``train`` before ``_launch``)."""
     import sys
 
-    from cptsim.run import dist
     from cptsim.errors import InputError
-    from cptsim.run.rundir import RunDir, RunLock
 
     if nproc < 1:
         raise InputError(f"--nproc must be at least 1, got {nproc}")
@@ -88,8 +83,36 @@ def _launch(nproc: int, out: str | None, resume_dir: str | None, model: str, sch
         if a.startswith(("--nproc=", "--max-restarts=")):
             continue
         clean.append(a)
+    return clean
+
+
+def _check_resumable(resume_dir: str) -> None:
+    """What the workers of a resumed job would refuse, checked here first: a run directory whose settings are
+    valid and whose data is where they say."""
+    from cptsim.data import check_data_dir
+    from cptsim.run import train as T
+    from cptsim.run.rundir import RunDir
+
+    run = RunDir.open(resume_dir)  # not a run: refused before its lock file is made
+    cfg = T.TrainConfig.from_dict(run.read_config()["settings"])
+    T.validate(cfg)
+    check_data_dir(cfg.dataset, cfg.data_dir)
+
+
+def _launch(argv: list[str], nproc: int, out: str | None, resume_dir: str | None, model: str, schedule: str,
+            max_restarts: int = 0) -> None:
+    """Run the command ``argv`` (``_launch_argv``) in `nproc` workers under torchrun's agent (each joins the
+    process group from its env). ``train`` has checked the workload before (so a typo costs one line, exit 2, and
+    no worker); bad input a worker still meets stops the job without restarts (``cptsim.run.dist.launch``).
+
+    This process holds the run's lock for the whole job, restarts included (rank 0 adopts it). With
+    ``max_restarts``, the agent restarts every worker when one dies, and they resume the run (see `train`)."""
+    from cptsim.run import dist
+    from cptsim.run.rundir import RunDir, RunLock
+
+    clean = list(argv)
     if resume_dir:
-        RunDir.open(resume_dir)  # not a run: refused before its lock file is made
+        _check_resumable(resume_dir)
     else:
         if out is None:  # resolve the default name once, so every worker writes to the same place
             out = _default_out(model, schedule)
@@ -99,6 +122,27 @@ def _launch(nproc: int, out: str | None, resume_dir: str | None, model: str, sch
         code = dist.launch(nproc, clean, max_restarts=max_restarts, lock=lock)
     if code:
         raise SystemExit(code)
+
+
+def _bad_input_stops_the_job(fn):
+    """In a worker of ``--nproc`` (cptsim.run.dist.launch): bad input (an InputError, exit 2) is reported to the
+    launcher, which stops the job without restarting it; elsewhere nothing changes."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            from cptsim.errors import InputError
+
+            if isinstance(e, InputError) and os.environ.get("CPTSIM_BAD_INPUT_FILE"):
+                from cptsim.run import dist
+
+                dist.report_bad_input(str(e))  # waits to be stopped; if nobody does, exit 2 as usual
+            raise
+
+    return run
 
 
 # Flags next to --plan, by TrainConfig field: these change how the plan runs, not what it costs, so they override
@@ -226,6 +270,7 @@ def _tensorboard(cfg):
 
 
 @click.command("train", epilog=_EPILOG)
+@_bad_input_stops_the_job
 @workload_options("model", "dataset", "data_dir", "image_size")
 @click.option("--schedule", default="cpt", show_default=True, help="Precision schedule, name or text form.")
 @click.option("--q-min", type=int, default=None, help="Lower forward bits (default 3, or from the text).")
@@ -271,7 +316,9 @@ def _tensorboard(cfg):
                    "--batch-size stays the global batch. Under your own torchrun, leave this out.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=None,
               help="With --nproc: when a worker dies, torchrun restarts them all up to this many times and they "
-                   "resume from the last checkpoint (torchrun --max-restarts). [default: 0]")
+                   "resume from the last checkpoint (torchrun --max-restarts). Bad input is never restarted: it is "
+                   "refused before the workers start, or, when a worker finds it, stops the job (exit 2). "
+                   "[default: 0]")
 @click.option("--keep-checkpoints", type=click.IntRange(min=1), default=None,
               help="Checkpoints kept, newest first (each with its SHA-256 in checkpoints.json); resume falls back "
                    "to an older one when the newest is damaged. [default: 2; with --resume: the run's own]")
@@ -303,9 +350,10 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
     progress = not (quiet or as_json)
     if resume_dir and plan_path:
         raise click.UsageError("--resume continues a run with its own settings; it takes no --plan")
-    if nproc is not None:
-        return _launch(nproc, out, resume_dir, model, schedule, max_restarts or 0)
-    if max_restarts is not None:
+    # With --nproc this process launches the workers, after the checks below (each branch launches before it
+    # trains): bad input is refused here, at once, not by every worker of every restart.
+    launch = None if nproc is None else _launch_argv(nproc)
+    if max_restarts is not None and nproc is None:
         from cptsim.errors import InputError
 
         raise InputError("--max-restarts goes with --nproc (under your own torchrun, give torchrun --max-restarts)")
@@ -320,6 +368,8 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
             err.print(f"restart {D.restart_count()} of the job: resuming {out} from its last checkpoint",
                       highlight=False)
     if resume_dir:
+        if launch is not None:
+            return _launch(launch, nproc, None, resume_dir, model, schedule, max_restarts or 0)
         run = T.resume(resume_dir, progress=progress, keep_checkpoints=keep_checkpoints)
     elif plan_path:
         from cptsim.planner.planfile import read_plan
@@ -338,6 +388,8 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
         cfg, changed = _plan_config(plan, params, device=device, workers=workers, checkpoint_every=checkpoint_every,
                                     threads=threads, **layout, **evaluation, **keep)
         _check_plan_data(plan, cfg)
+        if launch is not None:
+            return _launch(launch, nproc, out, None, cfg.model, cfg.schedule, max_restarts or 0)
         _warn_if_hardware_changed(plan)
         if out is None:
             out = _default_out(cfg.model, cfg.schedule)
@@ -374,12 +426,18 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
         check_data_dir(dataset, data_dir)
         try:  # on the meta device: no weights are made, only the name and the model/data pairing are checked
             with torch.device("meta"):
-                create_model(model, num_classes=info.num_classes, in_channels=info.input_shape[0],
-                             input_shape=tuple(info.input_shape))
+                meta = create_model(model, num_classes=info.num_classes, in_channels=info.input_shape[0],
+                                    input_shape=tuple(info.input_shape))
+            if fp:  # and that every --fp-layers pattern names a layer of it
+                from cptsim.numerics.layers import resolve_fp_layers
+
+                resolve_fp_layers(meta, fp)
         except InputError:
             raise
         except Exception:  # noqa: BLE001 - a model that cannot be built on meta is checked by the real build
             pass
+        if launch is not None:
+            return _launch(launch, nproc, out, None, model, text, max_restarts or 0)
         if out is None:
             out = _default_out(model, text)
         if progress:

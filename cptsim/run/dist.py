@@ -10,7 +10,6 @@ without join(). NCCL on CUDA, gloo on a CPU.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -243,22 +242,116 @@ def restart_count() -> int:
         return 0
 
 
-def launch(nproc: int, argv: list[str], max_restarts: int = 0, lock=None) -> int:
-    """Run `cptsim <argv>` in `nproc` local worker processes through torchrun; returns its exit code.
+# A worker launched by ``launch`` that meets bad input (an InputError: exit 2) writes its message here and waits;
+# the launcher stops the whole job without restarts (a restart would only meet the same typo again).
+BAD_INPUT_ENV = "CPTSIM_BAD_INPUT_FILE"
+BAD_INPUT_WAIT_S = 60.0  # how long such a worker waits to be stopped before it exits 2 by itself
 
-    ``max_restarts``: torchrun restarts the whole group this many times when a worker dies; the restarted
-    workers resume the run from its last checkpoint (cli/train_cmd.py). ``lock``: the run's RunLock, held by
-    this process; torchrun's agent gets its descriptor too (so the lock outlives this process only while the
-    job runs) and the workers its token, so that rank 0 adopts it instead of being refused."""
+
+def report_bad_input(message: str, wait_s: float | None = None) -> bool:
+    """In a worker that ``launch`` started: hand ``message`` to the launcher, which stops the job (no restart), and
+    wait to be stopped. False at once outside such a job, or when the launcher did not stop it within ``wait_s``
+    (the caller then exits 2 as usual). The first rank to report wins; the file appears whole (a hard link)."""
+    import time
+
+    path = os.environ.get(BAD_INPUT_ENV)
+    if not path:
+        return False
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(message)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another rank said it first
+        finally:
+            os.unlink(tmp)
+    except OSError:
+        return False  # the launcher's folder is gone: nobody to tell
+    deadline = time.monotonic() + (BAD_INPUT_WAIT_S if wait_s is None else wait_s)
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    return False
+
+
+def _quiet_elastic_logs(level: int) -> None:
+    """Raise the level of torch.distributed's own loggers (each module's logger has its own: no parent covers
+    them). ERROR keeps a worker's failure ("failed (exitcode: -9) local_rank: 1") and drops the agent's notes on
+    shutting the group down; CRITICAL drops everything."""
+    import logging
+
+    for name in list(logging.Logger.manager.loggerDict):
+        if name.startswith("torch.distributed"):
+            logging.getLogger(name).setLevel(level)
+
+
+def launch(nproc: int, argv: list[str], max_restarts: int = 0, lock=None) -> int:
+    """Run `cptsim <argv>` in `nproc` local worker processes under torchrun's elastic agent; returns the job's exit
+    code (0 ok; 2 bad input; 130 interrupted; 1 a worker failed for good).
+
+    The agent runs in this process (``torch.distributed.run.run``, what the ``torchrun`` command runs), so this
+    process decides what a failure means. ``max_restarts``: the agent restarts the whole group this many times when
+    a worker dies; the restarted workers resume the run from its last checkpoint (cli/train_cmd.py). Bad input is
+    not restarted: a worker that meets it reports it (``report_bad_input``) and waits, and this process stops the
+    group at once and returns 2 after printing the message once. ``lock``: the run's RunLock, held by this process
+    for the whole job; the workers get its token, so that rank 0 adopts it instead of being refused."""
+    import logging
+    import signal
+    import tempfile
+    import threading
+
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     if nproc < 1:
         raise InputError(f"--nproc must be at least 1, got {nproc}")
     if max_restarts < 0:
         raise InputError(f"--max-restarts must be >= 0, got {max_restarts}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           f"--max-restarts={max_restarts}", "-m", "cptsim.cli.main", *argv]
-    env = dict(os.environ)
-    fds: tuple[int, ...] = ()
-    if lock is not None:
-        env.update(lock.handoff_env())
-        fds = (lock.fd,) if lock.fd is not None else ()
-    return subprocess.run(cmd, env=env, pass_fds=fds).returncode
+    _quiet_elastic_logs(logging.ERROR)
+    args = torchrun.parse_args(["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+                                "-m", "cptsim.cli.main", *argv])
+    with tempfile.TemporaryDirectory(prefix="cptsim-launch-") as tmp:
+        marker = os.path.join(tmp, "bad-input")
+        env = {BAD_INPUT_ENV: marker, **(lock.handoff_env() if lock is not None else {})}
+        # torchrun sets OMP_NUM_THREADS=1 for its workers when it is unset, with a banner; set it without one
+        env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)  # the agent's workers inherit this process's environment
+        done = threading.Event()
+
+        def watch() -> None:  # a worker reported bad input: stop the agent (its SIGTERM handler stops the group)
+            while not done.wait(0.05):
+                if os.path.exists(marker) and callable(signal.getsignal(signal.SIGTERM)):
+                    _quiet_elastic_logs(logging.CRITICAL)
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+
+        watcher = threading.Thread(target=watch, name="cptsim-bad-input-watch", daemon=True)
+        watcher.start()
+        code = 0
+        try:
+            torchrun.run(args)
+        except SignalException as e:
+            code = 128 + int(e.sigval)
+        except ChildFailedError as e:
+            rank, failure = e.get_first_failure()
+            code = failure.exitcode if failure.exitcode in (2, 130) else 1
+            if code == 1:
+                how = (f"signal {signal.Signals(-failure.exitcode).name}" if failure.exitcode < 0
+                       else f"exit code {failure.exitcode}")
+                print(f"error: worker rank {rank} failed ({how})"
+                      + (f" after {max_restarts} restart(s)" if max_restarts else ""), file=sys.stderr)
+        finally:
+            done.set()
+            watcher.join()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        if os.path.exists(marker):
+            with open(marker, encoding="utf-8") as f:
+                raise InputError(f.read())
+        return code
