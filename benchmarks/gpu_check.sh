@@ -1,28 +1,51 @@
 #!/usr/bin/env bash
-# The GPU check of issue 14 (see benchmarks/gpu_check.py): run from the repo root as `bash benchmarks/gpu_check.sh`.
-# Uses .venv if it is there and sees a GPU, else the machine's python3 (which must hold torch), into which cptsim is
-# installed in place (pip install --no-deps -e .). On a machine without CUDA it prints one line and exits 0.
+# The GPU check of issue 14 (see benchmarks/gpu_check.py): run from anywhere as `bash benchmarks/gpu_check.sh`.
+#
+# Which python: the project's environment, found or built the way `make` builds it --
+#   1. $GPU_CHECK_VENV (default .venv) if its python holds torch;
+#   2. else the machine's python3 if it holds torch (a bare GPU machine, often without network: nothing to build),
+#      with cptsim installed into it in place (pip install --no-deps -e .);
+#   3. else the environment is built as `make test` builds it: `make .venv/.installed` (the Makefile's STAMP
+#      target: python3 -m venv, pip install -e '.[test]'), and its python is used.
+# On a machine without CUDA it then prints "no CUDA device: nothing to check" and exits 0.
 # GPU_CHECK_ARGS passes options through (e.g. "--device cpu --quick" tests the plumbing on a CPU).
 set -u
 cd "$(dirname "$0")/.."
-
-pick_python() {
-    for py in .venv/bin/python python3; do
-        if [ -x "$(command -v "$py")" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
-            echo "$py"; return
-        fi
-    done
-}
-PY=$(pick_python)
+VENV=${GPU_CHECK_VENV:-.venv}
 ARGS=${GPU_CHECK_ARGS:-}
+
+has_torch() {  # has_torch PYTHON: it runs and imports torch
+    [ -n "$1" ] && [ -x "$(command -v "$1")" ] && "$1" -c 'import torch' >/dev/null 2>&1
+}
+
+find_python() {  # prints the python to use, or nothing; notes go to stderr
+    if has_torch "$VENV/bin/python"; then
+        echo "$VENV/bin/python"; return
+    fi
+    if has_torch python3; then
+        echo python3; return
+    fi
+    if ! command -v make >/dev/null 2>&1; then
+        echo "gpu_check: no $VENV, no python3 with torch, and no make to build $VENV (see the Makefile)" >&2
+        return
+    fi
+    echo "gpu_check: no python with torch found; building the project's environment as make does:" \
+         "make $VENV/.installed" >&2
+    if make VENV="$VENV" "$VENV/.installed" >&2 && has_torch "$VENV/bin/python"; then
+        echo "$VENV/bin/python"; return
+    fi
+    echo "gpu_check: building $VENV failed (make $VENV/.installed, above)" >&2
+}
+
+PY=$(find_python)
 if [ -z "$PY" ]; then
-    echo "gpu_check: no python with torch found; nothing to check"; exit 0
+    echo "gpu_check: no python with torch; nothing checked"; exit 1
 fi
 case " $ARGS " in
     *" --device cpu "*) ;;
     *)
         if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
-            echo "gpu_check: no CUDA GPU on this machine (torch.cuda.is_available() is False); nothing to check"
+            echo "gpu_check: no CUDA device: nothing to check (torch.cuda.is_available() is False in $PY)"
             exit 0
         fi ;;
 esac
