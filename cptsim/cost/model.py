@@ -41,6 +41,13 @@ hardware profile the operands are packed at their width. An accelerator writes o
 gradients) at its profile's ``output_bits``: 32 on Bit Fusion (its simulator's oprec), 16 on Stripes (its 16-bit
 neuron storage), or "operand" -- the width the next GEMM reads them at (``storage_bits(...).output``).
 
+A graph layer's sparse aggregation (type ``Aggregation``: out = A·X over the nnz edges of the propagation matrix,
+``cptsim.measure.profiler.aggregation_macs``) is weightless; its BitOPs are those of the table above with its
+features as the activation and A's per-edge values (GCN's normalisation, GAT's alpha) as the weight: FP32 (32 x 32)
+unless quantized (``--quant-agg``: fwd q x q, dgrad g x q, wgrad -- GAT's gradient into alpha -- g x q, as attention's
+matmuls). Fixed-point accelerators run its MACs at those widths as any other MACs. Its bytes are not a GEMM's but a
+gather and a scatter's (``aggregation_bytes``), and a GPU prices it as memory-bound (``GPUProfile.aggregation_cost``).
+
 Quantizer element-passes (costed only by the ``host`` kind, where fake quantization is real work):
 
     fwd    quantized layers with q < 32: input elements (I·batch) + weight elements (W·calls), or a Matmul's
@@ -69,6 +76,8 @@ __all__ = [
     "phase_operands",
     "bitops",
     "bytes_moved",
+    "aggregation_bytes",
+    "INDEX_BITS",
     "quant_elems",
     "storage_bits",
     "step_cost",
@@ -162,6 +171,56 @@ def bytes_moved(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray, q, g
                      o * s_g + w * s_w + b * s_w + i * i_dgrad,
                      o * s_g + i * s_a + w * FP + b * b_grad), axis=-1)
     return np.where(np.asarray(macs) > 0, bits / 8.0, 0.0)
+
+
+INDEX_BITS = 64  # an edge_index entry: int64
+
+
+def aggregation_bytes(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray, q, g, batch, edges,
+                      operand=None, storage=None, fp=FP) -> np.ndarray:
+    """DRAM bytes of graph aggregation layers' phases, (..., L, 3): a gather and a scatter, not a GEMM.
+
+    Per layer and phase, in a step of ``batch`` graphs: P = the phase's MACs (message elements: nnz x width,
+    summed over calls), Z = nnz (``edges`` per sample), I / O = the source / result node-feature elements
+    (``numel`` input / output), V = A's per-edge values (``operand``: 0 for SAGE's plain sum, nnz for GCN,
+    nnz x heads for GAT). Widths: the features at b_a, the error at b_g, the values at b_w, stored as the hardware
+    stores them (``storage``); the messages and results at the width the phase writes outputs at (m: ``storage
+    .output``, else 32); each index entry at ``INDEX_BITS``. The model is PyG's execution for an ``edge_index``:
+    messages materialised between the gather and the scatter (``MessagePassing.propagate``: message, aggregate)::
+
+        fwd   = P·b_a  +  2·P·m  +  [V > 0]·(2·P·m + V·b_w)  +  O·m  +  2·Z·64
+                gather    messages    weighting pass             result  source and target indices
+                (each edge's source row; written by the gather, read by the scatter; the weighting pass reads
+                and rewrites them with the edge values)
+        dgrad = P·b_g  +  2·P·m  +  [V > 0]·(2·P·m + V·b_w)  +  I·m  +  2·Z·64
+                the same through Aᵀ: each edge gathers its target's error row, the scatter writes the input gradient
+        wgrad = P·b_g  +  P·b_a  +  V·32  +  2·Z·64
+                the gradient into A's values (GAT's alpha): each edge's error row against its source row
+
+    in bits (returned /8). A phase with 0 MACs moves 0 bytes. A fused sparse kernel (cuSPARSE SpMM, PyG's path
+    for a sparse adjacency) would skip the materialised messages: about P·b_a + O·m + the indices in forward.
+    """
+    store = storage or _identity_bits
+    numel = np.asarray(numel, dtype=np.float64)
+    macs = np.asarray(macs, dtype=np.float64)
+    n = _col(np.asarray(batch, dtype=np.float64))
+    b_w, b_a, b_g = layer_bits(quantized, q, g, fp)
+    s_w, s_a, s_g = store(b_w), store(b_a), store(b_g)
+    out = getattr(store, "output", None)
+    m_f = FP if out is None else out(np.maximum(b_w, b_a))
+    m_d = FP if out is None else out(np.maximum(b_g, b_w))
+    z = np.asarray(edges, dtype=np.float64) * n
+    v = (0.0 if operand is None else np.asarray(operand, dtype=np.float64)) * n
+    has_v = np.asarray(v) > 0
+    i, o = numel[:, 1] * n, numel[:, 2] * n
+    p_f, p_d, p_w = macs[:, 0] * n, macs[:, 1] * n, macs[:, 2] * n
+    idx = 2.0 * z * INDEX_BITS
+    fwd = p_f * s_a + 2 * p_f * m_f + np.where(has_v, 2 * p_f * m_f + v * s_w, 0.0) + o * m_f + idx
+    dgrad = p_d * s_g + 2 * p_d * m_d + np.where(has_v, 2 * p_d * m_d + v * s_w, 0.0) + i * m_d + idx
+    wgrad = p_w * s_g + p_w * s_a + v * FP + idx
+    fwd, dgrad, wgrad = np.broadcast_arrays(fwd, dgrad, wgrad)
+    bits = np.stack((fwd, dgrad, wgrad), axis=-1)
+    return np.where(macs > 0, bits / 8.0, 0.0)
 
 
 def quant_elems(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray, q, g, batch, calls=None,
@@ -432,7 +491,13 @@ def _kind_costs(a: ProfileArrays, hw, q: np.ndarray, g: np.ndarray, samples: np.
         if full is not None:
             b1, b2 = phase_operands(a.quantized, q, g, fp)
         opnd = getattr(a, "operand", None)
-        nbytes = bytes_moved(a.numel, a.macs, a.quantized, q, g, samples, a.calls, storage_bits(hw), opnd, fp)
+        store = storage_bits(hw)
+        nbytes = bytes_moved(a.numel, a.macs, a.quantized, q, g, samples, a.calls, store, opnd, fp)
+        agg = getattr(a, "aggregation", None)
+        agg = agg[:, None] if agg is not None and np.any(agg) else None
+        if agg is not None:  # a graph layer's aggregation moves a gather's and a scatter's bytes, not a GEMM's
+            nbytes = np.where(agg, aggregation_bytes(a.numel, a.macs, a.quantized, q, g, samples, a.edges, opnd,
+                                                     store, fp), nbytes)
         qe = quant_elems(a.numel, a.macs, a.quantized, q, g, samples, a.calls, opnd)
         # a GPU runs FP32 convolutions and FP32 matmuls on the tiers PyTorch's defaults give each (GPUProfile)
         mm = None if getattr(a, "matmul", None) is None else a.matmul[:, None]
@@ -440,6 +505,9 @@ def _kind_costs(a: ProfileArrays, hw, q: np.ndarray, g: np.ndarray, samples: np.
             t, e = hw.shaped_gemm_cost(a, macs_k, b1, b2, nbytes, samples)   # GEMMs priced from their shapes
         else:
             t, e = hw.gemm_cost(macs_k, b1, b2, nbytes, qe, matmul=mm)
+        if agg is not None and hasattr(hw, "aggregation_cost"):  # a GPU: memory-bound gather/scatter kernels
+            ta, ea = hw.aggregation_cost(nbytes)
+            t, e = np.where(agg, ta, t), np.where(agg, ea, e)
         extra = step_ops_cost(a, hw, q, g, samples)
         if extra is not None:
             xt, xe = extra

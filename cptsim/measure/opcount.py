@@ -10,7 +10,14 @@ Per op the counter records (rules, not measurements of a GPU):
 
 * ``kind``: ``gemm`` for the ops ``torch.utils.flop_counter`` counts FLOPs for (mm, addmm, bmm, convolution and
   its backward, attention kernels) -- their time comes from the per-layer MACs -- ``memory`` for every other op
-  that launches a kernel, ``view`` for ops that only make a view (reshape, transpose, detach, ...) or allocate.
+  that launches a kernel, ``view`` for ops that only make a view (reshape, transpose, detach, ...) or allocate,
+  ``aggregation`` for the memory ops a graph layer's sparse aggregation runs (below).
+* a graph model's aggregation: every kernel that runs inside a ``MessagePassing.propagate`` call (the gather,
+  the per-edge weighting, the scatter-sum) and inside the autograd nodes that call created (their backward: the
+  transposed gather/scatter, GAT's gradient into alpha) is of kind ``aggregation``. Their bytes are kept here
+  (tensors counted at most at their storage's size: PyG's scatter reads an index expanded to [nnz, width] from
+  nnz stored entries), but the cost model prices the aggregation from its layer entry (``cptsim.cost.model
+  .aggregation_bytes``), as it prices GEMMs from theirs, and counts only their launches from here.
 * ``launches``: 1 per call for a kernel op, 0 for a view; ``convolution_backward`` one per gradient it computes;
   a ``_foreach_*`` op (the multi-tensor optimizer) one per 48 tensors, as CUDA's multi_tensor_apply chunks them.
 * bytes read = the sizes of its tensor arguments (each tensor once); bytes written = its new outputs plus the
@@ -20,9 +27,18 @@ Per op the counter records (rules, not measurements of a GPU):
 A step is counted at two batch sizes (b and 2b) and each op's bytes split into a part proportional to the batch
 (``per_sample``: activations, errors) and a fixed part (weights, gradients, optimizer state), so a profile taken
 at batch 2 costs a step of any batch. The step counted is the one ``cptsim train`` runs: the same optimizer
-(``training_optimizer``: SGD with momentum and weight decay in its multi-tensor ``foreach`` form, what PyTorch
-picks by default on a GPU) and the same clearing of gradients (``zero_grad``: kept allocated and zeroed, so the
-backward accumulates into them, one ``add_`` per parameter).
+(``training_optimizer``: SGD with momentum and weight decay, Adam or AdamW, in the multi-tensor ``foreach`` form
+PyTorch picks by default on a GPU) and the same clearing of gradients (``zero_grad``: kept allocated and zeroed,
+so the backward accumulates into them, one ``add_`` per parameter).
+
+A graph model's sample is its whole graph (N nodes, E edges), so its "batch" is one graph (``count_graph_step_ops``):
+it is called as PyG's ``model(x [n, F], edge_index)`` on seeded random structures, whose counts are those of any
+graph of the same sizes. It runs on four small graphs (``FIT_SIZES``) and every count is extrapolated exactly as
+c = a·N + b·E + c0 (per node, per edge, fixed: ``affine_extrapolate``), the fourth size checking that the model's
+counts are affine in its graph's sizes, as a node classifier's are (one rule per node and per edge). So a graph of
+any size costs the same few milliseconds (ogbn-arxiv's real step holds GBs of per-edge messages; Cora's dense
+transform alone is 2 GMACs). A model whose counts are not affine is run on a graph of its own size instead, at
+(N, E) and (2N, 2E), split as b and 2b are -- up to ``GRAPH_DIRECT_LIMIT`` nodes + edges; above, an InputError.
 """
 
 from __future__ import annotations
@@ -31,6 +47,7 @@ import contextlib
 import copy
 import math
 import re
+from fractions import Fraction
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,11 +58,13 @@ from torch.utils._pytree import tree_flatten
 
 from cptsim.errors import InputError
 
-__all__ = ["OP_PHASES", "OpRecord", "OpProfile", "OpCounter", "count_step_ops", "training_optimizer", "zero_grad",
-           "ZERO_GRAD_SET_TO_NONE"]
+__all__ = ["OP_PHASES", "OpRecord", "OpProfile", "OpCounter", "count_step_ops", "count_graph_step_ops",
+           "training_optimizer", "optimizer_label", "OPTIMIZERS", "ADAM_BETAS", "ADAM_EPS", "zero_grad",
+           "ZERO_GRAD_SET_TO_NONE", "GRAPH_DIRECT_LIMIT", "FIT_SIZES", "is_message_passing", "is_graph_model",
+           "bound_edges", "affine_extrapolate", "NotAffine"]
 
 OP_PHASES = ("fwd", "bwd", "opt")
-KINDS = ("gemm", "memory", "view", "attention")
+KINDS = ("gemm", "memory", "view", "attention", "aggregation")
 FOREACH_TENSORS_PER_LAUNCH = 48  # multi_tensor_apply's depth-3/4 chunk (csrc/cuda/MultiTensorApply.cuh: 48 / 36)
 
 
@@ -54,11 +73,44 @@ FOREACH_TENSORS_PER_LAUNCH = 48  # multi_tensor_apply's depth-3/4 chunk (csrc/cu
 ZERO_GRAD_SET_TO_NONE = False
 
 
-def training_optimizer(params, lr: float, momentum: float, weight_decay: float) -> torch.optim.SGD:
-    """The optimizer `cptsim train` steps and ``count_step_ops`` counts: SGD in its multi-tensor (``foreach``) form,
+OPTIMIZERS = ("sgd", "adam", "adamw")
+ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as cpt_gnn uses them (Adam(lr=1e-3))
+ADAM_EPS = 1e-8
+
+
+def _optimizer_name(name: str) -> str:
+    key = name.strip().lower() if isinstance(name, str) else name
+    if key not in OPTIMIZERS:
+        raise InputError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+    return key
+
+
+def training_optimizer(params, lr: float, momentum: float, weight_decay: float,
+                       name: str = "sgd") -> torch.optim.Optimizer:
+    """The optimizer `cptsim train` steps and ``count_step_ops`` counts, in its multi-tensor (``foreach``) form,
     what PyTorch picks by default for CUDA tensors, asked for explicitly so that a step counted on a CPU launches
-    what it launches on a GPU, and so that ``zero_grad`` zeroes the gradients with ``_foreach_zero_`` there too."""
-    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=True)
+    what it launches on a GPU, and so that ``zero_grad`` zeroes the gradients with ``_foreach_zero_`` there too.
+
+    * ``sgd``: SGD with ``momentum`` and ``weight_decay`` (L2: wd x w added to the gradient);
+    * ``adam``: Adam (Kingma & Ba), betas ``ADAM_BETAS`` (0.9, 0.999), eps ``ADAM_EPS`` (1e-8), ``weight_decay``
+      as torch's Adam defines it: L2, wd x w added to the gradient before the moments;
+    * ``adamw``: AdamW (Loshchilov & Hutter), the same betas and eps, ``weight_decay`` decoupled: w <- w x
+      (1 - lr x wd) before the Adam update.
+
+    Adam and AdamW take no momentum (their first moment's beta1 is 0.9): ``momentum`` is used by SGD only."""
+    key = _optimizer_name(name)
+    if key == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=True)
+    cls = torch.optim.Adam if key == "adam" else torch.optim.AdamW
+    return cls(params, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=weight_decay, foreach=True)
+
+
+def optimizer_label(name: str = "sgd") -> str:
+    """How an op list names the optimizer whose update it counted (``OpProfile.optimizer``)."""
+    key = _optimizer_name(name)
+    if key == "sgd":
+        return "sgd(momentum, weight_decay, foreach)"
+    return f"{key}(betas={ADAM_BETAS}, eps={ADAM_EPS:g}, weight_decay, foreach)"
 
 
 def zero_grad(opt: torch.optim.Optimizer) -> None:
@@ -79,6 +131,15 @@ _NO_KERNEL = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "ne
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def _stored_nbytes(t: torch.Tensor) -> int:
+    """A tensor's bytes, at most its storage's: an expanded (broadcast) index is read from its stored entries."""
+    n = t.numel() * t.element_size()
+    try:
+        return min(n, t.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError, TypeError):  # sparse or storage-less tensors
+        return n
 
 
 def _is_view(func) -> bool:
@@ -120,8 +181,8 @@ class OpCounter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.current = "fwd"
-        self.acc: dict[tuple[str, str], _Acc] = {}
-        self.kinds: dict[str, str] = {}
+        self.acc: dict[tuple[str, str, str], _Acc] = {}  # (op, phase, kind) -> counts
+        self.agg_depth = 0  # > 0 inside a graph layer's aggregation (forward or backward): memory ops are its own
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -156,13 +217,13 @@ class OpCounter(TorchDispatchMode):
         elif _is_view(func) or base in _NO_KERNEL or getattr(func, "namespace", "aten") == "profiler":
             kind = "view"
         else:
-            kind = "memory"
-        a = self.acc.setdefault((name, self.current), _Acc())
-        self.kinds[name] = kind
+            kind = "aggregation" if self.agg_depth > 0 else "memory"
+        a = self.acc.setdefault((name, self.current, kind), _Acc())
         a.calls += 1
         if kind == "view":
             return
-        read = sum(_nbytes(t) for t in tensors)
+        size = _stored_nbytes if kind == "aggregation" else _nbytes
+        read = sum(size(t) for t in tensors)
         # Written: new outputs, plus every argument the schema says the op mutates (in-place and out= ops).
         write = 0
         mutated = set()
@@ -272,11 +333,14 @@ class OpProfile:
                    element_bits=int(d.get("element_bits", 32)), optimizer=str(d.get("optimizer", "")))
 
     def summary(self) -> dict[str, dict[str, float]]:
-        """Per phase: memory-op bytes per sample and fixed, kernel launches (all kinds), GEMM launches, and the
-        fused attention kernels' MACs and bytes per sample."""
+        """Per phase: memory-op bytes per sample and fixed, kernel launches (all kinds), GEMM launches, the
+        fused attention kernels' MACs and bytes per sample, and the graph aggregation's kernels' bytes (counted
+        apart: the cost model prices the aggregation from its layer entries)."""
         s = {p: {"bytes_per_sample": 0.0, "bytes_fixed": 0.0, "launches": 0.0, "gemm_launches": 0.0,
                  "attention_macs_per_sample": 0.0, "attention_bytes_per_sample": 0.0,
-                 "norm_bytes_per_sample": 0.0, "conv_norm_bytes_per_sample": 0.0} for p in OP_PHASES}
+                 "norm_bytes_per_sample": 0.0, "conv_norm_bytes_per_sample": 0.0,
+                 "aggregation_bytes_per_sample": 0.0, "aggregation_bytes_fixed": 0.0,
+                 "aggregation_launches": 0.0} for p in OP_PHASES}
         for r in self.records:
             d = s[r.phase]
             d["launches"] += r.launches
@@ -292,6 +356,10 @@ class OpProfile:
             elif r.kind == "attention":
                 d["attention_macs_per_sample"] += r.macs_per_sample
                 d["attention_bytes_per_sample"] += r.read_per_sample + r.write_per_sample
+            elif r.kind == "aggregation":
+                d["aggregation_bytes_per_sample"] += r.read_per_sample + r.write_per_sample
+                d["aggregation_bytes_fixed"] += r.read_fixed + r.write_fixed
+                d["aggregation_launches"] += r.launches
         return s
 
     def totals(self) -> dict[str, float]:
@@ -299,20 +367,130 @@ class OpProfile:
         return {k: sum(s[p][k] for p in OP_PHASES) for k in ("bytes_per_sample", "bytes_fixed", "launches")}
 
 
+# ------------------------------------------------------------------------------------------------ graph models
+
+# nodes + edges up to which a graph model whose counts are not affine in its sizes is run at its own size
+GRAPH_DIRECT_LIMIT = 200_000
+# The four small sizes of the exact affine extrapolation: (n0, e0), (2 n0, e0), (n0, 2 e0), and (3 n0, 3 e0) to check
+# (off the other three's rectangle, so that a count quadratic in N or in E, or growing with N x E, fails the check).
+FIT_NODES, FIT_EDGES = 48, 192
+FIT_SIZES = ((FIT_NODES, FIT_EDGES), (2 * FIT_NODES, FIT_EDGES), (FIT_NODES, 2 * FIT_EDGES),
+             (3 * FIT_NODES, 3 * FIT_EDGES))
+
+
+class NotAffine(Exception):
+    """A count of a graph model's step that is not a·N + b·E + c0 in its graph's sizes (``what``: which)."""
+
+    def __init__(self, what: str):
+        super().__init__(what)
+        self.what = what
+
+
+def not_affine_error(name: str, what: str, nodes: int, edges: int) -> InputError:
+    return InputError(f"{name}: {what} does not grow as one per-node and per-edge rule with the graph's size, so a "
+                      f"{nodes:,}-node, {edges:,}-edge step cannot be counted from small graphs, and a real step "
+                      f"is run only up to {GRAPH_DIRECT_LIMIT:,} nodes + edges")
+
+
+def is_message_passing(module: nn.Module) -> bool:
+    """A torch_geometric ``MessagePassing`` layer (duck-typed: its propagate hooks), without importing PyG."""
+    return callable(getattr(module, "register_propagate_forward_hook", None)) and \
+        callable(getattr(module, "propagate", None))
+
+
+def is_graph_model(model: nn.Module) -> bool:
+    """Whether ``model`` holds a message-passing layer: its sample is a whole graph."""
+    return any(is_message_passing(m) for m in model.modules())
+
+
+def bound_edges(model: nn.Module) -> int | None:
+    """E of the graph bound to a graph model (``cptsim.models.graph.bind_graph``: its ``edge_index`` buffer
+    [2, E]), else the model's ``cptsim_default_edges``, else None."""
+    ei = getattr(model, "_buffers", {}).get("edge_index")
+    if isinstance(ei, torch.Tensor) and ei.dim() == 2 and ei.shape[0] == 2:
+        return int(ei.shape[1])
+    e = getattr(model, "cptsim_default_edges", None)
+    return int(e) if isinstance(e, int) and not isinstance(e, bool) and e >= 0 else None
+
+
+def affine_extrapolate(c, nodes: int, edges: int) -> tuple[Fraction, Fraction] | None:
+    """(a·N + b·E, c0) for counts ``c`` at the four ``FIT_SIZES``, c = a·n + b·e + c0 (exact
+    rationals, from the first three); None when the fourth count, at (3 n0, 3 e0), is not their prediction."""
+    n0, e0 = FIT_NODES, FIT_EDGES
+    c0, cn, ce, check = (Fraction(v) for v in c)
+    a, b = (cn - c0) / n0, (ce - c0) / e0
+    const = c0 - a * n0 - b * e0
+    if check != a * 3 * n0 + b * 3 * e0 + const:
+        return None
+    return a * nodes + b * edges, const
+
+
+def _random_graph(nodes: int, edges: int, device) -> torch.Tensor:
+    """A seeded random ``edge_index`` [2, E] without self-loops (``cptsim.models.graph.random_graph``; where that
+    module is absent, the same kind of structure drawn here: the counts depend only on N and E)."""
+    edges = min(edges, nodes * (nodes - 1))
+    try:
+        from cptsim.models.graph import random_graph
+    except ImportError:
+        gen = torch.Generator().manual_seed(0)
+        src = torch.randint(nodes, (edges,), generator=gen)
+        dst = (src + torch.randint(1, max(nodes, 2), (edges,), generator=gen)) % nodes
+        return torch.stack([src, dst]).to(device)
+    return random_graph(nodes, edges).to(device)
+
+
+def _tag_aggregations(work: nn.Module, counter: "OpCounter") -> list:
+    """Propagate hooks on ``work``'s message-passing layers that make ``counter`` file the ops of each aggregation,
+    forward and backward, under kind ``aggregation``: the forward between propagate's entry and exit, the backward
+    in every autograd node the call created (from its output back to its inputs' nodes), entered and left by node
+    hooks. Returns the hook handles."""
+    def enter(*_):
+        counter.agg_depth += 1
+
+    def leave(*_):
+        counter.agg_depth -= 1
+
+    def post(module, inputs, out):
+        counter.agg_depth -= 1
+        if not isinstance(out, torch.Tensor) or out.grad_fn is None:
+            return None
+        stop = {t.grad_fn for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None}
+        seen, todo = set(), [out.grad_fn]
+        while todo:
+            node = todo.pop()
+            if node is None or node in stop or node in seen or type(node).__name__ == "AccumulateGrad":
+                continue
+            seen.add(node)
+            node.register_prehook(enter)
+            node.register_hook(leave)
+            todo.extend(nxt for nxt, _ in node.next_functions)
+        return None
+
+    handles = []
+    for m in work.modules():
+        if is_message_passing(m):
+            handles.append(m.register_propagate_forward_pre_hook(enter))
+            handles.append(m.register_propagate_forward_hook(post))
+    return handles
+
+
 # ------------------------------------------------------------------------------------------------ one step
 
 
-def _one_step(model: nn.Module, x: torch.Tensor) -> OpCounter:
+def _one_step(model: nn.Module, x: torch.Tensor, edge_index: torch.Tensor | None = None,
+              optimizer: str = "sgd") -> OpCounter:
     work = copy.deepcopy(model)
     work.train()
     params = [p for p in work.parameters() if p.requires_grad]
-    opt = training_optimizer(params, lr=0.01, momentum=0.9, weight_decay=5e-4) if params else None
+    opt = training_optimizer(params, lr=0.01, momentum=0.9, weight_decay=5e-4, name=optimizer) if params else None
     # One step first so the momentum buffers exist: the counted step is a steady-state one.
     counter = OpCounter()
+    _tag_aggregations(work, counter)
     for counted in (False, True):
+        counter.agg_depth = 0
         with counter if counted else contextlib.nullcontext():
             with counter.phase("fwd"):
-                out = work(x)
+                out = work(x) if edge_index is None else work(x, edge_index)
                 labels = torch.randint(out.shape[1], (out.shape[0], *out.shape[2:]), device=out.device)
                 loss = nn.functional.cross_entropy(out.float(), labels)
             if loss.requires_grad:
@@ -325,26 +503,89 @@ def _one_step(model: nn.Module, x: torch.Tensor) -> OpCounter:
     return counter
 
 
-def count_step_ops(model: nn.Module, x: torch.Tensor) -> OpProfile:
-    """Count every op of a training step (forward, cross-entropy, backward, SGD step) on copies of ``model``,
-    at the batch of ``x`` (b) and at 2b, and split each op's bytes into per-sample and fixed parts."""
-    b = int(x.shape[0])
-    c1 = _one_step(model, x)
-    c2 = _one_step(model, torch.cat([x, x]))
+def _records(c1: OpCounter, c2: OpCounter, b: int) -> list[OpRecord]:
+    """Records from counts at batch b (c1) and 2b (c2): each op's bytes split into per-sample and fixed parts."""
     recs = []
-    for key in sorted(set(c1.acc) | set(c2.acc), key=lambda k: (OP_PHASES.index(k[1]), k[0])):
+    for key in sorted(set(c1.acc) | set(c2.acc), key=lambda k: (OP_PHASES.index(k[1]), k[0], k[2])):
         a1, a2 = c1.acc.get(key, _Acc()), c2.acc.get(key, _Acc())
         split = []
         for v1, v2 in ((a1.read, a2.read), (a1.write, a2.write)):
             per = max(0.0, (v2 - v1) / b)
             split += [per, max(0.0, v1 - b * per)]
-        kind = c1.kinds.get(key[0]) or c2.kinds[key[0]]
-        recs.append(OpRecord(op=key[0], phase=key[1], kind=kind, calls=a1.calls or a2.calls,
+        recs.append(OpRecord(op=key[0], phase=key[1], kind=key[2], calls=a1.calls or a2.calls,
                              launches=a1.launches or a2.launches, read_per_sample=split[0], read_fixed=split[1],
                              write_per_sample=split[2], write_fixed=split[3],
                              macs_per_sample=max(0.0, (a2.macs - a1.macs) / b)))
-    bits = 32
+    return recs
+
+
+def _bits(model: nn.Module) -> int:
     p = next(model.parameters(), None)
-    if p is not None and p.is_floating_point():
-        bits = p.element_size() * 8
-    return OpProfile(records=recs, batch_sizes=[b, 2 * b], element_bits=bits)
+    return p.element_size() * 8 if p is not None and p.is_floating_point() else 32
+
+
+def count_step_ops(model: nn.Module, x: torch.Tensor, optimizer: str = "sgd") -> OpProfile:
+    """Count every op of a training step (forward, cross-entropy, backward, the optimizer's step) on copies of
+    ``model``, at the batch of ``x`` (b) and at 2b, and split each op's bytes into per-sample and fixed parts.
+
+    A graph model (``is_graph_model``) is counted by ``count_graph_step_ops`` at its graph's sizes: N and F from
+    ``x`` ([B, N, F] or [N, F]), E from the bound graph (``bound_edges``; else 4 per node)."""
+    if is_graph_model(model):
+        nodes, features = int(x.shape[-2]), int(x.shape[-1])
+        edges = bound_edges(model)
+        return count_graph_step_ops(model, features, nodes, 4 * nodes if edges is None else edges, optimizer,
+                                    device=x.device)
+    b = int(x.shape[0])
+    c1 = _one_step(model, x, optimizer=optimizer)
+    c2 = _one_step(model, torch.cat([x, x]), optimizer=optimizer)
+    return OpProfile(records=_records(c1, c2, b), batch_sizes=[b, 2 * b], element_bits=_bits(model),
+                     optimizer=optimizer_label(optimizer))
+
+
+def count_graph_step_ops(model: nn.Module, features: int, nodes: int, edges: int, optimizer: str = "sgd",
+                         device=None, direct: bool | None = None) -> OpProfile:
+    """The op list of a graph model's training step on a graph of ``nodes`` nodes of ``features`` features and
+    ``edges`` directed edges (one sample: the whole graph), the model called as ``model(x, edge_index)`` on seeded
+    random structures (module docstring). ``direct``: None = extrapolated from ``FIT_SIZES``, or run at (N, E) and
+    (2N, 2E) when the counts are not affine and the graph has at most ``GRAPH_DIRECT_LIMIT`` nodes + edges (else an
+    InputError); True = run at (N, E) and (2N, 2E); False = extrapolated or an InputError."""
+    if device is None:
+        p = next(model.parameters(), None)
+        device = p.device if p is not None else torch.device("cpu")
+    bits, label = _bits(model), optimizer_label(optimizer)
+    if direct is not True:
+        try:
+            return OpProfile(records=_fitted_records(model, features, nodes, edges, optimizer, device),
+                             batch_sizes=[1], element_bits=bits, optimizer=label)
+        except NotAffine as e:
+            if direct is False or nodes + edges > GRAPH_DIRECT_LIMIT:
+                raise not_affine_error(type(model).__name__, e.what, nodes, edges) from None
+    c1, c2 = (_graph_step(model, features, n, e, optimizer, device) for n, e in ((nodes, edges),
+                                                                                   (2 * nodes, 2 * edges)))
+    return OpProfile(records=_records(c1, c2, 1), batch_sizes=[1, 2], element_bits=bits, optimizer=label)
+
+
+def _graph_step(model, features, n, e, optimizer, device) -> OpCounter:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n, features, generator=gen).to(device)
+    return _one_step(model, x, _random_graph(n, e, device), optimizer)
+
+
+def _fitted_records(model, features, nodes, edges, optimizer, device) -> list[OpRecord]:
+    counts = [_graph_step(model, features, n, e, optimizer, device) for n, e in FIT_SIZES]
+    recs = []
+    keys = sorted(set().union(*(c.acc for c in counts)), key=lambda k: (OP_PHASES.index(k[1]), k[0], k[2]))
+    for key in keys:
+        accs = [c.acc.get(key, _Acc()) for c in counts]
+        if len({(a.calls, a.launches) for a in accs}) != 1:
+            raise NotAffine(f"the number of its {key[0]} calls ({key[1]})")
+        parts = []
+        for field in ("read", "write", "macs"):
+            fit = affine_extrapolate([getattr(a, field) for a in accs], nodes, edges)
+            if fit is None:
+                raise NotAffine(f"the bytes of its {key[0]} ({key[1]})")
+            parts.append((max(0.0, float(fit[0])), max(0.0, float(fit[1]))))
+        recs.append(OpRecord(op=key[0], phase=key[1], kind=key[2], calls=accs[0].calls, launches=accs[0].launches,
+                             read_per_sample=parts[0][0], read_fixed=parts[0][1], write_per_sample=parts[1][0],
+                             write_fixed=parts[1][1], macs_per_sample=parts[2][0]))
+    return recs

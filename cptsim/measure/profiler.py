@@ -17,11 +17,19 @@ error with the same weights, wgrad the correlation of input and error), so one n
 phases. The hooks only read shapes and do integer arithmetic: no tensor ops, no ``.item()``, no syncs.
 Activation checkpointing re-runs forwards during backward; those re-runs are counted as executed forwards
 (and would count their backward again), which is the one case where hooks and reality part.
+
+Graph models (torch_geometric): each ``MessagePassing`` layer's sparse aggregation -- gather the neighbours'
+features, weight them per edge, scatter-sum them into each node -- is its own weightless entry of type
+``Aggregation`` named ``<conv>.aggregate``, counted by a hook on ``propagate`` (``aggregation_macs`` gives the rule;
+any user's MessagePassing layer is counted, nothing is matched by class name). PyG's own ``Linear`` (inside GCNConv,
+SAGEConv, GATConv) is counted as a ``Linear``. A graph model's sample is its whole graph (``profile_model``).
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -31,6 +39,7 @@ import torch.nn as nn
 
 from cptsim.errors import InputError
 from cptsim.numerics.lm_layers import Matmul, matmul_macs
+from .opcount import GRAPH_DIRECT_LIMIT, is_graph_model, is_message_passing
 
 __all__ = [
     "PHASES",
@@ -47,6 +56,14 @@ __all__ = [
     "ProfileArrays",
     "MacCounter",
     "profile_model",
+    "profile_named_model",
+    "AGGREGATION",
+    "aggregation_macs",
+    "aggregation_quantized",
+    "is_message_passing",
+    "is_graph_model",
+    "propagated_edges",
+    "GRAPH_DIRECT_LIMIT",
 ]
 
 PHASES = ("fwd", "dgrad", "wgrad")
@@ -67,6 +84,8 @@ READABLE_FORMATS = ("cptsim.profile/1", PROFILE_FORMAT)
 # Layer types whose GEMMs are matrix multiplies (cuBLAS on a GPU; torch.backends.cuda.matmul.allow_tf32 governs
 # their FP32 precision), as opposed to convolutions (cuDNN; torch.backends.cudnn.allow_tf32).
 MATMUL_TYPES = frozenset({"Linear", "Matmul"})
+# The layer type of a message-passing layer's sparse aggregation (a weightless entry, ``aggregation_macs``).
+AGGREGATION = "Aggregation"
 
 
 # ------------------------------------------------------------------------------------------------ counting functions
@@ -110,10 +129,136 @@ def counter_for(cls: type) -> tuple[type, Callable] | None:
     return None
 
 
+def pyg_linear_macs(module: nn.Module, input: torch.Tensor, output: torch.Tensor) -> int:
+    """torch_geometric's own ``Linear`` (GCNConv's, SAGEConv's, GATConv's dense transform): output elements x
+    in_channels, read from its weight [out, in] (its ``in_channels`` may be -1, a lazy layer)."""
+    return output.numel() * int(module.weight.shape[-1])
+
+
+def _register_pyg_linear() -> None:
+    """Count torch_geometric's ``Linear`` (not an ``nn.Linear`` subclass) once torch_geometric has been imported by
+    whoever built the model; never imports it (cptsim works without it)."""
+    if "torch_geometric" not in sys.modules:
+        return
+    try:
+        from torch_geometric.nn.dense.linear import Linear as PygLinear
+    except ImportError:  # pragma: no cover - a torch_geometric without the module
+        return
+    COUNTERS.setdefault(PygLinear, pyg_linear_macs)
+
+
+def _is_pyg_linear(module: nn.Module) -> bool:
+    """torch_geometric's Linear or a subclass (cptsim's quantized QPygLinear), without importing PyG."""
+    return any(c.__name__ == "Linear" and c.__module__.startswith("torch_geometric.") for c in type(module).__mro__)
+
+
 def _is_quantized(module: nn.Module) -> bool:
     from cptsim.numerics.layers import QUANTIZED_TYPES
 
     return isinstance(module, QUANTIZED_TYPES)
+
+
+# ------------------------------------------------------------------------------------------------ graph aggregation
+
+# The arguments PyG fills in itself (MessagePassing.special_args): neither node nor edge data.
+_PYG_SPECIAL = frozenset({"edge_index", "adj_t", "edge_index_i", "edge_index_j", "size", "size_i", "size_j", "ptr",
+                          "index", "dim_size"})
+
+
+def aggregation_quantized(module: nn.Module) -> bool:
+    """Whether a MessagePassing layer's aggregation runs quantized (``quantize_model(..., quant_agg=True)`` marks
+    it with ``cptsim_quant_agg = True``); full precision otherwise, as in cpt_gnn."""
+    return bool(getattr(module, "cptsim_quant_agg", False))
+
+
+def propagated_edges(edge_index: Any) -> int:
+    """nnz of the propagation matrix a ``propagate`` call runs over: the edges of an ``edge_index`` [2, E] (self
+    loops a layer added included), or the stored entries of a sparse adjacency (torch.sparse, torch_sparse)."""
+    if isinstance(edge_index, torch.Tensor):
+        if edge_index.layout != torch.strided:
+            return int(edge_index._nnz())
+        return int(edge_index.shape[-1]) if edge_index.dim() else 0
+    nnz = getattr(edge_index, "nnz", None)  # torch_sparse.SparseTensor
+    return int(nnz()) if callable(nnz) else 0
+
+
+def _message_args(module: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(node-level, edge-level) keyword names of a layer's ``message``: ``x_j`` / ``x_i`` are node features lifted
+    to the edges (the propagated features: kwarg ``x``), the others (``edge_weight``, GAT's ``alpha``) the per-edge
+    values of the propagation matrix."""
+    try:
+        params = list(inspect.signature(module.message).parameters)
+    except (TypeError, ValueError):  # pragma: no cover - a message without a signature
+        return ("x",), ()
+    node, edge = [], []
+    for p in params:
+        if p in _PYG_SPECIAL:
+            continue
+        if p.endswith(("_i", "_j")):
+            if p[:-2] not in node:
+                node.append(p[:-2])
+        else:
+            edge.append(p)
+    return tuple(node), tuple(edge)
+
+
+def _tensors(v: Any) -> list[torch.Tensor]:
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (tuple, list)):
+        return [t for t in v if isinstance(t, torch.Tensor)]
+    return []
+
+
+def aggregation_macs(module: nn.Module, edge_index: Any, kwargs: dict, output: torch.Tensor,
+                     node_args: tuple[str, ...], edge_args: tuple[str, ...], grad: bool) -> dict[str, int]:
+    """The MACs and sizes of one ``propagate`` call: the aggregation out = A·X of a sparse propagation matrix A
+    (nnz entries: the call's edges, self loops included) and the propagated features X (``width`` per node).
+
+    * forward = nnz x width: each edge's message (x_j, times the edge's value where A has values -- GCN's
+      normalisation, GAT's attention coefficient alpha -- per feature) summed into its destination; SAGE's mean
+      is the same sum (its division by the degree is an elementwise op, in the op list, not a MAC);
+    * dgrad = nnz x width, when the propagated features need a gradient: the error flows back through Aᵀ (gather
+      the destinations' error rows, weight, scatter-sum into the sources); 0 otherwise (a first SAGE layer
+      aggregates the raw features: autograd runs no backward there);
+    * wgrad = nnz x width when A's values need a gradient -- GAT's attention coefficients: d alpha[e, h] =
+      sum over c of error[dst(e), h, c] x x_j[e, h, c], one MAC per edge, head and channel (heads x channels =
+      width); 0 for GCN and SAGE, whose A is fixed.
+
+    GATConv in full (``torch_geometric.nn.conv.gat_conv``): its aggregation is this entry with width = heads x
+    out_channels: fwd = dgrad = wgrad = nnz x H x C. What computes alpha is not in it: the node-level logits
+    (x_src·att_src and x_dst·att_dst, 2 x N x H x C multiply-adds forward, as an elementwise product and a sum),
+    the per-edge sum alpha_src[j] + alpha_dst[i], leaky ReLU, the softmax over each node's in-edges and dropout
+    (all O(nnz x H)) run as elementwise and reduction kernels: the step's op list (``cptsim.measure.opcount``)
+    holds them with their bytes, and no layer's MACs do, as for a softmax or a norm anywhere else.
+
+    ``torch.utils.flop_counter.FlopCounterMode`` sees none of this over an ``edge_index`` (PyG's default): the
+    aggregation runs index_select, mul, scatter_add_ / index_add and gather, none of which has a FLOP formula
+    there, so it counts the dense transforms exactly and the sparse work as 0. Over a torch.sparse adjacency it
+    misses the forward SpMM too and counts the backward's Aᵀ·error as a dense aten.mm of N x N x width MACs, not
+    nnz x width (tests/test_graph_counting.py). fvcore, which cpt_gnn's cost used, is likewise blind to it.
+
+    Returns {"fwd", "dgrad", "wgrad", "edges", "input", "output", "operand"}: input = elements of the
+    propagated source features, output = of the result, operand = the per-edge values (nnz per value, x heads).
+    ``grad``: whether autograd records this call (grad mode on).
+    """
+    nnz = propagated_edges(edge_index)
+    nd = getattr(module, "node_dim", -2)
+    if output.dim():
+        rows = int(output.shape[nd if -output.dim() <= nd < output.dim() else 0])
+    else:
+        rows = 1
+    width = output.numel() // max(rows, 1)
+    n = nnz * width
+    node = [t for a in node_args for t in _tensors(kwargs.get(a))]
+    src = node[0] if node else None
+    edge = [t for a in edge_args for t in _tensors(kwargs.get(a)) if t.dim() and int(t.shape[0]) == nnz]
+    sparse_values = isinstance(edge_index, torch.Tensor) and edge_index.layout != torch.strided
+    operand = sum(t.numel() for t in edge) + (nnz if sparse_values else 0)
+    needs_d = grad and any(t.requires_grad for t in node)
+    needs_w = grad and (any(t.requires_grad for t in edge) or (sparse_values and edge_index.requires_grad))
+    return {"fwd": n, "dgrad": n if needs_d else 0, "wgrad": n if needs_w else 0, "edges": nnz,
+            "input": src.numel() if src is not None else 0, "output": output.numel(), "operand": operand}
 
 
 # ------------------------------------------------------------------------------------------------ records
@@ -123,7 +268,10 @@ def _is_quantized(module: nn.Module) -> bool:
 class LayerRecord:
     """One counted layer. ``macs`` are per sample and per phase; ``numel``: weight total, input/output per sample
     (summed over the layer's calls in a step); ``calls`` per step; ``operand``: elements per sample of a weightless
-    layer's second operand (attention's ``Matmul(a, b)``: K or V), summed over calls, 0 for layers with a weight."""
+    layer's second operand (attention's ``Matmul(a, b)``: K or V; an ``Aggregation``'s per-edge values: GCN's
+    normalisation, GAT's attention coefficients), summed over calls, 0 for layers with a weight; ``edges``: an
+    ``Aggregation``'s nnz per sample (the edges its propagate calls ran over, self loops included), summed over
+    calls, 0 for every other layer."""
 
     name: str
     type: str
@@ -133,6 +281,7 @@ class LayerRecord:
     calls: int = 1
     gemm: dict | None = None  # the forward GEMM's shape (``gemm_shape``); None where the layer type has none
     operand: int = 0
+    edges: int = 0
 
     def to_json(self) -> dict:
         d = {"name": self.name, "type": self.type, "quantized": self.quantized,
@@ -142,6 +291,8 @@ class LayerRecord:
             d["gemm"] = {k: int(self.gemm[k]) for k in GEMM_KEYS}
         if self.operand:
             d["operand"] = int(self.operand)
+        if self.edges:
+            d["edges"] = int(self.edges)
         return d
 
 
@@ -164,6 +315,8 @@ class ProfileArrays:
     matmul: Any = None  # (L,) bool: the layer's GEMMs are matmuls (MATMUL_TYPES), not convolutions; None: unknown
     channels_last: bool = False  # the step's memory format: NHWC (channels_last) or PyTorch's default NCHW
     operand: np.ndarray | None = None  # (L,) float64: second-operand elements per sample (LayerRecord.operand)
+    edges: np.ndarray | None = None  # (L,) float64: an aggregation's nnz per sample (LayerRecord.edges), 0 elsewhere
+    aggregation: np.ndarray | None = None  # (L,) bool: a graph layer's sparse aggregation (type AGGREGATION)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -197,6 +350,9 @@ def gemm_shape(module: nn.Module, x: torch.Tensor, output: torch.Tensor) -> tupl
         return g, module.out_channels // g, module.in_channels // g * kk, output.numel() // module.out_channels, 0
     if isinstance(module, nn.Linear):
         return 1, module.out_features, module.in_features, output.numel() // module.out_features, 0
+    if _is_pyg_linear(module):
+        n, k = (int(d) for d in module.weight.shape)
+        return 1, n, k, output.numel() // max(n, 1), 0
     if isinstance(module, Matmul) and output.dim() >= 2:
         n = int(output.shape[-1])
         return 1, n, int(x.shape[-1]), output.numel() // max(n, 1), int(output.shape[-2])
@@ -262,6 +418,7 @@ class LayerProfile:
                 calls=_count(r.get("calls", 1), f"{where}.calls"),
                 gemm=_gemm_record(r.get("gemm"), where),
                 operand=_count(r.get("operand", 0), f"{where}.operand"),
+                edges=_count(r.get("edges", 0), f"{where}.edges"),
             ))
         model = d["model"]
         if not isinstance(model, str):
@@ -291,6 +448,8 @@ class LayerProfile:
                 mix.add("conv" if groups == 1 else "depthwise" if is_depthwise_gemm(groups, g.get("n")) else "grouped")
             elif r.type == "Matmul":
                 mix.add("attention")
+            elif r.type == AGGREGATION:
+                mix.add("graph")
             elif r.type == "Linear":
                 lin += r.macs["fwd"]
             if r.name.endswith(".hh"):  # a recurrent layer's hidden-to-hidden GEMM (cptsim.numerics.lm_layers)
@@ -319,17 +478,21 @@ class LayerProfile:
             is_conv=np.array([r.type == "Conv2d" for r in self.layers], dtype=bool),
             channels_last=bool(self.channels_last),
             operand=np.array([r.operand for r in self.layers], dtype=np.float64),
+            edges=np.array([r.edges for r in self.layers], dtype=np.float64),
+            aggregation=np.array([r.type == AGGREGATION for r in self.layers], dtype=bool),
         )
 
 
 # ------------------------------------------------------------------------------------------------ the counter
 
 # Accumulator slots of one layer (a plain list: the hook's integer adds are the whole per-step cost).
-_FWD, _DGRAD, _WGRAD, _CALLS, _IN, _OUT, _ROWS, _OPND = range(8)
+_FWD, _DGRAD, _WGRAD, _CALLS, _IN, _OUT, _ROWS, _OPND, _EDGES = range(9)
+_ZERO = (0,) * 9
 
 
 class MacCounter:
-    """Attach to a model (forward hooks on every layer type in COUNTERS); counts what each training step executes.
+    """Attach to a model (forward hooks on every layer type in COUNTERS, propagate hooks on every torch_geometric
+    MessagePassing layer); counts what each training step executes.
 
     ``reset()`` at the start of a step, run the step, read ``step_macs()`` (batch included) or
     ``layer_profile(batch, shape)`` (per sample). Set ``enabled = False`` around work that must not count
@@ -344,20 +507,61 @@ class MacCounter:
         self._types: list[str] = []
         self._acc: list[list[int]] = []
         self._shapes: list[dict] = []  # per layer: the forward GEMM's (groups, n, k, rows_per_gemm), first call
+        self._agg: list[bool] = []  # per layer: an aggregation entry (its module is the MessagePassing layer)
         self._handles: list = []
+        _register_pyg_linear()
+        pending: list[tuple[str, nn.Module]] = []  # aggregations, listed after their layer's own sublayers
         for name, module in model.named_modules():
+            while pending and pending[-1][0] and not name.startswith(pending[-1][0] + "."):
+                self._add_aggregation(*pending.pop())
+            if is_message_passing(module):
+                pending.append((name, module))
             found = counter_for(type(module))
             if found is None:
                 continue
             base, fn = found
-            acc = [0, 0, 0, 0, 0, 0, 0, 0]
+            acc = list(_ZERO)
             shape: dict = {}
             self._modules.append(module)
             self._names.append(name or type(module).__name__)
             self._types.append(base.__name__)
             self._acc.append(acc)
             self._shapes.append(shape)
+            self._agg.append(False)
             self._handles.append(module.register_forward_hook(self._hook(module, fn, acc, shape), with_kwargs=True))
+        while pending:
+            self._add_aggregation(*pending.pop())
+
+    def _add_aggregation(self, name: str, module: nn.Module) -> None:
+        acc = list(_ZERO)
+        self._modules.append(module)
+        self._names.append(f"{name}.aggregate" if name else "aggregate")
+        self._types.append(AGGREGATION)
+        self._acc.append(acc)
+        self._shapes.append({"none": True})
+        self._agg.append(True)
+        self._handles.append(module.register_propagate_forward_hook(self._propagate_hook(module, acc)))
+
+    def _propagate_hook(self, owner: nn.Module, acc: list[int]) -> Callable:
+        node_args, edge_args = _message_args(owner)
+        grad_enabled = torch.is_grad_enabled
+
+        def hook(module, inputs, output):
+            if not self.enabled or module is not owner or not isinstance(output, torch.Tensor):
+                return None
+            edge_index, _size, kwargs = inputs
+            c = aggregation_macs(module, edge_index, kwargs, output, node_args, edge_args, grad_enabled())
+            acc[_FWD] += c["fwd"]
+            acc[_DGRAD] += c["dgrad"]
+            acc[_WGRAD] += c["wgrad"]
+            acc[_CALLS] += 1
+            acc[_IN] += c["input"]
+            acc[_OUT] += c["output"]
+            acc[_OPND] += c["operand"]
+            acc[_EDGES] += c["edges"]
+            return None
+
+        return hook
 
     def _hook(self, owner: nn.Module, fn: Callable, acc: list[int], shape: dict) -> Callable:
         grad_enabled = torch.is_grad_enabled
@@ -392,12 +596,19 @@ class MacCounter:
 
         return hook
 
+    def _quantized(self, i: int) -> bool:
+        m = self._modules[i]
+        return aggregation_quantized(m) if self._agg[i] else _is_quantized(m)
+
+    def _weight(self, i: int) -> int:
+        return 0 if self._agg[i] else _weight_numel(self._modules[i])
+
     # -- per step
 
     def reset(self) -> None:
         """Start a new step: zero every count."""
         for acc in self._acc:
-            acc[:] = (0, 0, 0, 0, 0, 0, 0, 0)
+            acc[:] = _ZERO
 
     def step_macs(self) -> dict[str, int]:
         """MACs of everything counted since ``reset``, per phase, batch included."""
@@ -406,15 +617,18 @@ class MacCounter:
     def step_arrays(self) -> ProfileArrays:
         """The counted step as ProfileArrays with the batch included (macs and input/output numel are totals), so
         ``cost.step_cost(counter.step_arrays(), q, g, batch=1)`` costs exactly what was measured."""
+        idx = range(len(self._acc))
         return ProfileArrays(
             names=list(self._names),
             macs=np.array([acc[:3] for acc in self._acc], dtype=np.float64).reshape(-1, 3),
-            quantized=np.array([_is_quantized(m) for m in self._modules], dtype=bool),
-            numel=np.array([[_weight_numel(m), acc[_IN], acc[_OUT]] for m, acc in zip(self._modules, self._acc)],
+            quantized=np.array([self._quantized(i) for i in idx], dtype=bool),
+            numel=np.array([[self._weight(i), acc[_IN], acc[_OUT]] for i, acc in zip(idx, self._acc)],
                            dtype=np.float64).reshape(-1, 3),
             calls=np.array([acc[_CALLS] for acc in self._acc], dtype=np.float64),
             matmul=np.array([t in MATMUL_TYPES for t in self._types], dtype=bool),
             operand=np.array([acc[_OPND] for acc in self._acc], dtype=np.float64),
+            edges=np.array([acc[_EDGES] for acc in self._acc], dtype=np.float64),
+            aggregation=np.array(self._agg, dtype=bool),
         )
 
     def layer_profile(self, batch_size: int, input_shape: Iterable[int]) -> LayerProfile:
@@ -427,17 +641,17 @@ class MacCounter:
             return (v + b // 2) // b  # exact for layers that see the batch; rounded otherwise
 
         layers = []
-        for m, name, typ, acc, shape in zip(self._modules, self._names, self._types, self._acc, self._shapes):
+        for i, (name, typ, acc, shape) in enumerate(zip(self._names, self._types, self._acc, self._shapes)):
             gemm = None
             if "n" in shape and acc[_CALLS]:
                 gemm = {"groups": shape["groups"], "n": shape["n"], "k": shape["k"], "rows": per_sample(acc[_ROWS]),
                         "rows_per_gemm": shape["rows_per_gemm"]}
             layers.append(LayerRecord(
-                name=name, type=typ, quantized=_is_quantized(m),
-                macs={p: per_sample(acc[i]) for i, p in enumerate(PHASES)},
-                numel={"weight": _weight_numel(m),
+                name=name, type=typ, quantized=self._quantized(i),
+                macs={p: per_sample(acc[j]) for j, p in enumerate(PHASES)},
+                numel={"weight": self._weight(i),
                        "input": per_sample(acc[_IN]), "output": per_sample(acc[_OUT])},
-                calls=acc[_CALLS], gemm=gemm, operand=per_sample(acc[_OPND]),
+                calls=acc[_CALLS], gemm=gemm, operand=per_sample(acc[_OPND]), edges=per_sample(acc[_EDGES]),
             ))
         return LayerProfile(model=self.model_name, input_shape=[int(s) for s in input_shape], layers=layers)
 
@@ -470,14 +684,22 @@ def _random_batch(shape: Any, batch_size: int, device: torch.device) -> torch.Te
 
 
 def profile_model(model: nn.Module, example_batch_or_input_shape: Any, batch_size: int = 2,
-                  model_name: str = "") -> LayerProfile:
+                  model_name: str = "", optimizer: str = "sgd", graph_edges: int | None = None) -> LayerProfile:
     """Per-sample MACs of one real training step: forward, cross-entropy on random labels, backward (no optimizer).
 
     Runs on a deepcopy of ``model`` in training mode, inside ``torch.random.fork_rng``, so the caller's weights,
     BatchNorm statistics, activation ranges, precision state and RNG streams are all untouched. Give an example
     batch (a tensor, first dim = batch) or a per-sample input shape ((C, H, W), (T, F)) for a random batch of
     ``batch_size``. The layers' ``requires_grad`` flags are kept, so frozen layers profile with wgrad 0.
+    ``optimizer``: the one whose update the step's op list counts (``cptsim.measure.opcount.training_optimizer``).
+
+    A graph model (one holding a torch_geometric MessagePassing layer) has one sample = its whole graph: its input
+    shape is (N, F) (or an example [1, N, F] / [N, F]), its graph has ``graph_edges`` directed edges (default: the
+    bound graph's, else the model's ``cptsim_default_edges``, else 4 per node), ``batch_size`` does not apply, and
+    the profile is of one graph (``_profile_graph``).
     """
+    if is_graph_model(model):
+        return _profile_graph(model, example_batch_or_input_shape, model_name, optimizer, graph_edges)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
     work = copy.deepcopy(model)
@@ -499,43 +721,170 @@ def profile_model(model: nn.Module, example_batch_or_input_shape: Any, batch_siz
         shape = list(x.shape[1:])
         counter = MacCounter(work, model_name)
         try:
-            try:
-                out = work(x)
-            except RuntimeError as e:
-                # Nearly always a model that cannot take this input shape: the user's shape or model choice.
-                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise InputError(f"{model_name or type(model).__name__}: a training step on input shape "
-                                 f"{tuple(shape)} failed: {reason}") from None
+            out = _forward(work, (x,), model_name or type(model).__name__, shape)
             if not isinstance(out, torch.Tensor) or out.dim() < 2 or out.shape[0] != batch_size:
                 raise InputError(f"model output must be logits (batch, classes, ...), got "
                                  f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
-            # Class dim 1, as F.cross_entropy expects; labels sized from the output.
-            labels = torch.randint(out.shape[1], (out.shape[0], *out.shape[2:]), device=device)
-            loss = nn.functional.cross_entropy(out.float(), labels)
-            if loss.requires_grad:
-                loss.backward()
+            _loss_backward(out)
             prof = counter.layer_profile(batch_size, shape)
         finally:
             counter.close()
         from .opcount import count_step_ops
 
-        prof.ops = count_step_ops(model, x)  # the step's other ops, on fresh copies (the MACs above are untouched)
+        # the step's other ops, on fresh copies (the MACs above are untouched)
+        prof.ops = count_step_ops(model, x, optimizer=optimizer)
         return prof
 
 
+def _forward(work: nn.Module, args: tuple, name: str, shape) -> Any:
+    try:
+        return work(*args)
+    except RuntimeError as e:
+        # Nearly always a model that cannot take this input shape: the user's shape or model choice.
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"{name}: a training step on input shape {tuple(shape)} failed: {reason}") from None
+
+
+def _loss_backward(out: torch.Tensor) -> None:
+    # Class dim 1, as F.cross_entropy expects; labels sized from the output.
+    labels = torch.randint(out.shape[1], (out.shape[0], *out.shape[2:]), device=out.device)
+    loss = nn.functional.cross_entropy(out.float(), labels)
+    if loss.requires_grad:
+        loss.backward()
+
+
+def _graph_shape(example: Any) -> tuple[int, int]:
+    if isinstance(example, torch.Tensor):
+        if example.dim() not in (2, 3) or (example.dim() == 3 and example.shape[0] != 1):
+            raise InputError(f"a graph model's example input is one graph's node features [1, N, F] or [N, F], got "
+                             f"shape {tuple(example.shape)}")
+        dims = [int(d) for d in example.shape[-2:]]
+    else:
+        try:
+            dims = [int(d) for d in example]
+        except (TypeError, ValueError):
+            raise InputError(f"a graph model's input shape is (nodes, features), got {example!r}") from None
+    if len(dims) != 2 or min(dims) < 1:
+        raise InputError(f"a graph model's input shape is (nodes, features), got {tuple(dims)}")
+    return dims[0], dims[1]
+
+
+def _profile_graph(model: nn.Module, example: Any, model_name: str, optimizer: str,
+                   graph_edges: int | None, direct: bool | None = None) -> LayerProfile:
+    """A graph model's per-sample profile: one training step on one graph of N nodes (F features each) and E
+    directed edges, the model called as PyG's ``model(x [N, F], edge_index)`` on seeded random structures with
+    those sizes -- exact, since a step's work depends on the sizes and widths, not on which nodes are joined.
+
+    The step runs on four small graphs and every count is extrapolated as a·N + b·E + c
+    (``opcount.affine_extrapolate``: exact for a node classifier, whose layers do per-node and per-edge work, and
+    checked on the fourth graph), so ogbn-arxiv (169k nodes, 2.3M edges: a real step holds GBs of per-edge
+    messages) profiles in about a second. A model whose counts are not affine is run on a graph of its own size,
+    up to ``GRAPH_DIRECT_LIMIT`` nodes + edges (an InputError above). ``direct``: True runs at the graph's own size
+    in any case, False never (``opcount.count_graph_step_ops``)."""
+    from .opcount import FIT_SIZES, NotAffine, _random_graph, bound_edges, count_graph_step_ops, not_affine_error
+
+    name = model_name or type(model).__name__
+    nodes, features = _graph_shape(example)
+    if graph_edges is None:
+        graph_edges = bound_edges(model)
+        graph_edges = 4 * nodes if graph_edges is None else graph_edges
+    if isinstance(graph_edges, bool) or not isinstance(graph_edges, int) or graph_edges < 0:
+        raise InputError(f"graph_edges must be an integer >= 0, got {graph_edges!r}")
+    if graph_edges > nodes * (nodes - 1):
+        raise InputError(f"a graph of {nodes} nodes has at most {nodes * (nodes - 1)} directed edges without "
+                         f"self-loops, not {graph_edges}")
+    work = copy.deepcopy(model)
+    work.train()
+    param = next(work.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    devices = [device] if device.type == "cuda" else []
+
+    def steps(sizes) -> list[LayerProfile]:
+        profs = []
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            torch.manual_seed(0)
+            counter = MacCounter(work, model_name)
+            try:
+                for n, e in sizes:
+                    counter.reset()
+                    x = torch.randn(n, features, device=device)
+                    try:
+                        out = _forward(work, (x, _random_graph(n, e, device)), name, (n, features))
+                    except TypeError as err:
+                        raise InputError(f"{name}: a graph model is profiled as PyG calls one, model(x [N, F], "
+                                         f"edge_index); that call failed: {err}") from None
+                    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != n:
+                        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+                        raise InputError(f"{name}: a graph model called as model(x [N, F], edge_index) must return "
+                                         f"logits [N, classes], got {got}")
+                    _loss_backward(out)
+                    profs.append(counter.layer_profile(1, (nodes, features)))
+            finally:
+                counter.close()
+        return profs
+
+    prof = None
+    if direct is not True:
+        try:
+            prof = _extrapolate(steps(FIT_SIZES), nodes, graph_edges)
+        except NotAffine as e:
+            if direct is False or nodes + graph_edges > GRAPH_DIRECT_LIMIT:
+                raise not_affine_error(name, e.what, nodes, graph_edges) from None
+    if prof is None:
+        prof = steps([(nodes, graph_edges)])[0]
+    prof.ops = count_graph_step_ops(model, features, nodes, graph_edges, optimizer, device=device, direct=direct)
+    return prof
+
+
+def _extrapolate(profs: list[LayerProfile], nodes: int, edges: int) -> LayerProfile:
+    """The profile at (nodes, edges) from profiles at ``opcount.FIT_SIZES``, field by field (``NotAffine`` when a
+    count is not a·N + b·E + c)."""
+    from .opcount import NotAffine, affine_extrapolate
+
+    def value(vals: list[int], what: str) -> int:
+        got = affine_extrapolate(vals, nodes, edges)
+        if got is None:
+            raise NotAffine(what)
+        return max(0, round(got[0] + got[1]))
+
+    layers = []
+    for recs in zip(*(p.layers for p in profs)):
+        r = recs[0]
+        if len({x.calls for x in recs}) != 1:
+            raise NotAffine(f"the number of calls of layer {r.name}")
+        where = f"layer {r.name}'s"
+        gemm = None
+        if r.gemm is not None:
+            gemm = dict(r.gemm, rows=value([x.gemm["rows"] if x.gemm else 0 for x in recs], f"{where} GEMM rows"))
+        layers.append(LayerRecord(
+            name=r.name, type=r.type, quantized=r.quantized,
+            macs={p: value([x.macs[p] for x in recs], f"{where} {p} MACs") for p in PHASES},
+            numel={"weight": r.numel["weight"],
+                   **{k: value([x.numel[k] for x in recs], f"{where} {k} size") for k in ("input", "output")}},
+            calls=r.calls, gemm=gemm, operand=value([x.operand for x in recs], f"{where} operand"),
+            edges=value([x.edges for x in recs], f"{where} edges"),
+        ))
+    return LayerProfile(model=profs[0].model, input_shape=list(profs[0].input_shape), layers=layers)
+
+
 def profile_named_model(model: str, shape: tuple[int, ...], num_classes: int,
-                        fp_layers: list[str] | None = None) -> "LayerProfile":
+                        fp_layers: list[str] | None = None, graph_edges: int | None = None,
+                        optimizer: str = "sgd", quant_agg: bool = False) -> "LayerProfile":
     """Create a registry model, quantize it as training would, and profile one training step (per-sample MACs).
 
     ``fp_layers``: globs of layers kept at full precision; None = the model's own convention, resolved by the
     registry (``cptsim.models.default_fp_layers``); [] = quantize every layer. The step runs at the fresh
     PrecisionState's 32 bits (no quantizer ops): MACs do not depend on the bits, and the layers are the quantized
-    ones, so each layer's ``quantized`` flag is what training will have."""
+    ones, so each layer's ``quantized`` flag is what training will have. A graph model (input shape (N, F)) is
+    profiled on one graph of ``graph_edges`` directed edges (a dataset's ``DataInfo.graph_edges``; None: the
+    model's default), its aggregations quantized when ``quant_agg``; ``optimizer``: the update the op list
+    counts."""
     from cptsim.models import create_model, default_fp_layers
     from cptsim.numerics.layers import quantize_model, resolve_fp_layers
 
     in_channels = shape[0] if len(shape) == 3 else 1
     torch_model = create_model(model, num_classes=num_classes, in_channels=in_channels, input_shape=shape)
     keep = default_fp_layers(torch_model) if fp_layers is None else resolve_fp_layers(torch_model, fp_layers)
-    quantize_model(torch_model, fp_layers=keep)
-    return profile_model(torch_model, shape, batch_size=2, model_name=model)
+    quantize_model(torch_model, fp_layers=keep, **({"quant_agg": True} if quant_agg else {}))
+    return profile_model(torch_model, shape, batch_size=2, model_name=model, optimizer=optimizer,
+                         graph_edges=graph_edges)

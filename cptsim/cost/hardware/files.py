@@ -187,7 +187,7 @@ def parse_profile(data: bytes, label: str, path: str = "", expect_name: str | No
 
 # What a profile's time model was checked against: the file's [validation] table, which cost, plan and report
 # print beside every time they give (how sure the number is). Errors are |predicted / measured - 1|.
-OP_MIXES = ("conv", "depthwise", "grouped", "attention", "linear", "lstm")
+OP_MIXES = ("conv", "depthwise", "grouped", "attention", "linear", "lstm", "graph")
 _VALIDATION = (
     Field("against", "string", "what the times were checked on (published or measured; which networks)"),
     Field("n", "positive", "how many measurements"),

@@ -6,6 +6,8 @@ the layer profile carries the step's op list, ``cptsim.measure.opcount``) is the
 * the GEMMs, per layer and phase: a roofline of their MACs at the tier's peak x the tier's ``efficiency`` against
   their own DRAM bytes at bandwidth x ``memory_efficiency``; FP32 convolutions on ``fp32_tier`` (TF32 where the GPU
   has it: cuDNN's default), FP32 matmuls on ``fp32_matmul_tier`` (strict FP32: cuBLAS's default in PyTorch);
+* a graph layer's sparse aggregation (gather, weight, scatter-sum): memory-bound, its bytes
+  (``cptsim.cost.model.aggregation_bytes``) at bandwidth x ``memory_efficiency`` (``aggregation_cost``);
 * every other op (batch norm, activations, residual adds, pooling, loss, optimizer update), all memory-bound:
   their bytes at bandwidth x ``memory_efficiency``. Tensors that scale with the batch are stored at the float
   width the step computes in: 32 bits on the FP32/TF32 tier, 16 when the GEMMs run on FP16 (AMP) or an int tier;
@@ -287,6 +289,14 @@ class GPUProfile(HardwareProfile):
                                  self.idle_power_w, norm_factor=norm, conv_norm_factor=conv_norm)
         at = self._attention_time(ops.summary(), ops.element_bits, fwd_bits, bwd_bits, samples)
         return t + at, e + at * self.busy_power_w
+
+    def aggregation_cost(self, bytes_moved) -> tuple[np.ndarray, np.ndarray]:
+        """(time s, energy J) of graph aggregations (``cptsim.cost.model.aggregation_bytes``): gather and scatter
+        kernels, memory-bound whatever their widths -- their bytes at bandwidth x ``memory_efficiency``, the GPU
+        busy throughout; no tier's GEMM rate enters (one MAC per edge and feature is far below any tier's peak per
+        byte moved). Their launches are the op list's (kind ``aggregation``)."""
+        t = np.asarray(bytes_moved, dtype=np.float64) / (self._bandwidth * self._meff)
+        return t, self.busy_power_w * t
 
     def launch_bound(self, ops, gpu_step_s: float) -> dict | None:
         """Whether an eager step of ``ops`` (its launches) is bound by the host's dispatch or by the GPU, given the
