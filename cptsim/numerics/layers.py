@@ -10,6 +10,10 @@ What a quantized layer does at forward bits q and gradient bits g (CPT / SBM):
     backward: the error dL/dy is quantized per tensor with stochastic rounding to g bits *before* the op's
               backward, so both backward GEMMs (dgrad: error x W, wgrad: error x activation) consume it.
 32 bits means the layer runs exactly as the FP32 layer: no quantizer op at all.
+
+PyTorch Geometric's Linear (a graph convolution's dense transform) is swapped as nn.Linear is (``_FOREIGN``:
+known by its class path, PyG is never imported here); a message-passing layer's aggregation is quantized only on
+request (``quantize_model(..., quant_agg=True)``, cptsim.numerics.graph_layers).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch.nn.functional as F
 
 from cptsim.errors import InputError
 from cptsim.numerics import ckernels
+from .graph_layers import AggregationQuantizer, check_has_aggregation, quantize_aggregations, unquantized_parameters
 from .quant import FULL_PRECISION, check_bits, qrange, quantize_activation, quantize_error, quantize_weight
 
 ACT_MOMENTUM = 0.9  # running-range momentum for eval, as in the SBM/CPT code
@@ -144,6 +149,15 @@ class _QuantMixin:
         self.register_buffer("act_lo", torch.zeros((), device=self.weight.device))
         self.register_buffer("act_hi", torch.zeros((), device=self.weight.device))
         self.register_buffer("act_count", torch.zeros((), dtype=torch.long, device=self.weight.device))
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # the running input range is state (a resumed run continues with it), also under a layer whose own
+        # _save_to_state_dict writes its parameters only (PyG's Linear, for its lazy weights)
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name in ("act_lo", "act_hi", "act_count"):
+            buf = self._buffers.get(name)
+            if buf is not None and prefix + name not in destination:
+                destination[prefix + name] = buf if keep_vars else buf.detach()
 
     def _input_range(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # No host read of act_count (an int() here was a host-device synchronisation per layer per step on a GPU):
@@ -287,8 +301,9 @@ class QConv2d(_QuantMixin, nn.Conv2d):
             list(self.dilation), False, [0, 0], self.groups, list(mask))
 
 
-class QLinear(_QuantMixin, nn.Linear):
-    """nn.Linear that runs at the shared precision (see module docstring)."""
+class _QuantLinearMixin(_QuantMixin):
+    """The quantized linear op, ``y = x W^T + b`` over any leading dims, for any class whose weight is (out, in):
+    nn.Linear (QLinear) and PyTorch Geometric's Linear (QPygLinear, made on demand: see _FOREIGN)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._quantized_call(lambda a, w: F.linear(a, w, self.bias), x)
@@ -305,8 +320,20 @@ class QLinear(_QuantMixin, nn.Linear):
         return gx, gw, gb
 
 
+class QLinear(_QuantLinearMixin, nn.Linear):
+    """nn.Linear that runs at the shared precision (see module docstring)."""
+
+
 _SWAP = {nn.Conv2d: QConv2d, nn.Linear: QLinear}
-QUANTIZED_TYPES = (QConv2d, QLinear)
+# Layers of other libraries that compute a swappable layer's op, known by their class path so that cptsim never
+# imports the library: (module, qualname) -> (the quantized op's mixin, the name of the class made from the two).
+# PyTorch Geometric's Linear (GCNConv's, SAGEConv's, GATConv's dense transform) is not an nn.Linear, but computes
+# F.linear(x, weight, bias) with weight (out, in): it runs as QLinear does.
+_FOREIGN = {("torch_geometric.nn.dense.linear", "Linear"): (_QuantLinearMixin, "QPygLinear")}
+# The quantized modules: _QuantMixin covers the classes made on demand (subclasses, QPygLinear), so that a copy of
+# this tuple imported early still recognises them. An AggregationQuantizer is what quantize_model(quant_agg=True)
+# adds to a message-passing layer: a precision and an act_count buffer as every quantized module has.
+QUANTIZED_TYPES = (QConv2d, QLinear, _QuantMixin, AggregationQuantizer)
 
 
 def register_quantized(fp_cls: type, q_cls: type) -> None:
@@ -355,8 +382,9 @@ def _timm_equivalents() -> None:
 
 
 def _swap_base(cls: type) -> type | None:
-    """The nearest class in ``cls``'s MRO that quantize_model swaps (Conv2d, Linear, a registered one), or None."""
-    return next((c for c in cls.__mro__ if c in _SWAP), None)
+    """The nearest class in ``cls``'s MRO that quantize_model swaps (Conv2d, Linear, a registered one, a _FOREIGN
+    one), or None."""
+    return next((c for c in cls.__mro__ if c in _SWAP or (c.__module__, c.__qualname__) in _FOREIGN), None)
 
 
 def _nested_weight_user(model: nn.Module) -> dict[str, str]:
@@ -374,10 +402,15 @@ def _nested_weight_user(model: nn.Module) -> dict[str, str]:
 def _skip_reason(module: nn.Module) -> str | None:
     """Why a Conv2d/Linear (or registered) layer cannot be quantized, or None when it can (or is no such layer)."""
     cls = type(module)
-    if isinstance(module, QUANTIZED_TYPES) or cls in _SWAP:
+    if isinstance(module, QUANTIZED_TYPES):
         return None
     base = _swap_base(cls)
     if base is None:
+        return None
+    if _lazy_weight(module):
+        return (f"{cls.__module__}.{cls.__name__} has a lazily initialised weight (in_channels=-1, not yet "
+                "materialised): run one forward pass before quantize_model, or give its input size")
+    if cls in _SWAP:
         return None
     _timm_equivalents()
     if cls.forward is not base.forward and cls not in _EQUIVALENT:
@@ -391,28 +424,38 @@ def _quantized_class(module: nn.Module) -> type | None:
     cls = type(module)
     if isinstance(module, QUANTIZED_TYPES):
         return None
-    if cls in _SWAP:
-        return _SWAP[cls]
     base = _swap_base(cls)
     if base is None or _skip_reason(module) is not None:
         return None
+    if cls in _SWAP:
+        return _SWAP[cls]
     return _subclass_quantized(cls)
+
+
+def _lazy_weight(module: nn.Module) -> bool:
+    """A weight that does not exist yet (nn.LazyLinear before its first call, PyG's Linear(-1, n))."""
+    return isinstance(module.__dict__.get("_parameters", {}).get("weight"), nn.parameter.UninitializedParameter)
 
 
 def _subclass_quantized(cls: type) -> type:
     """The quantized class made for the subclass ``cls`` (made once): the base's quantized class first in the MRO,
-    then ``cls``. Pickles (and deep-copies) by ``cls``, since the made class has no importable name."""
+    then ``cls``; for another library's layer (_FOREIGN, or a subclass of one) the quantized op's mixin, then
+    ``cls``. Pickles (and deep-copies) by ``cls``, since the made class has no importable name."""
     q = _SUBCLASS_SWAP.get(cls)
     if q is None:
-        q_base = _SWAP[_swap_base(cls)]
-        name = f"Q{cls.__name__}"
+        base = _swap_base(cls)
+        q_base, name, module = _SWAP.get(base), f"Q{cls.__name__}", cls.__module__
+        if q_base is None:
+            q_base, own = _FOREIGN[(base.__module__, base.__qualname__)]
+            if cls is base:
+                name, module = own, __name__
 
         def __reduce_ex__(self, protocol):
             return _rebuild_subclass_quantized, (cls,), self.__getstate__()
 
         body = {"__doc__": f"{cls.__name__} at the shared precision ({q_base.__name__}'s forward; made by "
                            "cptsim.numerics.layers.quantize_model)",
-                "__module__": cls.__module__, "__qualname__": name, "__reduce_ex__": __reduce_ex__}
+                "__module__": module, "__qualname__": name, "__reduce_ex__": __reduce_ex__}
         pre = _EQUIVALENT.get(cls)
         if pre is not None:
             def forward(self, x, _pre=pre, _fwd=q_base.forward):
@@ -447,7 +490,7 @@ def unquantized_layers(model: nn.Module) -> list[dict]:
             continue
         reason = nested.get(name) or _skip_reason(m) or "kept in full precision (--fp-layers, or the model's convention)"
         out.append({"name": name, "type": f"{type(m).__module__}.{type(m).__name__}", "reason": reason})
-    return out
+    return out + unquantized_parameters(model)  # weights a PyG message-passing layer uses outside a Linear
 
 
 # The attribute in which a model declares its own full-precision layers (the model registry sets it on what
@@ -487,12 +530,20 @@ def resolve_fp_layers(model: nn.Module, patterns: list[str] | None) -> list[str]
 
 
 def quantize_model(
-    model: nn.Module, precision: PrecisionState | None = None, fp_layers: list[str] | None = None
+    model: nn.Module, precision: PrecisionState | None = None, fp_layers: list[str] | None = None,
+    quant_agg: bool = False,
 ) -> PrecisionState:
     """Swap every Conv2d/Linear except the full-precision ones for its quantized version, in place.
 
     Subclasses are swapped too when their forward is the parent's (timm's Conv2dSame is not: it pads in its own
-    forward); ``unquantized_layers(model)`` lists the layers left in full precision and why.
+    forward); ``unquantized_layers(model)`` lists the layers left in full precision and why. PyTorch Geometric's
+    ``Linear`` (the dense transform inside GCNConv, SAGEConv, GATConv, ...) is swapped like nn.Linear. A layer whose
+    weight is not materialised yet (lazy, in_channels=-1) is refused: run one forward pass first.
+
+    ``quant_agg``: also quantize every message-passing layer's aggregation (the inputs of its messages at the
+    forward bits, round to nearest; the error flowing back into it at the gradient bits, stochastic rounding),
+    as Wolfe's cpt_gnn ``--quant-agg``; see cptsim.numerics.graph_layers. By default it stays FP32. An InputError
+    when the model has no message-passing layer.
 
     Parameters are kept (the same Parameter objects), so an optimizer built before or after sees the same
     weights. Returns the shared PrecisionState the training loop drives.
@@ -500,6 +551,14 @@ def quantize_model(
     precision = precision or PrecisionState()
     keep = set(resolve_fp_layers(model, fp_layers))
     nested = _nested_weight_user(model)
+    lazy = [name for name, m in model.named_modules()
+            if name not in keep and _swap_base(type(m)) is not None and _lazy_weight(m)]
+    if lazy:
+        raise InputError(f"layer {lazy[0]!r} has a lazily initialised weight (in_channels=-1) that does not exist "
+                         "yet: run one forward pass (model(x, edge_index)) before quantize_model, or build it with "
+                         "its input size" + (f" ({len(lazy)} such layers)" if len(lazy) > 1 else ""))
+    if quant_agg:
+        check_has_aggregation(model)
     for name, module in list(model.named_modules()):
         cls = _quantized_class(module)
         if cls is None or name in keep or name in nested:
@@ -507,6 +566,8 @@ def quantize_model(
         # Changing the class in place keeps parameters, hooks and state_dict keys exactly as they were.
         module.__class__ = cls
         module._init_quant(precision)
+    if quant_agg:
+        quantize_aggregations(model, precision, ACT_MOMENTUM)
     return precision
 
 
