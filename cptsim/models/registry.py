@@ -1,9 +1,10 @@
 """Model registry: CLI names -> plain PyTorch models, in the style of timm's ``create_model``.
 
 The one home of model names. The families register themselves here: ``vision`` (CIFAR ResNets, MobileNetV2, the
-digits CNN, MLPs, ImageNet ResNets), ``text`` (lstm-lm, transformer-lm, which take ``name:options``) and
-``external`` (``torchvision:NAME``, ``timm:NAME``). Models use only plain PyTorch layers; quantization swaps
-layers in place later, so nothing here knows about bits. Each model may carry ``cptsim_fp_layers``, the module
+digits CNN, MLPs, ImageNet ResNets), ``text`` (lstm-lm, transformer-lm, which take ``name:options``), ``graph``
+(gcn, sage, gat on PyTorch Geometric, ``name:options`` too) and ``external`` (``torchvision:NAME``, ``timm:NAME``).
+Models use only plain PyTorch layers (and PyG's); quantization swaps layers in place later, so nothing here knows
+about bits. Each model may carry ``cptsim_fp_layers``, the module
 names that CPT's own convention keeps at full precision for that kind of model; ``default_fp_layers`` resolves it
 to the list that ``cptsim.numerics.layers.quantize_model`` takes (numerics never asks the registry).
 """
@@ -31,13 +32,14 @@ class _Entry:
     name: str
     builder: Builder
     family: str
-    input: str  # "cifar" | "digits" | "imagenet" | "any"
+    input: str  # "cifar" | "digits" | "imagenet" | "any" | "text" | "graph"
     description: str
 
 
 _REGISTRY: dict[str, _Entry] = {}
 
-_INPUT_KINDS = ("cifar", "digits", "imagenet", "any", "text")
+_INPUT_KINDS = ("cifar", "digits", "imagenet", "any", "text", "graph")
+GRAPH_MODELS_HINT = "gcn, sage or gat"
 
 
 def register_model(name: str, *, family: str, input: str, description: str) -> Callable[[Builder], Builder]:
@@ -94,18 +96,31 @@ def _resolve(name: str) -> _Entry:
                      "torchvision:NAME, timm:NAME)")
 
 
-def create_model(name: str, num_classes: int = 10, in_channels: int = 3, input_shape=None) -> nn.Module:
+def create_model(name: str, num_classes: int = 10, in_channels: int = 3, input_shape=None,
+                 graph: bool | None = None) -> nn.Module:
     """Build a freshly initialised model by registry name.
 
     ``input_shape`` (C, H, W) is needed only by the shape-agnostic models (``mlp``, ``token-mlp``); the others
-    ignore it. ``in_channels`` comes from the dataset.
+    ignore it. ``in_channels`` comes from the dataset. Language models take (T,), graph models (N, F) (nodes,
+    features per node; their ``in_channels`` is ignored). ``graph``: whether the data is a graph dataset (None:
+    judged from the shape, 2-D is a graph); a graph model on other data, or another model on a graph, is an
+    InputError.
     """
     entry = _resolve(name)
     for label, value in (("num_classes", num_classes), ("in_channels", in_channels)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(f"{label} must be a positive integer, got {value!r}")
-    if entry.input not in ("text", "any") and input_shape is not None and len(tuple(input_shape)) == 1:
-        raise InputError(f"{name} is an image model; a text dataset (sequence input {tuple(input_shape)}) needs a "
+    shape = tuple(input_shape) if input_shape is not None else None
+    if entry.input == "graph":
+        if graph is False or shape is None or len(shape) != 2:
+            raise InputError(f"{name} is a graph model: it needs a graph dataset (node features (N, F)), not one of "
+                             f"input shape {shape}")
+    elif graph or (graph is None and shape is not None and len(shape) == 2 and entry.input != "any"):
+        kind = "a language model" if entry.input == "text" else "an image model"
+        raise InputError(f"{name} is {kind}; a graph dataset (node features {shape}) needs a graph model: "
+                         f"{GRAPH_MODELS_HINT}")
+    if entry.input not in ("text", "any") and shape is not None and len(shape) == 1:
+        raise InputError(f"{name} is an image model; a text dataset (sequence input {shape}) needs a "
                          "language model: lstm-lm or transformer-lm")
     return entry.builder(num_classes, in_channels, input_shape)
 
