@@ -39,9 +39,14 @@ NHWC_TABLE = _H / "data" / "timm" / "benchmark-train-amp-nhwc-pt112-cu113-rtx309
 H100_RUNS = [HERE / "results" / f for f in ("gpu23_H100.json", "gpu23_H100_run2.json", "gpu23_H100_run3.json")]
 SHAPE_FIT = ("gemm_n0", "gemm_k0")  # on the H100's GEMM microbenchmarks: one tile physics for both generations
 AMPERE_FIT = ("tier:fp16", "nchw_conv_factor", "nchw_depthwise_factor", "depthwise_efficiency",
-              "depthwise_memory_efficiency", "memory_efficiency", "norm_memory_efficiency", "nchw_norm_factor")
+              "depthwise_memory_efficiency", "memory_efficiency", "norm_memory_efficiency",
+              "nchw_norm_elements_per_clock")
 HOPPER_DEPTHWISE = ("nchw_depthwise_factor", "depthwise_efficiency", "depthwise_memory_efficiency")
-HOPPER_NETWORK = ("nchw_conv_factor", "memory_efficiency", "norm_memory_efficiency", "nchw_norm_factor")
+HOPPER_NETWORK = ("nchw_conv_factor", "memory_efficiency", "norm_memory_efficiency", "nchw_norm_elements_per_clock")
+# GPUs described by their datasheet alone (peaks, SM count, boost clock): Ampere's fitted constants, i.e.
+# gpu_kernels.DEFAULTS, and its fitted tier efficiency and memory efficiency, written into their files by --write;
+# benchmarks/bench_gpu_datasheet.py checks them on published ResNet-50 training throughput
+DATASHEET = ("a100", "v100", "t4", "rtx4090")
 # Streaming ops (copy, add, activations) reach 0.87 of the H100's HBM3 peak at 1e8 elements (2927 of 3350 GB/s,
 # benchmarks/results/gpu23_H100.json), but a network's memory-bound ops -- small tensors, strided copies, reductions
 # -- reach less: memory_efficiency is fitted, from this start.
@@ -163,12 +168,19 @@ def write(doc: dict) -> None:
     import re
 
     keys = ("gemm_n0", "gemm_k0", "nchw_conv_factor", "nchw_depthwise_factor", "depthwise_efficiency",
-            "depthwise_memory_efficiency", "norm_memory_efficiency", "nchw_norm_factor")
-    consts = amp["constants"]
+            "depthwise_memory_efficiency", "norm_memory_efficiency", "nchw_norm_factor", "nchw_norm_elements_per_clock")
+    from cptsim.cost.hardware import gpu_kernels
+
+    consts = {k: amp["constants"].get(k, gpu_kernels.DEFAULTS[k]) for k in keys}  # nchw_norm_factor: no longer fitted
     body = "".join('\n    "%s": %r,' % (k, float("%.4g" % consts[k])) for k in keys)
     code, n = re.subn(r"DEFAULTS = \{[^}]*\}", "DEFAULTS = {" + body + "\n}", code, count=1)
     assert n == 1
     src.write_text(code)
+    for name in DATASHEET:  # the rest of what a datasheet profile gets from Ampere's fit
+        t = (prof_dir / f"{name}.toml").read_text()
+        t = _set_tiers(t, amp["constants"]["tier:fp16"])
+        t = _set(t, "calibration", "memory_efficiency", amp["constants"]["memory_efficiency"])
+        (prof_dir / f"{name}.toml").write_text(t)
     hop = doc["hopper"]
     for name in ("h100", "h200"):
         t = (prof_dir / f"{name}.toml").read_text()

@@ -124,7 +124,7 @@ def test_a_profiles_validation_says_how_sure_its_times_are_and_whether_it_covere
     assert v["checked"] and 0 < v["median_abs_error"] <= v["worst_abs_error"]
     assert v["op_mix_covered"] is False and v["op_mix_missing"] == ["lstm"]
     assert h100.time_validation(["conv"])["op_mix_covered"] is True
-    assert load_profile("v100").time_validation(["conv"])["checked"] is False  # no [validation]: it says so
+    assert load_profile("t4").time_validation(["conv"])["checked"] is False  # no [validation]: it says so
     bad = (tmp_path / "x.toml")
     text = (load_profile("h100").path and open(load_profile("h100").path).read())
     bad.write_text(text.replace('name = "h100"', 'name = "x"').replace("n = 24", 'n = "many"'))

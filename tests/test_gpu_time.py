@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cptsim.cost.model import estimate, step_ops_cost
-from cptsim.calibration.gpu import ROWS, modelled_throughput, resnet50_profile
+from cptsim.calibration.gpu import resnet50_profile
 from cptsim.cost.hardware import load_profile
 from cptsim.measure.profiler import LayerProfile
 from cptsim.cost.schedules import parse_schedule
@@ -21,10 +21,43 @@ def r50():
     return resnet50_profile(DATA)
 
 
-@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r.hardware}-{r.precision}-{r.batch_size}")
-def test_published_resnet50_throughput_is_rederived_from_the_shipped_profiles(r50, row):
-    got = modelled_throughput(r50, row.hardware, row)
-    assert got == pytest.approx(row.published_img_s, rel=0.15)
+def _datasheet_bench():
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_gpu_datasheet as B
+
+    return B
+
+
+def test_published_resnet50_throughput_is_predicted_from_the_datasheet_profiles(r50):
+    """Issue 23: a100, v100 and rtx4090 are written from their datasheets with Ampere's fitted constants, so every
+    published row is a held-out check (benchmarks/bench_gpu_datasheet.py). NVIDIA's rows are priced as they ran
+    (AMP in NHWC). Each profile's [validation] is what the check gives today: a change to the model that moves a
+    prediction fails here until the check is re-run (--write)."""
+    import copy
+
+    B = _datasheet_bench()
+    rows = B.table(r50)
+    by = {(r["gpu"], r["source"], r["precision"]): r for r in rows}
+    # NVIDIA's A100 rows within 10% (the issue's bar); every row within 25%
+    assert abs(by["a100", "nvidia", "TF32"]["error"]) <= 0.10 and abs(by["a100", "nvidia", "AMP"]["error"]) <= 0.10
+    assert all(abs(r["error"]) <= 0.25 for r in rows), [(r["gpu"], r["precision"], r["error"]) for r in rows]
+    for gpu, s in B.per_gpu(rows).items():
+        if gpu not in B.DATASHEET:
+            continue
+        v = load_profile(gpu).validation
+        assert v["held_out"] == "yes" and v["n"] == s["n"], gpu
+        assert v["median_abs_error"] == pytest.approx(s["median_abs_error"], abs=0.005), gpu
+        assert v["worst_abs_error"] == pytest.approx(s["worst_abs_error"], abs=0.005), gpu
+    assert not load_profile("t4").validation  # nothing published to check it on: its times say so
+    # the check prices exactly what estimate prices (the fit's fast path)
+    row = B.ROWS[1]
+    prof = copy.copy(r50)
+    prof.channels_last = row.channels_last
+    c = estimate(prof, parse_schedule("static:16:g16"), load_profile(row.gpu), steps=1, batch_size=row.batch,
+                 per_layer=False)
+    assert B.predicted_img_s(r50, row) == pytest.approx(row.batch / c.latency_s["total"], rel=1e-9)
 
 
 @pytest.mark.parametrize("name", GPUS)
@@ -55,11 +88,18 @@ def test_the_op_list_adds_memory_bound_work_and_launches_to_the_gemms(r50):
     whole = estimate(r50, sched, a100, steps=1, batch_size=256).latency_s["total"]
     t, _ = step_ops_cost(r50.arrays(), a100, 32, 8, 256)
     assert whole == pytest.approx(gemms + t.sum(), rel=1e-9)
-    assert 0.2 < t.sum() / whole < 0.6  # ResNet-50's BN/ReLU/adds are a large share of a step (gpu-throughput.md)
+    # ResNet-50's BN/ReLU/adds are a large share of a step (gpu-throughput.md): in an NCHW FP32 step on an A100
+    # the shape model gives ~0.7 (its NCHW norms run at the SMs' element rate, far below DRAM bandwidth)
+    assert 0.3 < t.sum() / whole < 0.8
 
 
 def test_amp_stores_activations_at_16_bits_and_fp32_master_weights():
-    a100 = load_profile("a100")
+    import dataclasses
+
+    # the roofline form (a profile without an SM count): every op's bytes at one bandwidth
+    shaped = load_profile("a100")
+    a100 = dataclasses.replace(shaped, params={**shaped.params, "sm_count": None})
+    assert not a100.shape_model
     ops = resnet50_profile(DATA).ops
     s = ops.summary()
     t32, _ = a100.step_ops_cost(ops, np.array([32]), np.array([8]), np.array([1000.0]))
@@ -228,15 +268,21 @@ def test_allowing_tf32_never_prices_an_fp32_gemm_slower_than_the_files_own_fp32_
                 assert a.get("efficiency", 1.0) == b.get("efficiency", 1.0), (a["name"], b["name"])
 
 
-@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r.hardware}-{r.precision}")
-def test_the_shipped_tier_efficiencies_are_what_the_fit_gives_on_the_shipped_profile(r50, row):
-    # provenance: re-run `bench_gpu_throughput.py --fit` on the shipped ResNet-50 profile; the TOML holds the
-    # result to 3 decimals, so a change to the op count or the model that moves the fit fails here
-    from cptsim.calibration.gpu import fit_tier_efficiency
-
-    tier, eff = fit_tier_efficiency(r50, row.hardware, row)
-    tiers, _ = _toml_tiers(row.hardware)
-    assert tiers[tier]["efficiency"] == pytest.approx(eff, abs=6e-4)
+@pytest.mark.parametrize("name", ["a100", "v100", "t4", "rtx4090"])
+def test_a_datasheet_profile_holds_its_datasheet_and_amperes_fit_and_nothing_fitted_to_it(name):
+    # provenance: every shipped GPU profile uses the shape model; these four give their datasheet's peaks, SM count
+    # and boost clock, and take the rest from the Ampere fit (fit_gpu_model.py --write keeps them equal)
+    p, r3090 = load_profile(name), load_profile("rtx3090")
+    assert p.shape_model and p.params["boost_clock_mhz"] > 0
+    # the boost clock is the one the FP32 peak is quoted at: SMs x FP32 lanes (64 or 128 per SM) x 2 x clock
+    tiers, _ = _toml_tiers(name)
+    fp32 = tiers["fp32"]["peak_ops"] * 1e12
+    lanes = fp32 / (p.params["sm_count"] * 2 * p.params["boost_clock_mhz"] * 1e6)
+    assert min(abs(lanes - 64), abs(lanes - 128)) < 0.01 * lanes, lanes
+    assert {t["efficiency"] for t in tiers.values()} == {r3090.params["tiers"][2]["efficiency"]}
+    assert p.calibration["memory_efficiency"] == r3090.calibration["memory_efficiency"]
+    for k in ("gemm_n0", "gemm_k0", "nchw_norm_elements_per_clock", "depthwise_efficiency", "nchw_conv_factor"):
+        assert p.calibration.get(k) is None and p.kernel_constant(k) == pytest.approx(r3090.calibration[k], rel=1e-3)
 
 
 # ---------------------------------------------------------------------------------------------- AMP means AMP
@@ -273,16 +319,22 @@ def test_under_static_16_a_gpu_runs_the_full_precision_layers_on_the_fp16_tier_b
         assert row["bitops"]["fwd"] == macs * 32 * 32                             # BitOPs: still 32 x 32
     # a 32-bit step leaves them on the 32-bit tiers; other kinds of hardware are not autocast
     c32 = estimate(prof, parse_schedule("static:32"), load_profile("a100"), steps=1, batch_size=1)
-    assert c32.per_layer[0]["latency_s"]["fwd"] > 2 * c.per_layer[0]["latency_s"]["fwd"]
+    assert c32.per_layer[0]["latency_s"]["fwd"] == pytest.approx(2 * c.per_layer[0]["latency_s"]["fwd"])  # TF32
     bf = estimate(prof, parse_schedule("static:16"), load_profile("bitfusion"), steps=1, batch_size=1)
     bf32 = estimate(prof, parse_schedule("static:32"), load_profile("bitfusion"), steps=1, batch_size=1)
     assert bf.latency_s["total"] == bf32.latency_s["total"]
 
 
-@pytest.mark.parametrize("row", [r for r in ROWS if r.precision == "AMP"], ids=lambda r: r.hardware)
-def test_nvidias_amp_rows_within_10_percent_with_default_flags(r50, row):
+def test_nvidias_amp_rows_with_default_flags(r50):
+    # AMP means AMP: cptsim's default full-precision layers run FP16 too. The A100 (Ampere, the generation the
+    # constants were fitted on) within 10%; the V100 (Volta, priced from its datasheet with Ampere's constants)
+    # within 15% -- benchmarks/results/issue23-datasheet.txt
     assert not all(layer.quantized for layer in r50.layers)   # the shipped profile has cptsim's default fp layers
-    assert modelled_throughput(r50, row.hardware, row) == pytest.approx(row.published_img_s, rel=0.10)
+    B = _datasheet_bench()
+    amp = {r.gpu: r for r in B.ROWS if r.source == "nvidia" and r.precision == "AMP"}
+    assert amp["a100"].channels_last and amp["v100"].channels_last  # NVIDIA ran its AMP configurations in NHWC
+    assert B.predicted_img_s(r50, amp["a100"]) == pytest.approx(amp["a100"].img_s, rel=0.10)
+    assert B.predicted_img_s(r50, amp["v100"]) == pytest.approx(amp["v100"].img_s, rel=0.15)
 
 
 def test_cost_help_says_amp_means_amp():

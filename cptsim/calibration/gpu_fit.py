@@ -29,6 +29,7 @@ PARAMS = {
     "memory_efficiency": (0.2, 1.0),
     "norm_memory_efficiency": (0.02, 1.0),
     "nchw_norm_factor": (0.1, 1.0),
+    "nchw_norm_elements_per_clock": (0.05, 20.0),
     "kernel_overhead_us": (0.0, 50.0),
 }
 

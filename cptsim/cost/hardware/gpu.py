@@ -87,6 +87,8 @@ class GPUProfile(HardwareProfile):
               "shapes: tiles and waves (cptsim.cost.hardware.gpu_kernels)", None),
         Field("fp32_matmul_tier", "string", "name of the tier that runs FP32 matmuls (cuBLAS: Linear, attention); "
               "default the strict FP32 tier (PyTorch's torch.backends.cuda.matmul.allow_tf32 = False)", None),
+        Field("boost_clock_mhz", "positive", "boost clock in MHz (datasheet: the clock its FP32 peak is quoted at); "
+              "with sm_count, an NCHW step's norms are priced at an element rate per SM and clock", None),
     )
     TIER = (
         Field("name", "string", "tier name, e.g. int8"),
@@ -117,8 +119,11 @@ class GPUProfile(HardwareProfile):
               "(fitted)", None),
         Field("norm_memory_efficiency", "fraction", "batch / layer / group norms' achieved / peak DRAM bandwidth "
               "in a channels-last step (fitted)", None),
-        Field("nchw_norm_factor", "fraction", "a batch norm's achieved bandwidth in NCHW / in channels-last (fitted)",
-              None),
+        Field("nchw_norm_factor", "fraction", "a batch norm's achieved bandwidth in NCHW / in channels-last (fitted); "
+              "used by a profile without boost_clock_mhz", None),
+        Field("nchw_norm_elements_per_clock", "positive", "elements a batch / group norm reads or writes per SM per "
+              "clock in an NCHW step (fitted): its per-channel reductions are bound by the SMs, not by DRAM, so its "
+              "time does not halve at 16 bits and scales with SMs x clock; used with boost_clock_mhz", None),
         Field("depthwise_memory_efficiency", "fraction", "a depthwise convolution's achieved / peak DRAM "
               "bandwidth (fitted)", None),
     )
@@ -278,15 +283,18 @@ class GPUProfile(HardwareProfile):
         step besides the layers' GEMMs: the memory-bound ops of ``ops`` (a ``cptsim.measure.opcount.OpProfile``) and
         every kernel launch. Forward ops are charged to fwd, backward ops to dgrad, the optimizer to wgrad. With
         the shape model, normalisations run at their own achieved bandwidth (``norm_memory_efficiency``; batch
-        norms at ``nchw_norm_factor`` of it in an NCHW step)."""
+        norms in an NCHW step no faster than ``nchw_norm_rate``, or at ``nchw_norm_factor`` of it without a clock)."""
         fwd_bits, bwd_bits = self.compute_bits(np.asarray(q)), self.compute_bits(np.maximum(q, g))
-        norm, conv_norm = 1.0, 1.0
+        norm, conv_norm, conv_rate = 1.0, 1.0, None
         if self.shape_model:
             norm = self.kernel_constant("norm_memory_efficiency") / max(self._meff, 1e-9)
-            conv_norm = 1.0 if channels_last else self.kernel_constant("nchw_norm_factor")
+            if not channels_last:
+                conv_rate = self.nchw_norm_rate(ops.element_bits)
+                conv_norm = 1.0 if conv_rate is not None else self.kernel_constant("nchw_norm_factor")
         t, e = gpu_step_ops_cost(ops.summary(), ops.element_bits, fwd_bits, bwd_bits, samples,
                                  self._bandwidth * self._meff, self.kernel_overhead_s, self.busy_power_w,
-                                 self.idle_power_w, norm_factor=norm, conv_norm_factor=conv_norm)
+                                 self.idle_power_w, norm_factor=norm, conv_norm_factor=conv_norm,
+                                 conv_norm_rate=conv_rate)
         at = self._attention_time(ops.summary(), ops.element_bits, fwd_bits, bwd_bits, samples)
         return t + at, e + at * self.busy_power_w
 
@@ -297,6 +305,18 @@ class GPUProfile(HardwareProfile):
         byte moved). Their launches are the op list's (kind ``aggregation``)."""
         t = np.asarray(bytes_moved, dtype=np.float64) / (self._bandwidth * self._meff)
         return t, self.busy_power_w * t
+
+    def nchw_norm_rate(self, element_bits: int) -> float | None:
+        """Bytes per second, in ``element_bits``-wide elements, that a batch / group norm of an NCHW step moves at
+        most: SMs x boost clock x ``nchw_norm_elements_per_clock`` (issue 23: its per-channel reductions are bound
+        by the SMs, so at 16 bits it moves as many elements per second as at 32, not twice as many -- our H100's
+        batch norm ran 1e8 FP16 elements slower than FP32 ones, benchmarks/results/gpu23_H100.json membw); None
+        without a boost clock."""
+        clock = self.params.get("boost_clock_mhz")
+        if clock is None or not self.shape_model:
+            return None
+        return (float(self.params["sm_count"]) * float(clock) * 1e6
+                * self.kernel_constant("nchw_norm_elements_per_clock") * element_bits / 8.0)
 
     def launch_bound(self, ops, gpu_step_s: float) -> dict | None:
         """Whether an eager step of ``ops`` (its launches) is bound by the host's dispatch or by the GPU, given the
@@ -341,7 +361,7 @@ def launch_bound(launches: float, host_s_per_launch: float, gpu_step_s: float) -
 
 
 def gpu_step_ops_cost(summary, element_bits, fwd_bits, bwd_bits, samples, bandwidth, overhead_s, busy_w, idle_w,
-                      norm_factor: float = 1.0, conv_norm_factor: float = 1.0):
+                      norm_factor: float = 1.0, conv_norm_factor: float = 1.0, conv_norm_rate: float | None = None):
     """Seconds and joules, (K, 3), of a step's non-GEMM ops per step kind (fwd, bwd -> dgrad, opt -> wgrad).
 
     ``summary``: ``OpProfile.summary()`` (bytes per sample and fixed, launches, per op phase) measured with
@@ -349,7 +369,9 @@ def gpu_step_ops_cost(summary, element_bits, fwd_bits, bwd_bits, samples, bandwi
     which scales the per-sample (activation and error) bytes; the fixed bytes (weights, gradients, optimizer state:
     FP32 master copies) do not scale. time = bytes / bandwidth + launches x overhead (every launch, GEMMs too);
     the normalisations' per-sample bytes run at ``norm_factor`` x that bandwidth, and those of batch / group /
-    instance norms (on feature maps, whose kernels depend on the memory format) at ``conv_norm_factor`` x that.
+    instance norms (on feature maps, whose kernels depend on the memory format) at ``conv_norm_factor`` x that, and
+    no faster than ``conv_norm_rate`` bytes/s of their ``element_bits``-wide elements, whatever the step's width
+    (an NCHW step's norms: bound by the SMs' element rate, ``GPUProfile.nchw_norm_rate``).
     """
     n = np.asarray(samples, dtype=np.float64)
     scale = {"fwd": np.asarray(fwd_bits, dtype=np.float64) / element_bits,
@@ -361,8 +383,10 @@ def gpu_step_ops_cost(summary, element_bits, fwd_bits, bwd_bits, samples, bandwi
         norm = s.get("norm_bytes_per_sample", 0.0) * n * width
         conv_norm = s.get("conv_norm_bytes_per_sample", 0.0) * n * width
         nbytes = s["bytes_per_sample"] * n * width + s["bytes_fixed"] - norm
-        busy.append(nbytes / bandwidth + (norm - conv_norm) / (bandwidth * norm_factor)
-                    + conv_norm / (bandwidth * norm_factor * conv_norm_factor))
+        conv_t = conv_norm / (bandwidth * norm_factor * conv_norm_factor)
+        if conv_norm_rate is not None:
+            conv_t = np.maximum(conv_t, s.get("conv_norm_bytes_per_sample", 0.0) * n / conv_norm_rate)
+        busy.append(nbytes / bandwidth + (norm - conv_norm) / (bandwidth * norm_factor) + conv_t)
         over.append(np.full(n.shape, s["launches"] * overhead_s))
     busy, over = np.stack(busy, axis=-1), np.stack(over, axis=-1)
     return busy + over, busy * busy_w + over * idle_w

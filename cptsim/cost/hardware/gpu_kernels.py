@@ -44,6 +44,7 @@ DEFAULTS = {
     "depthwise_memory_efficiency": 0.8765,
     "norm_memory_efficiency": 1.0,
     "nchw_norm_factor": 0.352,
+    "nchw_norm_elements_per_clock": 1.185,
 }
 
 
