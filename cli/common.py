@@ -136,6 +136,8 @@ def check_output_file(flag: str, path):
 # defaults to the same value wherever it is typed. A command names the ones it takes: ``workload_options(...)``.
 
 DEFAULT_MODEL = "digits-cnn"
+# for --help only (importing cptsim.run.config here would load torch for every --help): the image and text defaults
+# of cptsim.run.config.recipe, which decides; tests/test_graph_train.py checks that the two agree
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_EPOCHS = 15  # when neither --epochs nor --steps is given
 
@@ -162,10 +164,12 @@ def _workload_option_defs() -> dict:
                  "[default: the images' own size when they all share one, else 224]; recorded in config.json and "
                  "the plan."),
         "batch_size": click.option(
-            "--batch-size", type=int, default=DEFAULT_BATCH_SIZE, show_default=True,
-            help="Samples per step (the global batch, with train --nproc)."),
+            "--batch-size", type=int, default=None,
+            help=f"Samples per step (the global batch, with train --nproc). [default: {DEFAULT_BATCH_SIZE}; a graph "
+                 "dataset: 1, the whole graph, trained full-batch]"),
         "epochs": click.option(
-            "--epochs", type=int, default=None, help=f"Training epochs [default: {DEFAULT_EPOCHS} unless --steps]."),
+            "--epochs", type=int, default=None,
+            help=f"Training epochs [default: {DEFAULT_EPOCHS} unless --steps; a graph: 200 full-batch steps]."),
         "steps": click.option(
             "--steps", type=int, default=None,
             help="Training steps (instead of --epochs; a run may stop mid-epoch)."),
@@ -180,6 +184,22 @@ def _workload_option_defs() -> dict:
             "--input-shape", default=None, help="Per-sample input C,H,W (or T,F); overrides the dataset's."),
         "num_classes": click.option(
             "--num-classes", type=int, default=None, help="Classes; overrides the dataset's (default 10)."),
+        "optimizer": click.option(
+            "--optimizer", type=click.Choice(["sgd", "adam", "adamw"]), default=None,
+            help="sgd (with --momentum; CPT's recipe), adam or adamw; Adam's update is counted in the step's work. "
+                 "[default: sgd; a graph: adam, cpt_gnn's recipe]"),
+        "lr": click.option(
+            "--lr", type=float, default=None,
+            help="Peak learning rate. [default: 0.1 (SGD); a graph: 1e-3 (Adam, cpt_gnn's)]"),
+        "lr_min": click.option(
+            "--lr-min", type=float, default=None,
+            help="The cosine schedule's floor (torch's CosineAnnealingLR eta_min; other schedules have none). "
+                 "[default: 0; a graph: 0.1 x --lr, as cpt_gnn anneals]"),
+        "quant_agg": click.option(
+            "--quant-agg", is_flag=True,
+            help="Graph models: quantize the message passing's aggregation too -- its inputs at the step's bits, "
+                 "the error flowing back into it at the gradient bits (cpt_gnn's quant_agg); counted at those "
+                 "widths. [default: the aggregation in FP32, as cpt_gnn]"),
     }
 
 
@@ -201,9 +221,28 @@ def workload_options(*names: str):
     return deco
 
 
-def run_length(epochs: int | None, steps: int | None) -> tuple[int | None, int | None]:
-    """(epochs, steps) with the shared default: DEFAULT_EPOCHS when neither is given (whether both may be given is
-    the command's business: train's --steps overrides --epochs, cost refuses both)."""
+def recipe(dataset: str | None, model: str | None = None, **given) -> dict:
+    """The workload's batch_size, epochs, optimizer, lr and lr_min: each as typed (``given``; None = not typed), or
+    the default of the dataset's kind (the model's kind's embedded dataset when none is named): one definition,
+    ``cptsim.run.config.recipe``, for every command."""
+    from cptsim.run.config import recipe as resolve
+
+    if dataset is None and model is not None:
+        from cptsim.data import default_dataset
+
+        dataset = default_dataset(model)
+    return resolve(dataset, **given)
+
+
+def batch_size_or_default(batch_size: int | None, dataset: str | None, model: str | None = None) -> int:
+    """--batch-size as typed, or the default for the dataset: 1 for a graph (full batch), else 64."""
+    return recipe(dataset, model, batch_size=batch_size)["batch_size"]
+
+
+def run_length(epochs: int | None, steps: int | None, dataset: str | None = None,
+               model: str | None = None) -> tuple[int | None, int | None]:
+    """(epochs, steps) with the shared default: the recipe's epochs when neither is given (15; a graph's 200;
+    whether both may be given is the command's business: train's --steps overrides --epochs, cost refuses both)."""
     if epochs is None and steps is None:
-        epochs = DEFAULT_EPOCHS
+        epochs = recipe(dataset, model)["epochs"] if (dataset or model) else DEFAULT_EPOCHS
     return epochs, steps

@@ -7,7 +7,8 @@ from rich.table import Table
 
 from cptsim.errors import InputError
 
-from .common import emit_json, err, json_option, out, print_table, run_length, si, wide_option
+from .common import (batch_size_or_default, emit_json, err, json_option, out, print_table, run_length, si,
+                     wide_option)
 from .common import workload_options as common_workload_options
 from .profile_cmd import build_profile, resolve_workload, throughput, workload_options
 
@@ -44,8 +45,8 @@ dataset, the epoch size is that of the data there (a subset costs what training 
               help="Comma-separated hardware profiles (names or .toml paths).")
 @wide_option
 @json_option
-def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_layers, channels_last, schedule, steps,
-         epochs, batch_size, dataset_size, hw, as_json) -> None:
+def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_layers, channels_last, optimizer,
+         quant_agg, schedule, steps, epochs, batch_size, dataset_size, hw, as_json) -> None:
     """Cost one precision schedule over a training run on several hardware profiles: BitOPs, energy, latency,
     and the saving over the static q_max schedule on each."""
     from cptsim.cost.model import estimate
@@ -57,7 +58,8 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
     if steps is not None and epochs is not None:
         raise InputError("give --steps or --epochs, not both")
     epochs_given = epochs is not None
-    epochs, steps = run_length(epochs, steps)
+    epochs, steps = run_length(epochs, steps, dataset, model)
+    batch_size = batch_size_or_default(batch_size, dataset, model)
     for flag, v in (("--steps", steps), ("--epochs", epochs), ("--batch-size", batch_size),
                     ("--dataset-size", dataset_size)):
         if v is not None and v < 1:
@@ -78,7 +80,7 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
         raise InputError("--epochs needs the epoch size: give --dataset-size"
                          + (f" (or --data-dir holding the {dataset} data)" if dataset else " or --dataset"))
     with err.status(f"profiling {model}: one training step on input {tuple(shape)} ..."):
-        prof = build_profile(model, shape, classes, fp_layers, channels_last)
+        prof = build_profile(model, shape, classes, fp_layers, channels_last, info, dataset, optimizer, quant_agg)
     costs = [estimate(prof, sched, p, steps=steps, epochs=epochs, batch_size=batch_size, dataset_size=dataset_size,
                       per_layer=False) for p in profiles]
     first = costs[0]

@@ -80,13 +80,13 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
 @click.option("--dataset-size", type=int, default=None,
               help="Samples per epoch, for data not at hand [default: counted in --data-dir, else the full train "
                    "split's size]; one that contradicts the data found is an error (exit 2).")
-@click.option("--lr", type=float, default=0.1, show_default=True, help="Peak learning rate, recorded for training.")
+@workload_options("lr")
 @click.option("--momentum", type=float, default=0.9, show_default=True)
 @click.option("--weight-decay", type=float, default=5e-4, show_default=True)
 @click.option("--lr-schedule", type=click.Choice(["step", "cosine", "constant"]), default="cosine",
               show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@workload_options("fp_layers")
+@workload_options("optimizer", "lr_min", "quant_agg", "fp_layers")
 @click.option("--no-augment", is_flag=True, help="Turn off random crop / flip in training.")
 @click.option("--schedules", default=None, help="Schedules to search, comma-separated, or 'all' [default: all 11].")
 @click.option("--cycles", default=None, help="Cycle counts, e.g. 1,2,4 or 1-8 [default: 1,2,4,8,16,32,64].")
@@ -121,7 +121,7 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
 @wide_option
 @json_option
 def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, epochs, steps, dataset_size, lr, momentum,
-         weight_decay, lr_schedule, seed, fp_layers, no_augment, schedules, cycles, q_min, q_max, g_bits, min_bits,
+         weight_decay, lr_schedule, seed, optimizer, lr_min, quant_agg, fp_layers, no_augment, schedules, cycles, q_min, q_max, g_bits, min_bits,
          max_bits, range_steps, prefer_cyclic, quality, db, pilot, pilot_steps, pilot_dir, device, top, out_path,
          force, plot, quiet, channels_last, as_json) -> None:
     """Search cyclic-precision schedules for the best one whose estimated cost on the target hardware fits the
@@ -154,11 +154,15 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
     show = not (quiet or as_json)
 
     with err.status(f"profiling {model}: one training step ...") if show else _nothing():
-        workload = Workload.build(model=model, dataset=dataset, data_dir=data_dir, batch_size=batch_size,
+        from .common import batch_size_or_default
+
+        workload = Workload.build(model=model, dataset=dataset, data_dir=data_dir,
+                                  batch_size=batch_size_or_default(batch_size, dataset, model),
                                   epochs=epochs, steps=steps, dataset_size=dataset_size,
                                   fp_layers=parse_fp_layers(fp_layers), lr=lr, lr_schedule=lr_schedule,
                                   momentum=momentum, weight_decay=weight_decay, seed=seed, augment=not no_augment,
-                                  image_size=image_size, channels_last=channels_last)
+                                  image_size=image_size, channels_last=channels_last, optimizer=optimizer,
+                                  lr_min=lr_min, quant_agg=quant_agg)
     rt = None
     if space.min_bits_auto:
         from .rangetest_cmd import print_result, run_with_progress

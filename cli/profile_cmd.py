@@ -7,7 +7,7 @@ from rich.table import Table
 
 from cptsim.errors import InputError
 
-from .common import emit_json, err, json_option, out, parse_fp_layers, si
+from .common import batch_size_or_default, emit_json, err, json_option, out, parse_fp_layers, recipe, si
 from .common import workload_options as common_workload_options
 
 _EPILOG = """\b
@@ -47,7 +47,7 @@ def workload_options(f):
     """What `profile` and `cost` take to say which model on which input: the shared workload flags (one definition,
     one default: ``cli.common.workload_options``) and --channels-last."""
     return common_workload_options("model", "dataset", "data_dir", "image_size", "input_shape", "num_classes",
-                                   "fp_layers", "batch_size")(_channels_last_option(f))
+                                   "fp_layers", "batch_size", "optimizer", "quant_agg")(_channels_last_option(f))
 
 
 def resolve_workload(model: str, dataset: str | None, data_dir: str | None, input_shape: str | None,
@@ -78,11 +78,16 @@ def resolve_workload(model: str, dataset: str | None, data_dir: str | None, inpu
 
 
 def build_profile(model: str, shape: tuple[int, ...], num_classes: int, fp_layers: str | None,
-                  channels_last: bool = False):
-    """``cptsim.measure.profiler.profile_named_model`` with --fp-layers as typed, in the step's memory format."""
+                  channels_last: bool = False, info=None, dataset: str | None = None, optimizer: str | None = None,
+                  quant_agg: bool = False):
+    """``cptsim.measure.profiler.profile_named_model`` with --fp-layers as typed, in the step's memory format; a
+    graph's edge count from its DataInfo, the optimizer the recipe's unless typed (its update is counted work)."""
     from cptsim.measure.profiler import profile_named_model
 
-    prof = profile_named_model(model, shape, num_classes, parse_fp_layers(fp_layers))
+    optimizer = recipe(dataset, model, optimizer=optimizer)["optimizer"]
+    prof = profile_named_model(model, shape, num_classes, parse_fp_layers(fp_layers),
+                               graph_edges=getattr(info, "graph_edges", None), optimizer=optimizer,
+                               quant_agg=quant_agg)
     prof.channels_last = bool(channels_last)
     return prof
 
@@ -118,7 +123,7 @@ def speed_text(speed: dict) -> str:
 @click.option("--grad-bits", type=int, default=8, show_default=True, help="Gradient (error) bits.")
 @json_option
 def profile(model, dataset, data_dir, image_size, input_shape, num_classes, fp_layers, channels_last, batch_size,
-            hw, bits, grad_bits, as_json) -> None:
+            optimizer, quant_agg, hw, bits, grad_bits, as_json) -> None:
     """Per-layer MACs (forward, dgrad, wgrad) of a model, measured in one real training step, and the BitOPs,
     energy and latency of one step at the given bits on a hardware profile."""
     from cptsim.cost.model import estimate, step_cost
@@ -127,12 +132,13 @@ def profile(model, dataset, data_dir, image_size, input_shape, num_classes, fp_l
 
     check_bits(bits, "--bits")
     check_bits(grad_bits, "--grad-bits")
+    batch_size = batch_size_or_default(batch_size, dataset, model)
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
     hardware = load_profile(hw)
     shape, classes, info = resolve_workload(model, dataset, data_dir, input_shape, num_classes, image_size)
     with err.status(f"profiling {model}: one training step on input {tuple(shape)} ..."):
-        prof = build_profile(model, shape, classes, fp_layers, channels_last)
+        prof = build_profile(model, shape, classes, fp_layers, channels_last, info, dataset, optimizer, quant_agg)
     step = {"batch_size": [batch_size], "bits": [bits], "grad_bits": [grad_bits]}
     cost = estimate(prof, step, hardware)
     speed = throughput(batch_size, cost.latency_s["total"], _epoch_samples(info, data_dir))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from .common import emit_json, err, json_option, out, parse_fp_layers, workload_options
+from .common import batch_size_or_default, emit_json, err, json_option, out, parse_fp_layers, workload_options
 
 _EPILOG = """\b
 How it works: one model trains in stages at forward precision q_start, q_start+1, ..., q_max
@@ -44,7 +44,8 @@ def range_test(model, dataset, data_dir, image_size, batch_size, fp_layers, lr, 
     from cptsim.study.rangetest import RangeTestSettings
 
     settings = RangeTestSettings(model=model, dataset=dataset, data_dir=data_dir, image_size=image_size,
-                                 fp_layers=parse_fp_layers(fp_layers), batch_size=batch_size, lr=lr,
+                                 fp_layers=parse_fp_layers(fp_layers),
+                                 batch_size=batch_size_or_default(batch_size, dataset, model), lr=lr,
                                  q_start=q_start, q_max=q_max, g_bits=g_bits, steps_per_stage=steps_per_stage,
                                  threshold=threshold, seed=seed, device=device)
     settings.validate()  # before the progress bar, so bad input is one clean line

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from cptsim.errors import InputError, RunFailed
 
-from .common import (DEFAULT_EPOCHS, check_output_file, emit_json, err, json_option, out, parse_fp_layers,
+from .common import (check_output_file, emit_json, err, json_option, out, parse_fp_layers,
                      print_table, si, wide_option, workload_options)
 
 _EPILOG = """\b
@@ -60,11 +60,11 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 @click.option("--g-bits", default=None, help="With --top: gradient bits to search.")
 # the workload: the flags (and defaults) of `cptsim train`
 @workload_options("model", "dataset", "data_dir", "image_size", "epochs", "steps", "batch_size")
-@click.option("--lr", type=float, default=0.1, show_default=True)
+@workload_options("lr")
 @click.option("--momentum", type=float, default=0.9, show_default=True)
 @click.option("--weight-decay", type=float, default=5e-4, show_default=True)
 @click.option("--lr-schedule", type=click.Choice(["step", "cosine", "constant"]), default="cosine", show_default=True)
-@workload_options("fp_layers")
+@workload_options("optimizer", "lr_min", "quant_agg", "fp_layers")
 @click.option("--no-augment", is_flag=True, help="Turn off random crop / flip.")
 @click.option("--val-split", type=float, default=0.2, show_default=True,
               help="Fraction of the training data held out as a validation split (what 'plan --quality db' fits "
@@ -83,7 +83,7 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 @json_option
 def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, hw, families, cycles, q_min, q_max,
           g_bits, model, dataset, data_dir, image_size, epochs, steps, batch_size, lr, momentum, weight_decay, lr_schedule,
-          fp_layers, no_augment, val_split, device, workers, threads, checkpoint_every, report_mode, workload_key, plot, quiet,
+          optimizer, lr_min, quant_agg, fp_layers, no_augment, val_split, device, workers, threads, checkpoint_every, report_mode, workload_key, plot, quiet,
           as_json) -> None:
     """Train a set of precision schedules x seeds on one workload, N processes at a time, each a normal run
     directory; record every finished run in the results database; report accuracy vs cost."""
@@ -106,8 +106,10 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
     if top is None and not schedules:
         raise InputError("nothing to sweep: give --schedules and/or --top K --budget B")
     settings = SW.SweepSettings(model=model, dataset=dataset, data_dir=data_dir, image_size=image_size,
-                                epochs=DEFAULT_EPOCHS if epochs is None else epochs, steps=steps,
-                                batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                                epochs=epochs, steps=steps,
+                                batch_size=batch_size, lr=lr,
+                                momentum=momentum, weight_decay=weight_decay, optimizer=optimizer, lr_min=lr_min,
+                                quant_agg=quant_agg,
                                 lr_schedule=lr_schedule, fp_layers=parse_fp_layers(fp_layers),
                                 augment=not no_augment, val_split=val_split, device=device, workers=workers, threads=threads,
                                 checkpoint_every=checkpoint_every)

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .common import DEFAULT_EPOCHS, emit_json, err, json_option, parse_fp_layers, workload_options
+from .common import emit_json, err, json_option, parse_fp_layers, workload_options
 from .common import out as console
 
 _EPILOG = """\b
@@ -148,10 +148,12 @@ def _bad_input_stops_the_job(fn):
 # Flags next to --plan, by TrainConfig field: these change how the plan runs, not what it costs, so they override
 # the plan (config.json records the values used; the run's plan.json keeps the plan's).
 _PLAN_OVERRIDABLE = {"seed": "--seed", "lr": "--lr", "momentum": "--momentum", "weight_decay": "--weight-decay",
-                     "lr_schedule": "--lr-schedule", "augment": "--no-augment", "data_dir": "--data-dir"}
+                     "lr_schedule": "--lr-schedule", "lr_min": "--lr-min", "augment": "--no-augment",
+                     "data_dir": "--data-dir"}
 # These would change the planned workload and its cost: refused unless they equal the plan's value.
 _PLAN_FIXED_FLAGS = {"model": "--model", "dataset": "--dataset", "batch_size": "--batch-size", "steps": "--steps",
-                     "epochs": "--epochs", "fp_layers": "--fp-layers", "image_size": "--image-size"}
+                     "epochs": "--epochs", "fp_layers": "--fp-layers", "image_size": "--image-size",
+                     "optimizer": "--optimizer", "quant_agg": "--quant-agg"}
 _SCHEDULE_FLAGS = {"schedule": "--schedule", "q_min": "--q-min", "q_max": "--q-max", "g_bits": "--g-bits",
                    "cycles": "--cycles"}
 
@@ -278,12 +280,12 @@ def _tensorboard(cfg):
 @click.option("--g-bits", default=None, help='Gradient bits "G" or "GMIN-GMAX" (default 8).')
 @click.option("--cycles", type=int, default=None, help="Schedule cycles over the whole run (default 32).")
 @workload_options("epochs", "steps", "batch_size")
-@click.option("--lr", type=float, default=0.1, show_default=True, help="Peak learning rate (SGD).")
+@workload_options("lr")
 @click.option("--momentum", type=float, default=0.9, show_default=True)
 @click.option("--weight-decay", type=float, default=5e-4, show_default=True)
 @click.option("--lr-schedule", type=click.Choice(["step", "cosine", "constant"]), default="cosine", show_default=True,
-              help="step: x0.1 at 50% and 75% of the steps (CPT's recipe); cosine: to 0 over the run.")
-@workload_options("fp_layers")
+              help="step: x0.1 at 50% and 75% of the steps (CPT's recipe); cosine: to --lr-min over the run.")
+@workload_options("optimizer", "lr_min", "quant_agg", "fp_layers")
 @click.option("--no-augment", is_flag=True, help="Turn off random crop / flip for CIFAR and ImageFolder.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
@@ -332,7 +334,7 @@ def _tensorboard(cfg):
                    "in DIR (pip install 'cptsim[tensorboard]').")
 @json_option
 def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, cycles, epochs, steps, batch_size, lr, momentum,
-          weight_decay, lr_schedule, fp_layers, no_augment, seed, device, workers, out, resume_dir, plan_path,
+          weight_decay, lr_schedule, optimizer, lr_min, quant_agg, fp_layers, no_augment, seed, device, workers, out, resume_dir, plan_path,
           threads, eval_bits, recal_batches, val_split, checkpoint_every, nproc, max_restarts, keep_checkpoints,
           channels_last, list_models, quiet, as_json) -> None:
     """Run real quantized training with a cyclic precision schedule and record what ran."""
@@ -379,7 +381,7 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
                   "q_max": q_max, "g_bits": g_bits, "cycles": cycles, "epochs": epochs, "steps": steps,
                   "batch_size": batch_size, "lr": lr, "momentum": momentum, "weight_decay": weight_decay,
                   "lr_schedule": lr_schedule, "fp_layers": fp_layers, "no_augment": no_augment, "seed": seed,
-                  "image_size": image_size}
+                  "image_size": image_size, "optimizer": optimizer, "lr_min": lr_min, "quant_agg": quant_agg}
         evaluation = {k: v for k, v in (("eval_bits", eval_bits), ("recal_batches", recal_batches),
                                         ("val_split", val_split)) if click.get_current_context().get_parameter_source(
             k) not in (None, click.core.ParameterSource.DEFAULT)}
@@ -408,9 +410,9 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
         text = _schedule_text(schedule, q_min, q_max, g_bits, cycles)
         fp = parse_fp_layers(fp_layers)
         cfg = T.TrainConfig(model=model, dataset=dataset, data_dir=data_dir, schedule=text,
-                            epochs=DEFAULT_EPOCHS if epochs is None else epochs, steps=steps,
-                            batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                            lr_schedule=lr_schedule, fp_layers=fp, seed=seed, device=device, workers=workers,
+                            epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, momentum=momentum,
+                            weight_decay=weight_decay, lr_schedule=lr_schedule, optimizer=optimizer, lr_min=lr_min,
+                            quant_agg=quant_agg, fp_layers=fp, seed=seed, device=device, workers=workers,
                             augment=not no_augment, checkpoint_every=checkpoint_every, threads=threads,
                             eval_bits=eval_bits, recal_batches=recal_batches, val_split=val_split,
                             channels_last=channels_last, image_size=image_size, **keep)
@@ -427,7 +429,7 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
         try:  # on the meta device: no weights are made, only the name and the model/data pairing are checked
             with torch.device("meta"):
                 meta = create_model(model, num_classes=info.num_classes, in_channels=info.input_shape[0],
-                                    input_shape=tuple(info.input_shape))
+                                    input_shape=tuple(info.input_shape), graph=info.graph_edges is not None)
             if fp:  # and that every --fp-layers pattern names a layer of it
                 from cptsim.numerics.layers import resolve_fp_layers
 

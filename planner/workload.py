@@ -44,57 +44,73 @@ class Workload:
     dataset_size_from: str | None = None
     image_size: int | None = None  # imagefolder's input side as resolved (cptsim.data.resolve_image_size)
     channels_last: bool = False  # the step's memory format (NHWC): a GPU prices its convolutions and norms by it
+    optimizer: str = "sgd"  # sgd | adam | adamw: Adam's update is in the step's op list
+    lr_min: float = 0.0  # the cosine's floor, recorded for training
+    quant_agg: bool = False  # graph models: the aggregation quantized too (its BitOPs at the step's widths)
+    graph_edges: int | None = None  # a graph dataset: the directed edges its model aggregates over (no self-loops)
 
     @classmethod
     def build(cls, model: str = "digits-cnn", dataset: str | None = None, data_dir: str | None = None,
-              batch_size: int = 64, epochs: int | None = None, steps: int | None = None,
-              dataset_size: int | None = None, fp_layers: list[str] | None = None, lr: float = 0.1,
+              batch_size: int | None = None, epochs: int | None = None, steps: int | None = None,
+              dataset_size: int | None = None, fp_layers: list[str] | None = None, lr: float | None = None,
               lr_schedule: str = "cosine", momentum: float = 0.9, weight_decay: float = 5e-4, seed: int = 0,
-              augment: bool = True, image_size: int | None = None, channels_last: bool = False) -> "Workload":
+              augment: bool = True, image_size: int | None = None, channels_last: bool = False,
+              optimizer: str | None = None, lr_min: float | None = None, quant_agg: bool = False) -> "Workload":
         """Resolve the workload without loading data (``dataset_info``), and profile one real training step of the
         model quantized as ``cptsim train`` will quantize it (``fp_layers``: None = the model's convention).
 
-        Give ``epochs`` (steps = epochs x ceil(N / B)) or ``steps``; neither means 15 epochs. N is the size of the
+        Give ``epochs`` (steps = epochs x ceil(N / B)) or ``steps``; neither means the recipe's epochs (15; a graph's
+        200). batch_size, lr, optimizer, lr_min: None = the dataset's recipe (``cptsim.run.config.recipe``). N is the size of the
         data training will run over: counted in ``data_dir`` (or the embedded set) when it is there
         (``cptsim.data.epoch_size``), else ``dataset_size``, else the dataset's nominal size. A ``dataset_size``
-        that contradicts the data found is an InputError: the plan would cost a run other than the one trained."""
+        that contradicts the data found is an InputError: the plan would cost a run other than the one trained.
+
+        A graph (its DataInfo has ``graph_edges``) is one sample, trained full-batch (``batch_size`` 1): its model is
+        profiled on a seeded random structure with the graph's own node and edge counts, which is exact, since a
+        step's work depends on those counts and the widths, not on which nodes are joined."""
         from cptsim.data import dataset_info, default_dataset, epoch_size
         from cptsim.numerics.layers import quantize_model, resolve_fp_layers
         from cptsim.models import create_model, default_fp_layers
         from cptsim.measure.profiler import profile_model
-        from cptsim.run.config import TrainConfig, validate
+        from cptsim.run.config import TrainConfig, recipe, validate
 
         if dataset is None:  # the embedded dataset of the model's kind
             dataset = default_dataset(model)
         if epochs is not None and steps is not None:
             raise InputError("give --epochs or --steps, not both")
+        r = recipe(dataset, batch_size=batch_size, optimizer=optimizer, lr=lr, lr_min=lr_min)
+        batch_size, optimizer, lr, lr_min = r["batch_size"], r["optimizer"], r["lr"], r["lr_min"]
         for flag, v in (("--epochs", epochs), ("--steps", steps), ("--batch-size", batch_size),
                         ("--dataset-size", dataset_size)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise InputError(f"{flag} must be a positive integer, got {v!r}")
         validate(TrainConfig(model=model, dataset=dataset, batch_size=batch_size, lr=lr, lr_schedule=lr_schedule,
-                             steps=steps, image_size=image_size))
+                             steps=steps, image_size=image_size, optimizer=optimizer, lr_min=lr_min,
+                             quant_agg=quant_agg))
         info = dataset_info(dataset, data_dir, image_size)
         n, n_from = epoch_size(dataset, data_dir, dataset_size)
         if steps is None:
-            epochs = 15 if epochs is None else epochs
+            epochs = r["epochs"] if epochs is None else epochs
             if n is None:
                 raise InputError(f"{dataset}: the epoch size is unknown without loading the data; "
                                  "give --dataset-size N or --steps T")
             steps = epochs * -(-n // batch_size)
         shape = tuple(int(s) for s in info.input_shape)
         t0 = time.perf_counter()
-        net = create_model(model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape)
+        net = create_model(model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape,
+                           graph=info.graph_edges is not None)
+        edges = getattr(info, "graph_edges", None)  # a graph: profiled on random structures of its sizes
         resolved = default_fp_layers(net) if fp_layers is None else resolve_fp_layers(net, fp_layers)
-        quantize_model(net, fp_layers=resolved)
-        prof = profile_model(net, shape, batch_size=2, model_name=model)
+        quantize_model(net, fp_layers=resolved, **({"quant_agg": True} if quant_agg else {}))
+        prof = profile_model(net, shape, batch_size=2, model_name=model, optimizer=optimizer, graph_edges=edges)
         prof.channels_last = bool(channels_last)
         return cls(model=model, dataset=info.name, batch_size=batch_size, steps=steps, profile=prof,
                    input_shape=shape, num_classes=info.num_classes, dataset_size=n, data_dir=data_dir,
                    epochs=epochs, fp_layers=list(resolved), lr=lr, lr_schedule=lr_schedule, momentum=momentum,
                    weight_decay=weight_decay, seed=seed, augment=augment, profile_s=time.perf_counter() - t0,
                    dataset_size_from=n_from, image_size=shape[-1] if info.name == "imagefolder" else None,
-                   channels_last=bool(channels_last))
+                   channels_last=bool(channels_last), optimizer=optimizer, lr_min=float(lr_min),
+                   quant_agg=bool(quant_agg), graph_edges=edges)
 
     @property
     def ragged(self) -> tuple[int, int] | None:
@@ -124,8 +140,11 @@ class Workload:
                 "num_classes": self.num_classes, "fp_layers": list(self.fp_layers), "lr": self.lr,
                 "lr_schedule": self.lr_schedule, "momentum": self.momentum, "weight_decay": self.weight_decay,
                 "seed": self.seed, "augment": self.augment, "image_size": self.image_size,
-                # only when set: a plan (and its workload key) for the default NCHW stays as it was
-                **({"channels_last": True} if self.channels_last else {})}
+                # only when set: a plan (and its workload key) for the default NCHW, SGD, ... stays as it was
+                **({"channels_last": True} if self.channels_last else {}),
+                **({"optimizer": self.optimizer} if self.optimizer != "sgd" else {}),
+                **({"lr_min": self.lr_min} if self.lr_min else {}),
+                **({"quant_agg": True} if self.quant_agg else {})}
 
     def step_costs(self, hardware):
         """The ``cptsim.cost.StepCosts`` of this workload's profile on ``hardware`` (a HardwareProfile object):

@@ -15,7 +15,8 @@ CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
 
 def test_list_datasets_names_the_documented_datasets():
     assert list_datasets() == ["digits", "cifar10", "cifar100", "mnist", "fashion-mnist", "imagefolder",
-                               "ptb", "wikitext-2", "wikitext-103", "pydoc-chars"]
+                               "ptb", "wikitext-2", "wikitext-103", "pydoc-chars", "karate", "planetoid", "cora",
+                               "citeseer", "pubmed", "ogbn-arxiv"]
 
 
 @pytest.mark.parametrize("name,shape,classes,train,test", [

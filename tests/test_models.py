@@ -39,11 +39,12 @@ def test_model_info_has_the_documented_keys(name):
     info = model_info(name)
     assert set(info) == {"name", "family", "input", "description"}
     assert info["name"] == name
-    assert info["input"] in {"cifar", "digits", "imagenet", "any", "text"}
+    assert info["input"] in {"cifar", "digits", "imagenet", "any", "text", "graph"}
     assert info["description"]
 
 
-@pytest.mark.parametrize("name", [n for n in list_models() if model_info(n)["input"] != "text"])  # LMs: test_lm.py
+@pytest.mark.parametrize("name", [n for n in list_models()  # LMs: test_lm.py; graph models: test_graph_models.py
+                                  if model_info(n)["input"] not in ("text", "graph")])
 def test_every_listed_model_maps_its_natural_input_to_logits(name):
     shape = NATURAL_INPUT[model_info(name)["input"]]
     torch.manual_seed(0)

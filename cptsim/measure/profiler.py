@@ -883,7 +883,8 @@ def profile_named_model(model: str, shape: tuple[int, ...], num_classes: int,
     from cptsim.numerics.layers import quantize_model, resolve_fp_layers
 
     in_channels = shape[0] if len(shape) == 3 else 1
-    torch_model = create_model(model, num_classes=num_classes, in_channels=in_channels, input_shape=shape)
+    torch_model = create_model(model, num_classes=num_classes, in_channels=in_channels, input_shape=shape,
+                               graph=graph_edges is not None)
     keep = default_fp_layers(torch_model) if fp_layers is None else resolve_fp_layers(torch_model, fp_layers)
     quantize_model(torch_model, fp_layers=keep, **({"quant_agg": True} if quant_agg else {}))
     return profile_model(torch_model, shape, batch_size=2, model_name=model, optimizer=optimizer,

@@ -16,6 +16,7 @@ import torch
 from cptsim.errors import InputError
 
 LR_SCHEDULES = ("step", "cosine", "constant")
+OPTIMIZERS = ("sgd", "adam", "adamw")  # built and counted by cptsim.measure.opcount.training_optimizer
 
 
 @dataclass
@@ -28,13 +29,20 @@ class TrainConfig:
     dataset: str | None = None  # None: the model's kind's embedded dataset, resolved on construction
     data_dir: str | None = None
     schedule: str = "cpt:3-8:g8:n32"
-    epochs: int = 15
+    epochs: int | None = None  # None: the dataset's recipe (``recipe``): 15, or 200 for a graph
     steps: int | None = None  # total steps; overrides epochs when given (the run stops mid-epoch if need be)
-    batch_size: int = 64
-    lr: float = 0.1
+    batch_size: int | None = None  # None: 1 for a graph (full batch: the sample is the whole graph), else 64
+    lr: float | None = None  # None: the recipe's, 0.1 (SGD), or 1e-3 for a graph (Adam)
     momentum: float = 0.9
     weight_decay: float = 5e-4
     lr_schedule: str = "cosine"
+    # sgd (with momentum, CPT's CIFAR recipe), adam or adamw (cpt_gnn's graph recipe: Adam); the momentum setting is
+    # SGD's alone. lr_min: the cosine schedule's floor (torch's CosineAnnealingLR eta_min; cpt_gnn anneals to 0.1 x lr)
+    optimizer: str | None = None  # None: the recipe's, sgd, or adam for a graph
+    lr_min: float | None = None  # None: the recipe's, 0, or 0.1 x lr for a graph
+    # graph models: quantize the message passing's aggregation too (its inputs at the step's bits, the error into it
+    # at the gradient bits), as cpt_gnn's quant_agg; off by default, as there (cptsim.numerics.graph_layers)
+    quant_agg: bool = False
     fp_layers: list[str] | None = None  # None: the model's convention (final classifier in FP32)
     seed: int = 0
     device: str = "cpu"
@@ -60,6 +68,9 @@ class TrainConfig:
             from cptsim.data import default_dataset
 
             self.dataset = default_dataset(self.model)
+        given = {k: getattr(self, k) for k in ("batch_size", "epochs", "optimizer", "lr", "lr_min")}
+        for k, v in recipe(self.dataset, **given).items():
+            setattr(self, k, v)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -81,7 +92,8 @@ class TrainConfig:
 
         w = plan["workload"]
         keys = ("model", "dataset", "data_dir", "batch_size", "steps", "lr", "lr_schedule", "momentum",
-                "weight_decay", "seed", "fp_layers", "augment", "image_size", "channels_last")
+                "weight_decay", "seed", "fp_layers", "augment", "image_size", "channels_last", "optimizer",
+                "lr_min", "quant_agg")
         settings = {k: w[k] for k in keys if k in w}
         settings["schedule"] = Schedule.from_json(plan["schedule"]).to_text()
         if w.get("epochs") is not None:  # recorded for the reader; the plan's steps decide the run length
@@ -110,6 +122,9 @@ WORKLOAD_KEYS = ("model", "dataset", "dataset_size", "batch_size", "steps", "lr"
 # Keyed only where they differ from the value every workload had before they were keyed, so that the keys of
 # workloads without them (every database written until then) stay what they were.
 EVAL_DEFAULTS = {"eval_bits": None, "recal_batches": 16}  # TrainConfig's: the schedule's q_max, 16 batches
+# the optimizer (Adam's update is counted work, and another recipe is another workload), the cosine floor and the
+# aggregation's quantization (graph models' BitOPs): keyed, like EVAL_DEFAULTS, only away from TrainConfig's default
+RECIPE_DEFAULTS = {"optimizer": "sgd", "lr_min": 0, "quant_agg": False}
 FOLDER_DATASETS = ("imagefolder",)  # the data are the user's folder: its path and class count are the workload's
 
 
@@ -167,8 +182,9 @@ def workload_settings(settings: dict) -> dict:
         d = settings.get("data_dir")
         out["data_dir"] = str(Path(d).expanduser().resolve()) if d else None
         out["num_classes"] = _num(settings.get("num_classes"))
-    for k, default in EVAL_DEFAULTS.items():
-        v = _num(settings.get(k))
+    for k, default in (EVAL_DEFAULTS | RECIPE_DEFAULTS).items():
+        v = settings.get(k)
+        v = v.strip().lower() if isinstance(v, str) else _num(v)
         if v is not None and v != default:
             out[k] = v
     return out
@@ -198,6 +214,7 @@ def run_workload(config: dict) -> dict:
         "fp_layers": config.get("fp_layers", s.get("fp_layers")), "augment": s.get("augment"),
         "image_size": s.get("image_size"), "data_dir": s.get("data_dir"), "num_classes": config.get("num_classes"),
         "eval_bits": s.get("eval_bits"), "recal_batches": config.get("recal_batches", s.get("recal_batches")),
+        "optimizer": s.get("optimizer"), "lr_min": s.get("lr_min"), "quant_agg": s.get("quant_agg"),
     })
 
 
@@ -233,7 +250,46 @@ def unpack_correct(text: str, n: int):
 
 # The settings a plan's cost depends on: TrainConfig.from_plan refuses to change them.
 PLAN_FIXED = ("model", "dataset", "schedule", "batch_size", "steps", "epochs", "fp_layers", "image_size",
-              "channels_last")  # the memory format changes a GPU's time
+              "channels_last",  # the memory format changes a GPU's time
+              "optimizer", "quant_agg")  # Adam's update is counted work; a quantized aggregation changes the BitOPs
+
+
+# The recipe a workload gets where its flags are not given, by the kind of its data: CPT's (SGD with momentum 0.9,
+# lr 0.1, cosine to 0, batch 64, 15 epochs for the embedded digits), and for a graph cpt_gnn's ogbn-arxiv recipe
+# (full batch, Adam lr 1e-3, cosine annealed to 0.1 x lr; their weight decay, 5e-4, is CPT's too) over 200 epochs,
+# Kipf & Welling's GCN length, not cpt_gnn's 500 (give --epochs 500 for theirs).
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_EPOCHS = 15
+DEFAULT_LR = 0.1
+GRAPH_RECIPE = {"batch_size": 1, "epochs": 200, "optimizer": "adam", "lr": 1e-3, "lr_min_fraction": 0.1}
+
+
+def recipe(dataset, batch_size=None, epochs=None, optimizer=None, lr=None, lr_min=None) -> dict:
+    """The run's batch size, epochs, optimizer, lr and cosine floor: each as given, or the dataset's kind's default
+    (see above). The one place those defaults live: TrainConfig, the planner's Workload, a sweep and the CLI's
+    help all read them here."""
+    graph = is_graph_dataset(dataset)
+    r = GRAPH_RECIPE if graph else {"batch_size": DEFAULT_BATCH_SIZE, "epochs": DEFAULT_EPOCHS, "optimizer": "sgd",
+                                    "lr": DEFAULT_LR, "lr_min_fraction": 0.0}
+    lr = r["lr"] if lr is None else lr
+    if lr_min is None:  # the floor follows the peak typed (cpt_gnn: 0.1 x lr), when it is a number at all
+        lr_min = r["lr_min_fraction"] * lr if isinstance(lr, (int, float)) and not isinstance(lr, bool) else 0.0
+    return {"batch_size": r["batch_size"] if batch_size is None else batch_size,
+            "epochs": r["epochs"] if epochs is None else epochs,
+            "optimizer": r["optimizer"] if optimizer is None else optimizer, "lr": lr, "lr_min": lr_min}
+
+
+def is_graph_dataset(name) -> bool:
+    """Whether ``name`` is a node-classification graph (its DataInfo has ``graph_edges``); False for a name the
+    registry does not know (that is reported where the data is loaded)."""
+    if not isinstance(name, str):
+        return False
+    from cptsim.data import nominal_info
+
+    try:
+        return getattr(nominal_info(name), "graph_edges", None) is not None
+    except InputError:
+        return False
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -260,6 +316,9 @@ def validate(cfg: TrainConfig) -> None:
         raise InputError(f"--steps must be at least 1, got {cfg.steps}")
     if cfg.batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, got {cfg.batch_size}")
+    if cfg.batch_size != 1 and is_graph_dataset(cfg.dataset):
+        raise InputError(f"{cfg.dataset} is a graph, trained full-batch: one step of the whole graph per epoch; "
+                         f"leave --batch-size out (or give 1), not {cfg.batch_size}")
     if cfg.lr <= 0:
         raise InputError(f"--lr must be a positive number, got {cfg.lr}")
     if not 0 <= cfg.momentum < 1:
@@ -269,6 +328,13 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.fp_layers is not None and (not isinstance(cfg.fp_layers, list)
                                       or not all(isinstance(x, str) for x in cfg.fp_layers)):
         raise InputError(f"full-precision layers must be a list of names, got {cfg.fp_layers!r}")
+    if not isinstance(cfg.optimizer, str) or cfg.optimizer.strip().lower() not in OPTIMIZERS:
+        raise InputError(f"unknown --optimizer {cfg.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+    if isinstance(cfg.lr_min, bool) or not isinstance(cfg.lr_min, (int, float)) or not math.isfinite(cfg.lr_min) \
+            or not 0 <= cfg.lr_min < cfg.lr:
+        raise InputError(f"--lr-min must be a number in [0, --lr) = [0, {cfg.lr}), got {cfg.lr_min!r}")
+    if not isinstance(cfg.quant_agg, bool):
+        raise InputError(f"quant_agg must be true or false, got {cfg.quant_agg!r}")
     if cfg.lr_schedule not in LR_SCHEDULES:
         raise InputError(f"unknown --lr-schedule {cfg.lr_schedule!r}; choose one of {', '.join(LR_SCHEDULES)}")
     if cfg.device not in ("cpu", "cuda") and not cfg.device.startswith("cuda:"):

@@ -64,13 +64,29 @@ class Workload:
     recal_set: object = None              # train_set's samples without augmentation (None: train_set has none)
 
 
-def lr_factor(kind: str, step: int, total: int) -> float:
-    """Learning-rate multiplier at a global step: CPT's step decay (x0.1 at 50% and 75%), cosine, or constant."""
+def lr_factor(kind: str, step: int, total: int, floor: float = 0.0) -> float:
+    """Learning-rate multiplier at a global step: CPT's step decay (x0.1 at 50% and 75%), cosine (from 1 down to
+    ``floor``, a fraction of the peak: torch's CosineAnnealingLR with eta_min = floor x lr), or constant."""
     if kind == "step":
         return 0.1 ** ((step >= 0.5 * total) + (step >= 0.75 * total))
     if kind == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * step / total))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * step / total))
     return 1.0
+
+
+def step_lr(cfg: TrainConfig, step: int, total: int) -> float:
+    """The learning rate of a global step: ``cfg.lr`` x ``lr_factor``, the cosine's floor at ``cfg.lr_min``."""
+    return cfg.lr * lr_factor(cfg.lr_schedule, step, total, cfg.lr_min / cfg.lr)
+
+
+def is_graph(dataset) -> bool:
+    """A node-classification graph split (cptsim.data.graph.GraphSplit): one sample is the whole graph, its
+    labels are -100 (cross-entropy's ignore_index) outside the split's mask, and losses and accuracies are per
+    labelled node (``dataset.labelled`` of them)."""
+    return bool(getattr(dataset, "is_graph", False))
+
+
+IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index: a graph's nodes outside the split's mask
 
 
 _DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice, before any build() narrowed it
@@ -163,10 +179,15 @@ def build(cfg: TrainConfig) -> Workload:
         torch.set_num_threads(cpu_threads(cfg.threads, info.input_shape))
     torch.manual_seed(cfg.seed)
     model = create_model(cfg.model, num_classes=info.num_classes, in_channels=info.input_shape[0],
-                         input_shape=tuple(info.input_shape))
+                         input_shape=tuple(info.input_shape), graph=info.graph_edges is not None)
+    graph = is_graph(train_set)
+    if graph:  # the structure is the model's to hold (a buffer that moves with it), the features are the sample
+        from cptsim.models.graph import bind_graph
+
+        bind_graph(model, train_set.graph.edge_index)
     # None: the model's own convention, resolved by the registry; else the user's globs, expanded
     fp_layers = default_fp_layers(model) if cfg.fp_layers is None else resolve_fp_layers(model, cfg.fp_layers)
-    precision = quantize_model(model, fp_layers=fp_layers)
+    precision = quantize_model(model, fp_layers=fp_layers, **({"quant_agg": True} if cfg.quant_agg else {}))
     model.to(cfg.device)
     if not isinstance(cfg.channels_last, bool):
         raise InputError(f"channels_last must be true or false, got {cfg.channels_last!r}")
@@ -179,7 +200,10 @@ def build(cfg: TrainConfig) -> Workload:
     plain = load_datasets(cfg.dataset, cfg.data_dir, augment=False, image_size=cfg.image_size)[0] \
         if cfg.augment and augments(train_set) else None
     recal_set = plain
-    valid = getattr(train_set, "valid", None)  # a text dataset's own validation split (cptsim.data.text)
+    valid = getattr(train_set, "valid", None)  # a text dataset's or a graph's own validation split (data.text, .graph)
+    if graph and cfg.val_split and valid is None:
+        raise InputError(f"{info.name} has no validation nodes to hold out (a graph's validation split is its own "
+                         "mask, not a fraction of the training nodes); leave --val-split out")
     if valid is not None:
         val_loader = DataLoader(valid, batch_size=max(cfg.batch_size, 256), shuffle=False)
     elif cfg.val_split:
@@ -388,9 +412,10 @@ def evaluate(w: Workload, device: str, loader: DataLoader | None = None,
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         logits = w.model(x)
         loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
-        hit = logits.argmax(1) == y
+        labelled = y != IGNORE_INDEX  # all of them, but a graph's nodes outside the split's mask
+        hit = (logits.argmax(1) == y)[labelled]
         correct += hit.sum().item()
-        n += y.numel()
+        n += hit.numel()
         if per_sample is not None:
             per_sample.append(hit.cpu())
     return loss_sum / n, correct / n
@@ -610,7 +635,7 @@ class _StopRequest:
             signal.signal(sig, old)
 
 
-def _step_ops(model: nn.Module, x: torch.Tensor, device: str, precision=None):
+def _step_ops(model: nn.Module, x: torch.Tensor, device: str, precision=None, optimizer: str = "sgd"):
     """The step's op list (``cptsim.measure.opcount``: every kernel, its bytes and launches) for the run's own
     profile.json, so that a report prices the whole step on a GPU, not only its GEMMs. Counted as the planner's
     profile counts it (``profile_model``): at full precision, without the quantizers' own passes, which the cost
@@ -625,7 +650,7 @@ def _step_ops(model: nn.Module, x: torch.Tensor, device: str, precision=None):
         if precision is not None:
             precision.set(32, 32)
         with torch.random.fork_rng(devices=devices):
-            return count_step_ops(model, x[: max(1, min(int(x.shape[0]), 4))])
+            return count_step_ops(model, x[: max(1, min(int(x.shape[0]), 4))], optimizer=optimizer)
     except Exception:  # noqa: BLE001 - the run goes on; its profile lacks the op list, as runs always did
         return None
     finally:
@@ -647,7 +672,12 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
     # the optimizer and the clearing of gradients that the step's op count (cptsim.measure.opcount) counts
     from cptsim.measure.opcount import training_optimizer, zero_grad
 
-    opt = training_optimizer(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    opt = training_optimizer(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                             name=cfg.optimizer.strip().lower())
+    graph = is_graph(w.train_set)
+    if graph and d.world > 1:
+        raise InputError("a graph trains full-batch, one step of the whole graph per epoch: there is no batch to "
+                         "share between processes; train it in one (leave --nproc out)")
     torch.manual_seed(cfg.seed * 1_000_003 + 17 + d.rank)  # each rank draws its own rounding noise
     epoch_stats = [0.0, 0, 0]  # loss sum, correct, samples of the current epoch so far
     if ckpt is not None:
@@ -681,7 +711,8 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
 
     def forward_backward(x, y, n_global, poison):
         logits = model(x)
-        # summed here and divided by the *global* batch: the gradient of the global batch's mean loss
+        # summed here and divided by the *global* batch (a graph: by its labelled training nodes, the others
+        # carry the ignore_index): the gradient of the global batch's mean loss
         loss = F.cross_entropy(logits, y, reduction="sum")
         if poison:
             loss = loss * float("nan")
@@ -722,8 +753,11 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 # prepared or captured a CUDA graph; marked in the trace, left out of fits and time comparisons
                 warmup, compiles = device.startswith("cuda") and step == start_step, _compiles()
                 bits, gbits = w.bits[step], w.grad_bits[step]
+                # what the loss is averaged over: the batch's samples, or a graph's labelled training nodes (the
+                # trace's batch_size stays the samples, one graph, which is what the step's cost scales with)
+                n_loss = w.train_set.labelled if graph else n_global
                 w.precision.set(bits, gbits)
-                lr = cfg.lr * lr_factor(cfg.lr_schedule, step, T)
+                lr = step_lr(cfg, step, T)
                 for group in opt.param_groups:
                     group["lr"] = lr
                 counter.reset()
@@ -738,11 +772,11 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                     arrays, graphed = None, False
                     if graphs is not None and not poison:
                         stats, arrays, warm = graphs.step(
-                            lambda a, b: forward_backward(a, b, n_global, False), x, y, (bits, gbits, n_global),
+                            lambda a, b: forward_backward(a, b, n_loss, False), x, y, (bits, gbits, n_loss),
                             on_capture=sync_check.allow)  # capturing synchronises (torch.cuda.graph): warm-up
                         warmup, graphed = warmup or warm, not warm
                     else:
-                        stats = forward_backward(x, y, n_global, poison)
+                        stats = forward_backward(x, y, n_loss, poison)
                     arrays = arrays if arrays is not None else counter.step_arrays()
                     executed = step_cost(arrays, bits, gbits, batch=1)  # the cost model's formula
                     counts = [executed[k][p] for k in ("macs", "bitops") for p in PHASES]
@@ -753,7 +787,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 # together. It comes before opt.step() so that a non-finite loss leaves the weights untouched.
                 sync_check.allow()  # the read below is the one expected synchronisation: counted, not an error
                 loss_sum, correct, c = d.step_totals(stats, counts)
-                loss_v = loss_sum / n_global
+                loss_v = loss_sum / n_loss
                 if not math.isfinite(loss_v):
                     raise RunFailed(
                         f"loss became {loss_v} at step {step} (bits {bits}, grad bits {gbits}); nothing of that step "
@@ -770,12 +804,12 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 warmup = warmup or _compiles() != compiles
                 epoch_stats[0] += loss_sum
                 epoch_stats[1] += int(correct)
-                epoch_stats[2] += n_global
+                epoch_stats[2] += n_loss
                 if d.is_main:
                     if need_profile and batch is not None:
                         prof = counter.layer_profile(batch[0].shape[0], w.info.input_shape)
                         prof.channels_last = channels_last  # the GPU model prices the step's memory format
-                        prof.ops = _step_ops(w.model, batch[0], device, w.precision)
+                        prof.ops = _step_ops(w.model, batch[0], device, w.precision, cfg.optimizer)
                         run.write_json(PROFILE, prof.to_json())
                         need_profile = False
                     line = {"step": step, "epoch": epoch, "batch_size": n_global, "bits": bits,

@@ -60,13 +60,17 @@ class SweepSettings:
     model: str = "digits-cnn"
     dataset: str | None = None  # None: the embedded dataset of the model's kind (cptsim.data.default_dataset)
     data_dir: str | None = None
-    epochs: int = 15
+    # None: train's default for the dataset (cptsim.run.config.recipe: a graph's differ)
+    epochs: int | None = None
     steps: int | None = None
-    batch_size: int = 64
-    lr: float = 0.1
+    batch_size: int | None = None
+    lr: float | None = None
     momentum: float = 0.9
     weight_decay: float = 5e-4
     lr_schedule: str = "cosine"
+    optimizer: str | None = None
+    lr_min: float | None = None
+    quant_agg: bool = False
     fp_layers: list[str] | None = None  # None = the model's convention, [] = quantize every layer
     augment: bool = True
     val_split: float = 0.2  # held out of the training data (cptsim.run.config.VAL_SPLIT): what decisions rank by
@@ -77,12 +81,20 @@ class SweepSettings:
     image_size: int | None = None  # imagefolder's N x N input (cptsim.data.resolve_image_size); None: its default
 
     RUNTIME = ("device", "workers", "threads", "checkpoint_every")
+    # recipe settings added after sweeps were first written: in the workload only away from their defaults, so
+    # that an older sweep's workload (and a rerun into its OUT) stays the same
+    RECIPE = {"optimizer": "sgd", "lr_min": 0.0, "quant_agg": False}
 
     def __post_init__(self) -> None:
         if self.dataset is None:
             from cptsim.data import default_dataset
 
             self.dataset = default_dataset(self.model)
+        from cptsim.run.config import recipe
+
+        given = {k: getattr(self, k) for k in ("batch_size", "epochs", "optimizer", "lr", "lr_min")}
+        for k, v in recipe(self.dataset, **given).items():
+            setattr(self, k, v)
 
     def workload(self) -> dict:
         """The settings that define what is trained (a rerun into the same OUT must not change them)."""
@@ -91,6 +103,9 @@ class SweepSettings:
             w["epochs"] = None  # --steps overrides --epochs: an unused --epochs does not make another workload
         if self.image_size is None:
             del w["image_size"]  # the workloads of sweeps made before --image-size existed stay the same
+        for k, default in self.RECIPE.items():
+            if w[k] == default:
+                del w[k]
         return w
 
     def validate(self) -> None:
@@ -103,13 +118,15 @@ class SweepSettings:
         validate(TrainConfig(model=self.model, dataset=self.dataset, data_dir=self.data_dir, epochs=self.epochs,
                              steps=self.steps, batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
                              weight_decay=self.weight_decay, lr_schedule=self.lr_schedule,
+                             optimizer=self.optimizer, lr_min=self.lr_min, quant_agg=self.quant_agg,
                              fp_layers=self.fp_layers, augment=self.augment, val_split=self.val_split,
                              device=self.device,
                              workers=self.workers, threads=self.threads, checkpoint_every=self.checkpoint_every,
                              image_size=self.image_size))
         info = dataset_info(self.dataset, self.data_dir, self.image_size)
         shape = tuple(int(d) for d in info.input_shape)
-        create_model(self.model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape)
+        create_model(self.model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape,
+                     graph=info.graph_edges is not None)
 
     def train_flags(self) -> list[str]:
         """`cptsim train` flags for this workload; every value spelled out, so train's defaults cannot drift."""
@@ -126,6 +143,12 @@ class SweepSettings:
             f += ["--fp-layers", ",".join(self.fp_layers) if self.fp_layers else "none"]
         if not self.augment:
             f.append("--no-augment")
+        if self.optimizer != "sgd":
+            f += ["--optimizer", self.optimizer]
+        if self.lr_min:
+            f += ["--lr-min", repr(float(self.lr_min))]
+        if self.quant_agg:
+            f.append("--quant-agg")
         f += ["--val-split", repr(float(self.val_split))]
         if self.threads is not None:
             f += ["--threads", str(self.threads)]
@@ -202,7 +225,8 @@ def planner_schedules(settings: SweepSettings, budgets: list[str], hw: str, top:
                               steps=settings.steps, fp_layers=settings.fp_layers, lr=settings.lr,
                               lr_schedule=settings.lr_schedule, momentum=settings.momentum,
                               weight_decay=settings.weight_decay, augment=settings.augment,
-                              image_size=settings.image_size)
+                              image_size=settings.image_size, optimizer=settings.optimizer,
+                              lr_min=settings.lr_min, quant_agg=settings.quant_agg)
     out = []
     for b in parsed:
         p = plan(workload, hardware, b, space, top=top)
