@@ -15,7 +15,8 @@ Batching is the standard contiguous-stream BPTT layout: the N = (tokens - 1) // 
 split are cut into B rows of consecutive sequences, and step i takes sequence i of every row, so row r of step
 i + 1 continues row r of step i and an LSTM's hidden state carries over (``TextStream.stream_order``). The rows
 are near-equal (the first ones one sequence longer), so every step but the last has B samples and an epoch is
-ceil(N / B) steps, exactly as for image data.
+ceil(N / B) steps, exactly as for image data. With several processes each rank keeps its own rows of the streams
+(and their carried state) every step, the short last step included (``TextStream.rank_share``).
 
 ``dataset_info`` reads the files when ``--data-dir`` holds them (vocabulary size and size), and otherwise gives
 the published figures, so profile/cost/plan work without the files.
@@ -86,6 +87,19 @@ class TextStream(Dataset):
         starts = [r * S - max(0, r - full) for r in range(rows)]
         order = [starts[r] + i for i in range(S) for r in range(rows) if i < S - 1 or r < full]
         return torch.tensor(order, dtype=torch.long)
+
+    @staticmethod
+    def rank_share(step: torch.Tensor, rank: int, world: int, rows: int) -> torch.Tensor:
+        """This rank's part of one step of ``stream_order(rows)`` with ``world`` processes: the same rows every step.
+
+        Rank k owns rows ``tensor_split(arange(rows), world)[k]`` of the streams for the whole epoch, and carries
+        their hidden state. At a full step that is the plain contiguous split of the batch; the epoch's last step
+        holds only its first n < rows rows, and a plain split of those n would hand rank k rows whose state
+        another rank carries (rank 1 of 2 with rows=64 and n=40: rows 20-39, with the state of rows 32-51). Here
+        rank k gets the rows it owns below n: a prefix of its own rows, whose state is the first rows of the state
+        it carries (the rows the LSTM keeps when a batch shrinks: cptsim.models.text), maybe none."""
+        own = torch.tensor_split(torch.arange(rows), world)[rank]
+        return step[own[own < len(step)]]
 
 
 # ---------------------------------------------------------------------------------------------- reading

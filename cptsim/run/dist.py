@@ -74,10 +74,15 @@ class Dist:
         return loss_sum, correct, vals[2:]
 
     def broadcast_buffers(self, module: torch.nn.Module) -> None:
-        """Make every rank's buffers (BatchNorm statistics, activation ranges) rank 0's."""
+        """Make every rank's buffers (BatchNorm statistics, activation ranges) rank 0's -- but the state a model
+        carries along this rank's own rows of the text streams (the own buffers of a module with ``reset_state``:
+        an LSTM's ``carry``). That state is this rank's alone, and its size is its number of rows, which differ
+        between ranks after an epoch's short last step (a broadcast of unequal sizes aborts gloo)."""
         if self.active:
+            carried = {id(b) for m in module.modules() if hasattr(m, "reset_state") for b in m.buffers(recurse=False)}
             for b in module.buffers():
-                dist.broadcast(b, src=0)
+                if id(b) not in carried:
+                    dist.broadcast(b, src=0)
 
     def gather_rng(self) -> list[torch.Tensor]:
         """Every rank's torch RNG state, in rank order (each rank draws its own stochastic-rounding noise)."""
