@@ -8,9 +8,8 @@ the workload's settings and the candidate's schedule laid over those s_r steps, 
 ``PILOT_VAL_SPLIT`` of the *training* data as a validation split (the test split is never looked at), and ranks by
 validation accuracy at q_max after BatchNorm re-estimation. The better half survives; s doubles; the last one
 standing wins. A language model (a text dataset: it has its own validation split, nothing is held out) is
-ranked by its validation perplexity instead - the per-token validation loss, lower is better - and a round
-separates when the loss gap exceeds twice loss / sqrt(validation tokens) (the per-token loss's spread taken as its
-mean; neighbouring tokens are correlated, so this is a lower bound on the error). Runs go to a temporary directory (or ``pilot_dir``), never to the user's runs, and each finished
+ranked by its validation perplexity instead - the per-token validation loss, lower is better - and its rounds are
+tested as described below. Runs go to a temporary directory (or ``pilot_dir``), never to the user's runs, and each finished
 pilot run is recorded in the results database (source "pilot"). A ``pilot_dir`` may be reused: a finished run of the
 same configuration there is taken as it is, anything else keeps its name and the new run gets a fresh one
 (``_run_dir``).
@@ -26,7 +25,19 @@ check it replaces, the gap against twice the standard error of *one* accuracy, c
 separated.) The round also says what it could resolve: with b + c disagreements, the smallest accuracy gap that
 would have reached 5% (none below 6 disagreements). The test is about these two trained models on this split: each
 candidate is one seed, so seed-to-seed spread is not in it. A round that did not separate says so in the plan's
-notes. A language model's rounds keep the loss-gap check above (no per-token record is kept).
+notes.
+
+A language model's round is paired too: each run records its validation loss per BPTT window (``val_window_loss``
+in metrics.jsonl: the mean loss per token of each sequence of the validation split, in the order of the text), and
+the round separated when the mean of the per-window differences, dropped minus kept (the loss gap), exceeds twice
+its standard error. Neighbouring tokens are correlated (the same sentence, topic, state), so the error is not the
+tokens' spread / sqrt(tokens): it is estimated by batch means over the windows (``window_se``), blocks of 1, 2, 4,
+... windows, the largest estimate while at least ``MIN_BLOCKS`` blocks remain (Flyvbjerg & Petersen 1989: the
+blocked estimate rises with the block until blocks outlast the correlation, then levels off). Pairing removes
+what both candidates find hard in the same text. (The check it replaces, the gap against twice loss /
+sqrt(tokens), took the loss as its own spread and the tokens as independent: with the tokens' correlation it
+understated the error by sqrt((1 + rho) / (1 - rho)) for an AR(1) loss of lag-1 correlation rho, and called noise
+separated. Runs without per-window losses, from an older cptsim, still get it, marked as a lower bound.)
 """
 
 from __future__ import annotations
@@ -45,12 +56,14 @@ from cptsim.errors import InputError
 from .evaluate import Candidates
 from .evidence import Evidence, need_evidence
 
-__all__ = ["run_pilot", "pilot_pool", "PILOT_VAL_SPLIT", "mcnemar", "resolvable_gap"]
+__all__ = ["run_pilot", "pilot_pool", "PILOT_VAL_SPLIT", "mcnemar", "resolvable_gap", "blocked_se", "window_se"]
 
 # of the training data, held out by cptsim.run.train.validation_split (a fixed subset); the same fraction as
 # cptsim.run.config.VAL_SPLIT, which sweeps hold out (not imported here: that module imports torch)
 PILOT_VAL_SPLIT = 0.2
 ALPHA = 0.05  # a round separated its candidates when McNemar's exact two-sided p-value is below this
+MIN_BLOCKS = 32  # a language model's blocked standard error: blocks of 1, 2, 4, ... windows while this many remain
+MAX_BLOCK_WINDOWS = 16  # and blocks of at most this many windows (560 words, 1024 characters)
 
 
 def pilot_pool(cands: Candidates, ranked: np.ndarray, k: int) -> list[int]:
@@ -117,6 +130,7 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
         while len(alive) > 1:
             runs = []
             hits: dict[int, np.ndarray | None] = {}  # per candidate: which validation samples it got right
+            windows: dict[int, np.ndarray | None] = {}  # a language model's: its loss per validation window
             for pos in alive:
                 s = cands.schedules[pool[pos]]
                 cfg = TrainConfig(model=w.model, dataset=w.dataset, data_dir=w.data_dir, schedule=s.to_text(),
@@ -146,6 +160,11 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
                     if "val_bpc" in last:
                         rec["val_bpc"] = float(last["val_bpc"])
                     rec["val_tokens"] = n_val * int(w.input_shape[0])
+                    packed_w = last.get("val_window_loss")
+                    if isinstance(packed_w, str) and packed_w:
+                        from cptsim.data.text import unpack_window_losses
+
+                        windows[pos] = unpack_window_losses(packed_w)
                 packed = last.get("val_correct")
                 hits[pos] = unpack_correct(packed, int(n_val)) if isinstance(packed, str) and n_val else None
                 _record(evidence, run, db, rec)
@@ -158,12 +177,8 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
             (kept_pos, kept), (dropped_pos, dropped) = order[n_keep - 1], order[n_keep]
             rd = {"round": r, "steps": steps, "runs": [rec for _, rec in runs],
                   "kept": [cands.schedules[pool[p]].to_text() for p in alive]}
-            if lm:  # lower is better; the per-token loss's spread is taken as its mean (an exponential-like NLL)
-                gap = dropped["val_loss"] - kept["val_loss"]
-                p, n = kept["val_loss"], max(order[0][1]["val_tokens"], 1)
-                se = p / math.sqrt(n) if math.isfinite(p) else float("nan")
-                rd.update({"test": "loss gap > 2 standard errors (unpaired; a lower bound on the error)",
-                           "gap": gap, "two_se": 2 * se, "separated": bool(gap > 2 * se)})
+            if lm:  # lower is better: the paired, blocked loss-gap test (module docstring)
+                rd.update(_loss_gap(kept, dropped, windows.get(kept_pos), windows.get(dropped_pos)))
             else:
                 rd.update(_paired(kept, dropped, hits.get(kept_pos), hits.get(dropped_pos)))
             rounds.append(rd)
@@ -240,6 +255,54 @@ def _paired(kept: dict, dropped: dict, a, b) -> dict:
     return {"test": "McNemar (exact)", "gap": gap, "kept_only": n10, "dropped_only": n01,
             "disagreements": n10 + n01, "val_size": int(len(a)), "p_value": p, "chi2": stat,
             "resolvable_gap": resolvable_gap(n10 + n01, len(a)), "separated": bool(p < ALPHA)}
+
+
+def blocked_se(x, block: int) -> float:
+    """The standard error of the mean of the series ``x`` by batch means: the sample standard deviation of the means
+    of its consecutive, non-overlapping blocks of ``block`` values (a partial last block left out), over the square
+    root of their number. NaN with fewer than two blocks. With ``block`` longer than the series' correlation the
+    block means are near independent, and this is the standard error of the mean whatever the correlation within."""
+    x = np.asarray(x, dtype=float)
+    nb = len(x) // block
+    if nb < 2:
+        return float("nan")
+    means = x[:nb * block].reshape(nb, block).mean(axis=1)
+    return float(means.std(ddof=1) / math.sqrt(nb))
+
+
+def window_se(window_losses) -> tuple[float, int]:
+    """(standard error of the mean per-token loss, block length in windows that gave it) from per-window mean
+    losses in the order of the text (a language model's BPTT windows: each already the mean of T correlated tokens).
+
+    Batch means over the windows (``blocked_se``), with blocks of 1, 2, 4, ... windows (at most
+    ``MAX_BLOCK_WINDOWS``) while at least ``MIN_BLOCKS`` blocks remain; the largest estimate, so that a correlation
+    that outlasts one window (the same paragraph, the same topic) is not missed. Fewer than ``MIN_BLOCKS`` windows:
+    blocks of one window."""
+    x = np.asarray(window_losses, dtype=float)
+    best, best_block, block = blocked_se(x, 1), 1, 2
+    while block <= MAX_BLOCK_WINDOWS and len(x) // block >= MIN_BLOCKS:
+        se = blocked_se(x, block)
+        if se > best:
+            best, best_block = se, block
+        block *= 2
+    return best, best_block
+
+
+def _loss_gap(kept: dict, dropped: dict, a, b) -> dict:
+    """A language model's round (module docstring): the loss gap, dropped minus kept, against twice the blocked
+    standard error of the per-window differences ``b - a`` (the two runs' per-window validation losses)."""
+    gap = dropped["val_loss"] - kept["val_loss"]
+    p, n = kept["val_loss"], max(kept.get("val_tokens") or 0, 1)
+    naive = p / math.sqrt(n) if math.isfinite(p) else float("nan")  # the old check's error: the loss as its spread
+    if a is None or b is None or len(a) != len(b) or len(a) < 2:
+        return {"test": "loss gap > 2 x loss / sqrt(tokens) (unpaired, tokens taken as independent: a lower bound on "
+                        "the error)", "gap": gap, "two_se": 2 * naive, "separated": bool(gap > 2 * naive),
+                "why": "the runs recorded no per-window validation losses (val_window_loss) to pair"}
+    d = np.asarray(b, dtype=float) - np.asarray(a, dtype=float)
+    se, block = window_se(d)
+    return {"test": "paired loss gap > 2 blocked standard errors (batch means over BPTT windows)", "gap": gap,
+            "two_se": 2 * se, "windows": int(len(d)), "block_windows": block, "naive_se": naive,
+            "separated": bool(math.isfinite(se) and gap > 2 * se)}
 
 
 def _run_dir(root: Path, cfg, evidence: Evidence):

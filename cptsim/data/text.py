@@ -36,7 +36,8 @@ from cptsim.errors import InputError
 
 from .registry import DataInfo, nominal_info, register_dataset
 
-__all__ = ["TextStream", "TEXT_DATASETS", "text_info", "evaluate_lm", "lm_metrics", "EOS", "UNK"]
+__all__ = ["TextStream", "TEXT_DATASETS", "text_info", "evaluate_lm", "lm_metrics", "pack_window_losses",
+           "unpack_window_losses", "EOS", "UNK"]
 
 EOS, UNK = "<eos>", "<unk>"
 WORD_BPTT, CHAR_BPTT = 35, 64
@@ -224,13 +225,19 @@ _register()
 
 
 @torch.no_grad()
-def evaluate_lm(model, stream: TextStream, device: str, rows: int = 10) -> tuple[float, float]:
+def evaluate_lm(model, stream: TextStream, device: str, rows: int = 10,
+                windows: list | None = None) -> tuple[float, float]:
     """(mean NLL per token in nats, next-token accuracy) over a split, read as ``rows`` contiguous streams with the
-    state carried from one sequence to the next (the way the model was trained to be used)."""
+    state carried from one sequence to the next (the way the model was trained to be used).
+
+    ``windows``: a list that receives one float64 tensor, each sequence's (BPTT window's) mean NLL per token, in
+    the order of the text (sequence k of the split at k). Their mean is the split's loss; the planner's pilot
+    takes its standard error from them (``cptsim.planner.pilot.window_se``: batch means over the windows)."""
     import torch.nn.functional as F
 
     order = stream.stream_order(min(rows, len(stream)))
     state, loss_sum, correct, n = None, 0.0, 0, 0
+    per_window = torch.zeros(len(stream), dtype=torch.float64) if windows is not None else None
     for i in range(0, len(order), rows):
         idx = order[i:i + rows]
         x = torch.stack([stream[k][0] for k in idx.tolist()]).to(device)
@@ -239,9 +246,34 @@ def evaluate_lm(model, stream: TextStream, device: str, rows: int = 10) -> tuple
             state = [(h[:x.shape[0]], c[:x.shape[0]]) for h, c in state]
         logits, state = model.forward_state(x, state)
         loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
+        if per_window is not None:
+            per_window[idx] = F.cross_entropy(logits, y, reduction="none").double().mean(1).cpu()
         correct += (logits.argmax(1) == y).sum().item()
         n += y.numel()
+    if windows is not None:
+        windows.append(per_window)
     return loss_sum / n, correct / n
+
+
+def pack_window_losses(windows) -> str:
+    """Per-window mean losses (tensors or arrays, concatenated) as base64 of little-endian float32: what
+    metrics.jsonl records as ``val_window_loss`` (about 5.3 characters a window: 363 for pydoc-chars' validation
+    split, 2107 for PTB's)."""
+    import base64
+
+    import numpy as np
+
+    parts = [np.asarray(w.cpu() if hasattr(w, "cpu") else w, dtype="<f4").ravel() for w in windows]
+    return base64.b64encode(np.concatenate(parts).tobytes() if parts else b"").decode("ascii")
+
+
+def unpack_window_losses(text: str):
+    """The per-window losses ``pack_window_losses`` packed (a float64 numpy array)."""
+    import base64
+
+    import numpy as np
+
+    return np.frombuffer(base64.b64decode(text), dtype="<f4").astype(np.float64)
 
 
 def lm_metrics(rec: dict, seq_len: int, char_level: bool) -> dict:
