@@ -10,7 +10,7 @@ from cptsim.errors import InputError
 from .common import (batch_size_or_default, emit_json, err, json_option, out, print_table, run_length, si,
                      wide_option)
 from .common import workload_options as common_workload_options
-from .profile_cmd import build_profile, resolve_workload, throughput, workload_options
+from .profile_cmd import build_profile, rate_text, resolve_workload, throughput, workload_options
 
 DEFAULT_HW = "h100,a100,bitfusion,stripes,int8-systolic"
 
@@ -125,13 +125,13 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
     for p, c in zip(profiles, costs):
         speed = throughput(c.samples, c.latency_s["total"], dataset_size)
         t_run = c.latency_s["total"]
-        s.add_row(p.name, f"{speed['samples_per_s']:,.0f}", si(t_run / c.steps, "s"),
+        s.add_row(p.name, rate_text(speed["samples_per_s"]), si(t_run / c.steps, "s"),
                   si(speed["epoch_s"], "s") if speed["epoch_s"] is not None else "-", si(t_run, "s"),
                   si(c.energy_j["total"] / t_run, "W") if t_run > 0 else "-")
     print_table(s, drop=("avg power", "run time", "time/step"))
     for p in profiles:
         for line in sureness_lines(p.name, sureness[p.name]):
-            out.print(line, highlight=False)
+            out.print(line, highlight=False, markup=False)  # [validation] is text, not markup
     for p in profiles:
         for n in p.notes:
             err.print(f"[yellow]note ({p.name}):[/yellow] {n}", highlight=False)

@@ -298,7 +298,7 @@ def print_plan(p, doc: dict) -> None:
     from .cost_cmd import sureness_lines
 
     for line in sureness_lines(p.hardware.name, doc):
-        out.print(line, highlight=False)
+        out.print(line, highlight=False, markup=False)  # [validation] is text, not markup
     if doc.get("budget_margin"):
         out.print(f"budget margin: {doc['budget_margin']['text']}", highlight=False)
     q = p.quality or {}

@@ -108,8 +108,14 @@ def throughput(samples: float, seconds: float, epoch_samples: int | None) -> dic
             "epoch_s": epoch_samples / rate if epoch_samples and rate > 0 else None}
 
 
+def rate_text(rate: float) -> str:
+    """Samples per second for people: whole numbers, or 3 significant digits below 100 (a graph is one sample, and
+    a big one takes longer than a second)."""
+    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
+
+
 def speed_text(speed: dict) -> str:
-    txt = f"{speed['samples_per_s']:,.0f} samples/s"
+    txt = f"{rate_text(speed['samples_per_s'])} samples/s"
     if speed["epoch_s"] is not None:
         txt += f", {si(speed['epoch_s'], 's')} per epoch of {speed['epoch_samples']:,} samples"
     return txt

@@ -306,7 +306,7 @@ def _print_run(r) -> None:
 
         for x in d["hardware"]:  # how sure each modelled time is, as `cost` says it
             for line in sureness_lines(x["name"], x):
-                out.print(f"  {line}", highlight=False)
+                out.print(f"  {line}", highlight=False, markup=False)  # [validation] is text, not markup
 
     L = d["layers"]
     if L:
