@@ -263,10 +263,12 @@ def epoch_batches(cfg: TrainConfig, w: Workload, epoch: int, first: int, last: i
     if stream is not None and first == 0 and hasattr(w.model, "reset_state"):
         w.model.reset_state()  # the streams start again; a run resumed mid-epoch keeps its checkpoint's state
     B = cfg.batch_size
+    share = getattr(w.train_set, "rank_share", None)  # text: every rank keeps its own rows of the streams
     plan = []
     for i in range(first, last):
         g = order[i * B:(i + 1) * B]
-        plan.append((i, g.numel(), local_share(g, rank, world).tolist()))
+        mine = share(g, rank, world, B) if share is not None else local_share(g, rank, world)
+        plan.append((i, g.numel(), mine.tolist()))
     gather = getattr(w.train_set, "gather", None)
     if gather is not None:  # synthetic data: the batch is gathered where it lives (on the GPU), no DataLoader
         for i, n_global, idx in plan:
@@ -399,14 +401,15 @@ def evaluate(w: Workload, device: str, loader: DataLoader | None = None,
              per_sample: list | None = None) -> tuple[float, float]:
     """Loss and accuracy on ``loader`` (default: the test split) at ``w.eval_bits`` (the precision the trained
     model is meant to be used at: the schedule's q_max unless --eval-bits says otherwise). ``per_sample``: a list
-    that receives each batch's per-sample correctness (a classifier only)."""
+    that receives each batch's per-sample correctness (a classifier), or a language model's mean loss per BPTT
+    window (one tensor, in the order of the text: ``cptsim.data.text.evaluate_lm``)."""
     w.model.eval()
     w.precision.set(w.eval_bits, w.schedule.g_max)
     split = (loader or w.test_loader).dataset
     if getattr(split, "is_text", False):  # per token, the state carried along the text (cptsim.data.text)
         from cptsim.data.text import evaluate_lm
 
-        return evaluate_lm(w.model, split, device)
+        return evaluate_lm(w.model, split, device, windows=per_sample)
     loss_sum, correct, n = 0.0, 0, 0
     for x, y in (loader or w.test_loader):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -851,7 +854,11 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 if w.val_loader is not None:
                     hits: list = []  # per validation sample: right or wrong (the pilot's paired test reads it)
                     rec["val_loss"], rec["val_acc"] = evaluate(w, device, w.val_loader, hits)
-                    if hits:
+                    if hits and getattr(w.train_set, "is_text", False):  # its loss per BPTT window (the pilot's)
+                        from cptsim.data.text import pack_window_losses
+
+                        rec["val_window_loss"] = pack_window_losses(hits)
+                    elif hits:
                         from .config import pack_correct
 
                         rec["val_correct"] = pack_correct(torch.cat(hits).numpy())
