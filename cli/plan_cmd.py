@@ -300,7 +300,7 @@ def print_plan(p, doc: dict) -> None:
     for line in sureness_lines(p.hardware.name, doc):
         out.print(line, highlight=False, markup=False)  # [validation] is text, not markup
     if doc.get("budget_margin"):
-        out.print(f"budget margin: {doc['budget_margin']['text']}", highlight=False)
+        out.print(f"budget margin: {doc['budget_margin']['text']}", highlight=False, markup=False)  # text, not markup
     q = p.quality or {}
     if q.get("name"):
         loo = q.get("loo_spearman")

@@ -181,3 +181,12 @@ def test_a_time_budget_reports_the_picks_margin_against_the_profiles_error(tmp_p
     assert m["verdict"] == ("within at worst error" if v["worst_abs_error"] <= m["margin"] else
                             "within at median error" if v["median_abs_error"] <= m["margin"] else
                             "margin under median error")
+
+
+def test_a_time_budget_on_a_profile_never_checked_says_its_error_is_unknown(tmp_path):
+    r = _cli("plan", "--budget", "1h", "--hw", "bitfusion", "--out", tmp_path / "p.json")
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.stdout.split())
+    assert "were never checked against measurements (no [validation])" in text  # printed as text, not markup
+    m = read_plan(tmp_path / "p.json")["budget_margin"]
+    assert m["verdict"] == "unknown error" and m["median_abs_error"] is None
