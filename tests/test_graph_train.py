@@ -205,3 +205,61 @@ def test_bad_graph_input_is_one_line_and_exit_2(tmp_path, args, needle):
     line = one_line_error(r)
     assert needle in line, line
     assert not (tmp_path / "run").exists()
+
+
+def test_range_test_on_a_graph_runs_stages_of_full_batch_steps_per_labelled_node():
+    """A graph's epoch is one step: the range test's default stage is GRAPH_STAGE_STEPS full-batch steps, and its
+    training accuracy counts the training mask's nodes only (karate: 4 of 34, so accuracies are quarters)."""
+    from cptsim.study.rangetest import GRAPH_STAGE_STEPS, RangeTestSettings, run_range_test
+
+    r = run_range_test(RangeTestSettings(model=SMALL_GCN, batch_size=1, q_start=6, q_max=8))
+    assert [row.steps for row in r.rows] == [GRAPH_STAGE_STEPS] * 3
+    assert all(row.samples == GRAPH_STAGE_STEPS * 4 for row in r.rows)
+    assert all(row.train_acc * 80 == int(row.train_acc * 80) for row in r.rows)
+
+
+def test_a_users_own_pyg_model_in_their_own_loop_is_recorded_with_its_aggregation(tmp_path):
+    """The own-loop API on a plain PyG model (GCNConv x 2, called as model(x, edge_index)): quantized by
+    cptsim.quantize_model, recorded by RunRecorder, its aggregation counted (nnz = E + N self-loops, x width) in the
+    trace's MACs and the profile, and `cptsim report` reads the run."""
+    from torch_geometric.nn import GCNConv
+
+    import cptsim
+    from cptsim.data import load_datasets
+
+    class Mine(torch.nn.Module):
+        def __init__(self, f, c):
+            super().__init__()
+            self.a, self.b = GCNConv(f, 8), GCNConv(8, c)
+
+        def forward(self, x, edge_index):
+            return self.b(self.a(x, edge_index).relu(), edge_index)
+
+    train_set, _, info = load_datasets("karate", None)
+    g = train_set.graph
+    n, f = info.input_shape
+    torch.manual_seed(0)
+    model = Mine(f, info.num_classes)
+    precision = cptsim.quantize_model(model)
+    sched = cptsim.PrecisionScheduler(precision, "cpt:3-8:g8:n2", total_steps=4)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    rec = cptsim.RunRecorder(tmp_path / "mine", model, sched, config={"dataset": "karate", "batch_size": 1},
+                             optimizer=opt)
+    for _ in range(4):
+        sched.step()
+        out = model(g.x, g.edge_index)
+        loss = torch.nn.functional.cross_entropy(out[g.train_mask], g.y[g.train_mask])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        rec.step(loss=loss.item(), batch_size=1)
+    rec.epoch(test_acc=0.5)
+    rec.close()
+    prof = json.loads((tmp_path / "mine" / "profile.json").read_text())
+    aggs = {layer["name"]: layer for layer in prof["layers"] if layer["type"] == "Aggregation"}
+    nnz = info.graph_edges + n
+    assert aggs["a.aggregate"]["macs"]["fwd"] == nnz * 8 and aggs["b.aggregate"]["macs"]["fwd"] == nnz * 4
+    dense = n * (f * 8 + 8 * info.num_classes)
+    assert _trace(tmp_path / "mine")[0]["macs"]["fwd"] == dense + nnz * (8 + 4)
+    r = run_cli("report", tmp_path / "mine", "--hw", "bitfusion", "--json")
+    assert r.exit_code == 0, r.output

@@ -60,9 +60,15 @@ RULE_LM = ("q_min = the first precision after whose stage the validation loss is
            "stage (the untrained model for the first stage) by more than the threshold, as a fraction of it")
 
 
+# A graph trains full batch, one step per epoch: a stage of one step says nothing about a precision, so a graph's
+# default stage is this many full-batch steps (a tenth of the graph recipe's 200 epochs).
+GRAPH_STAGE_STEPS = 20
+
+
 @dataclass(frozen=True)
 class RangeTestSettings:
-    """What a range test runs. steps_per_stage None = one epoch of the training set per precision."""
+    """What a range test runs. steps_per_stage None = one epoch of the training set per precision (a graph, whose
+    epoch is one full-batch step: ``GRAPH_STAGE_STEPS``)."""
 
     model: str = "digits-cnn"
     dataset: str | None = None  # None: the embedded dataset of the model's kind (cptsim.data.default_dataset)
@@ -225,7 +231,9 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
             return evaluate_lm(model, valid, device)[0]
         finally:
             model.train()
-    spe = settings.steps_per_stage or w.steps_per_epoch
+    from cptsim.run.train import IGNORE_INDEX, is_graph
+
+    spe = settings.steps_per_stage or (GRAPH_STAGE_STEPS if is_graph(w.train_set) else w.steps_per_epoch)
     precisions = list(range(settings.q_start, settings.q_max + 1))
     total = spe * len(precisions)
 
@@ -247,7 +255,7 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
                 break
             x, y = x.to(device), y.to(device)
             correct += (model(x).argmax(1) == y).sum().item()
-            seen += y.numel()
+            seen += (y != IGNORE_INDEX).sum().item()  # a graph's nodes outside the training mask are not samples
     baseline = correct / max(seen, 1)
     baseline_loss = val_loss() if lm else None
 
@@ -267,7 +275,7 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
             logits = model(x)
             loss = F.cross_entropy(logits, y)
             loss_v = loss.item()
-            n = y.numel()
+            n = (y != IGNORE_INDEX).sum().item()  # per labelled sample (a graph: its training nodes)
             correct += (logits.detach().argmax(1) == y).sum().item()
             seen += n
             if math.isfinite(loss_v):
