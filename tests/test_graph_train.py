@@ -263,3 +263,20 @@ def test_a_users_own_pyg_model_in_their_own_loop_is_recorded_with_its_aggregatio
     assert _trace(tmp_path / "mine")[0]["macs"]["fwd"] == dense + nnz * (8 + 4)
     r = run_cli("report", tmp_path / "mine", "--hw", "bitfusion", "--json")
     assert r.exit_code == 0, r.output
+
+
+def test_a_planetoid_directory_missing_a_file_and_arxiv_without_its_splits_are_one_line_and_exit_2(tmp_path):
+    from cptsim.data.graph import synthetic_graph, write_planetoid
+
+    g = synthetic_graph(60, 4, 2, 4, seed=1)
+    data = write_planetoid(tmp_path / "p", "tiny", g.x, g.y, g.edge_index, num_train=10,
+                           test_index=torch.arange(40, 60))
+    (data / "ind.tiny.ty").unlink()
+    line = one_line_error(run_cli("train", "--model", SMALL_GCN, "--dataset", "planetoid", "--data-dir", data,
+                                  "--quiet", "--out", tmp_path / "run"))
+    assert "ind.tiny.ty" in line, line
+    (tmp_path / "arxiv" / "raw").mkdir(parents=True)
+    line = one_line_error(run_cli("train", "--model", SMALL_GCN, "--dataset", "ogbn-arxiv", "--data-dir",
+                                  tmp_path / "arxiv", "--quiet", "--out", tmp_path / "run"))
+    assert "split/time/train.csv.gz" in line, line
+    assert not (tmp_path / "run").exists()
