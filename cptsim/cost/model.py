@@ -27,7 +27,10 @@ Bytes moved per layer-phase (DRAM traffic; a simple, stated model -- no cache re
 A GPU's GEMMs write the forward output and the input gradient at the float width the step computes in
 (``storage_bits(gpu).output`` = ``GPUProfile.compute_bits``): 16 bits for FP16 GEMMs (AMP) and int GEMMs (an int
 pipeline keeps its activations and errors in FP16, as its non-GEMM ops), 32 for FP32/TF32 GEMMs. On a GPU, the step's other ops (batch norm,
-activations, optimizer...) and its kernel launches come from the profile's op list (``step_ops_cost``).
+activations, optimizer...) and its kernel launches come from the profile's op list (``step_ops_cost``), and so does
+the time of fused attention kernels (``F.scaled_dot_product_attention``): their layer entries (type Matmul, ``sdpa``)
+count MACs and BitOPs everywhere, and GEMM time and energy only for the share the op list does not price
+(``fused_attention_share``).
 
 W = weight elements, I / O = input / output elements per sample (summed over the layer's calls). A weightless
 layer -- attention's ``Matmul(a, b)``, ``scores = q·kᵀ`` and ``mix = att·v`` -- has its second operand (K, V) where
@@ -86,6 +89,7 @@ __all__ = [
     "relative_to_static",
     "bits_histogram",
     "step_ops_cost",
+    "fused_attention_share",
     "StepCosts",
     "step_key",
 ]
@@ -511,7 +515,29 @@ def _kind_costs(a: ProfileArrays, hw, q: np.ndarray, g: np.ndarray, samples: np.
         extra = step_ops_cost(a, hw, q, g, samples)
         if extra is not None:
             xt, xe = extra
+            share = fused_attention_share(a)
+            if share:  # the op list prices these kernels (GPUProfile._attention_time): not their GEMM rows too
+                keep = np.where(a.sdpa[:, None], 1.0 - share, 1.0)
+                t, e = t * keep, e * keep
     return macs_k, bops, t, e, xt, xe
+
+
+def fused_attention_share(a: ProfileArrays) -> float:
+    """The share, 0..1, of the MACs of a profile's ``F.scaled_dot_product_attention`` entries (``a.sdpa``, type
+    Matmul: ``cptsim.measure.profiler``) that its op list holds as fused attention kernels (kind ``attention``,
+    forward MACs). Hardware that prices the op list (a GPU: ``step_ops_cost``) prices those kernels from it, from
+    their own MACs and bytes, so the entries' GEMM time and energy are counted only for the rest: all of it where
+    the profiling device ran SDPA as plain matmuls (no attention kernel in the op list), none where every call ran
+    fused. Their MACs and BitOPs are counted in full on every hardware. 0 without an op list or such entries."""
+    sd = getattr(a, "sdpa", None)
+    ops = getattr(a, "ops", None)
+    if sd is None or ops is None or not np.any(sd):
+        return 0.0
+    mine = float(a.macs[sd, 0].sum())
+    if mine <= 0:
+        return 0.0
+    fused = float(ops.summary()["fwd"].get("attention_macs_per_sample", 0.0))
+    return min(1.0, fused / mine)
 
 
 class StepCosts:

@@ -9,9 +9,11 @@ every aten op that executes is seen, whatever module or functional call issued i
 Per op the counter records (rules, not measurements of a GPU):
 
 * ``kind``: ``gemm`` for the ops ``torch.utils.flop_counter`` counts FLOPs for (mm, addmm, bmm, convolution and
-  its backward, attention kernels) -- their time comes from the per-layer MACs -- ``memory`` for every other op
-  that launches a kernel, ``view`` for ops that only make a view (reshape, transpose, detach, ...) or allocate,
-  ``aggregation`` for the memory ops a graph layer's sparse aggregation runs (below).
+  its backward) -- their time comes from the per-layer MACs -- ``attention`` for fused scaled-dot-product
+  attention kernels (their MACs counted here, ``attention_macs``: a GPU's time of them is priced from here),
+  ``memory`` for every other op that launches a kernel, ``view`` for ops that only make a view (reshape,
+  transpose, detach, ...) or allocate, ``aggregation`` for the memory ops a graph layer's sparse aggregation runs
+  (below).
 * a graph model's aggregation: every kernel that runs inside a ``MessagePassing.propagate`` call (the gather,
   the per-edge weighting, the scatter-sum) and inside the autograd nodes that call created (their backward: the
   transposed gather/scatter, GAT's gradient into alpha) is of kind ``aggregation``. Their bytes are kept here
@@ -164,8 +166,12 @@ def is_norm(op: str) -> bool:
 
 def attention_macs(base: str, tensors: list) -> int:
     """MACs of a fused scaled-dot-product attention kernel (FlashAttention and its kin, forward or backward), by
-    ``torch.utils.flop_counter``'s own formulas (flops / 2): the scores and the weighted values -- work no layer's
-    MAC count holds, since the fused kernel is not a module. ``tensors``: the op's tensor arguments in order."""
+    ``torch.utils.flop_counter``'s own formulas (flops / 2): the scores and the weighted values, and in backward
+    their 4 gradient GEMMs plus the recomputed scores. The per-layer profile holds the same forward MACs in each
+    attention module's ``scores`` / ``mix`` entries (``cptsim.measure.profiler``, ``sdpa`` True: their BitOPs, at
+    32 bits); a GPU's time of the kernels is priced from here, and those entries' GEMM time left out by the share
+    held here (``cptsim.cost.model.fused_attention_share``), so nothing is priced twice. ``tensors``: the op's
+    tensor arguments in order."""
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     if base.endswith("_backward"):

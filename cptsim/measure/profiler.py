@@ -23,19 +23,67 @@ features, weight them per edge, scatter-sum them into each node -- is its own we
 ``Aggregation`` named ``<conv>.aggregate``, counted by a hook on ``propagate`` (``aggregation_macs`` gives the rule;
 any user's MessagePassing layer is counted, nothing is matched by class name). PyG's own ``Linear`` (inside GCNConv,
 SAGEConv, GATConv) is counted as a ``Linear``. A graph model's sample is its whole graph (``profile_model``).
+
+Attention inside other libraries' models (timm, torchvision, any model of the user's): their transformers call
+``F.scaled_dot_product_attention`` (SDPA), a function, not a Conv2d/Linear, so no layer hook sees its two matmuls.
+The counter wraps ``torch.nn.functional.scaled_dot_product_attention`` while it is alive (``_sdpa_counting``: the
+real kernel runs, then the call is counted from its tensors' shapes; no tensor op, no sync) and files each call
+under the innermost module of the counted model whose code is running -- the first ``self`` that is an
+``nn.Module`` on the Python call stack above the call: timm's ``blocks.0.attn``, torchvision's
+``encoder.layers.encoder_layer_0.self_attention`` (an ``nn.MultiheadAttention``, whose
+``F.multi_head_attention_forward`` calls SDPA). Each such module gets two weightless entries of type ``Matmul``,
+exactly as cptsim's own attention has (``cptsim.numerics.lm_layers.CausalSelfAttention``: ``attn.scores`` and
+``attn.mix``): ``<module>.scores`` = q·kᵀ and ``<module>.mix`` = p·v, listed after the module's own sublayers
+(as a graph layer's aggregation is), created at the module's first call (``sdpa_macs`` gives the rule):
+
+* forward: scores = rows·S·E, mix = rows·S·Ev MACs (rows = batch x heads x L query positions, S key positions,
+  E the q/k head width, Ev the v head width) -- the full L x S matrix whatever the mask: ``is_causal`` and
+  ``attn_mask`` change no count. That is what a dense kernel computes and ``torch.utils.flop_counter``'s
+  convention (its SDPA formulas are "upper bounds for causal or otherwise masked attention"), and what cptsim's
+  own causal attention counts (it masks a full matmul);
+* dgrad / wgrad as for cptsim's ``Matmul(a, b)``: the gradient w.r.t. a (scores: dq = ds·k; mix: dp = do·vᵀ) and
+  w.r.t. b (scores: dk = dsᵀ·q; mix: dv = pᵀ·do), each the forward's MACs, when grad mode is on and that operand
+  needs a gradient (p needs one when q, k or a float mask does). flop_counter's SDPA backward formula counts
+  5 matmuls (it adds the recomputation of the scores a FlashAttention backward runs); the layer entries count the
+  4 gradient GEMMs, as cptsim's own attention does, and the recomputation stays in the op list's GPU time;
+* ``quantized`` is False: SDPA runs at full precision (cptsim quantizes only its own ``Matmul``), so its BitOPs
+  are 32 x 32 in every command; ``operand`` = K's (scores) or V's (mix) elements, input / output the first
+  operand's and the product's, as for cptsim's Matmul;
+* ``sdpa`` = True marks the entries as a fused kernel's: on a GPU the op list (``cptsim.measure.opcount``, kind
+  ``attention``) prices FlashAttention and its kin from their own MACs and bytes, so ``cptsim.cost.model``
+  leaves these entries' GEMM time and energy out by the share of their MACs the op list holds
+  (``cost.model.fused_attention_share``): nothing is priced twice, and where the profiling device ran SDPA as
+  plain matmuls (the op list then has no attention MACs) the entries are priced as GEMMs.
+
+``nn.MultiheadAttention`` in full: its forward runs its in-projection and its ``out_proj`` through
+``F.linear`` on their weights (``F.multi_head_attention_forward``), so neither is a module call a hook sees.
+The counter gives it an entry ``<mha>.in_proj`` (type ``Linear``, its weight ``in_proj_weight``, or q/k/v_proj_weight)
+and counts ``out_proj``'s GEMM into ``out_proj``'s own entry whenever the module's forward did not call it; both
+run at full precision whatever ``out_proj``'s class (``quantized`` False: fake quantization lives in a QLinear's
+forward, which is never called). With ``need_weights=True`` (its default) it computes attention with ``bmm``,
+not SDPA: its ``scores`` / ``mix`` entries are then counted from the shapes by the same rule, ``sdpa`` False
+(plain GEMMs on every hardware). Not seen: calls to SDPA through a reference taken before the counter was made
+(``from torch.nn.functional import scaled_dot_product_attention`` at import time -- timm and torchvision look it
+up at call time), code compiled by ``torch.compile``, nested (jagged) tensors, and matmuls a model writes out
+itself (``q @ k.transpose(-2, -1)`` outside a counted module; timm's ``fused_attn=False`` path, Swin in
+torchvision).
 """
 
 from __future__ import annotations
 
+import bisect
 import copy
 import inspect
 import sys
+import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from cptsim.errors import InputError
 from cptsim.numerics.lm_layers import Matmul, matmul_macs
@@ -64,6 +112,8 @@ __all__ = [
     "is_graph_model",
     "propagated_edges",
     "GRAPH_DIRECT_LIMIT",
+    "sdpa_macs",
+    "ATTENTION_PARTS",
 ]
 
 PHASES = ("fwd", "dgrad", "wgrad")
@@ -261,6 +311,152 @@ def aggregation_macs(module: nn.Module, edge_index: Any, kwargs: dict, output: t
             "input": src.numel() if src is not None else 0, "output": output.numel(), "operand": operand}
 
 
+# ------------------------------------------------------------------------------------------------ attention (SDPA)
+
+# The two matmuls of an attention, one entry each, named <module>.<part> (as cptsim's own CausalSelfAttention's).
+ATTENTION_PARTS = ("scores", "mix")
+
+
+def _attention_parts(rows: int, q_len: int, s_len: int, e: int, ev: int, q_numel: int, k_numel: int, v_numel: int,
+                     out_numel: int, need_q: bool, need_k: bool, need_v: bool, need_p: bool) -> dict[str, dict]:
+    """The scores (q·kᵀ) and mix (p·v) entries of one attention call of ``rows`` = batch x heads x L query rows
+    against S = ``s_len`` keys: MACs per phase, element counts and the GEMM's shape (``sdpa_macs``)."""
+    p = rows * s_len  # the attention matrix: scores' output, mix's first operand
+    fwd_s, fwd_m = rows * s_len * e, rows * s_len * ev
+    return {
+        "scores": {"fwd": fwd_s, "dgrad": fwd_s if need_q else 0, "wgrad": fwd_s if need_k else 0,
+                   "input": q_numel, "output": p, "operand": k_numel,
+                   "gemm": (1, s_len, e, rows, q_len)},
+        "mix": {"fwd": fwd_m, "dgrad": fwd_m if need_p else 0, "wgrad": fwd_m if need_v else 0,
+                "input": p, "output": out_numel, "operand": v_numel,
+                "gemm": (1, ev, s_len, rows, q_len)},
+    }
+
+
+def sdpa_macs(query: Any, key: Any, value: Any, output: Any, attn_mask: Any = None,
+              grad: bool = True) -> dict[str, dict] | None:
+    """The two matmuls of one ``F.scaled_dot_product_attention(query, key, value, attn_mask, ...)`` call, read from
+    the real shapes: query (..., L, E), key (..., S, E), value (..., S, Ev), output (..., L, Ev), the batch and
+    head dims broadcast (grouped-query attention included: rows come from the output, which has the query's heads).
+
+    {"scores": {...}, "mix": {...}}, each with "fwd", "dgrad", "wgrad" MACs (module docstring: the full L x S
+    matrix, masked or causal alike; dgrad the gradient w.r.t. the first operand, wgrad w.r.t. the second, each
+    only when it is needed and ``grad``), "input", "output", "operand" elements and "gemm" = (groups, n, k, rows,
+    rows_per_gemm) -- forward MACs = FlopCounterMode's ``sdpa_flop_count`` / 2. None for what it cannot read
+    (a nested tensor, a missing operand)."""
+    ts = (query, key, value, output)
+    if not all(isinstance(t, torch.Tensor) and not t.is_nested and t.dim() >= 2 for t in ts):
+        return None
+    q_len, e = int(query.shape[-2]), int(query.shape[-1])
+    s_len, ev = int(key.shape[-2]), int(value.shape[-1])
+    rows = output.numel() // ev if ev else 0
+    need_q, need_k, need_v = (grad and t.requires_grad for t in (query, key, value))
+    need_mask = grad and isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad
+    return _attention_parts(rows, q_len, s_len, e, ev, query.numel(), key.numel(), value.numel(), output.numel(),
+                            need_q, need_k, need_v, need_q or need_k or need_mask)
+
+
+def _arg(args: tuple, kwargs: dict, i: int, name: str, default: Any = None) -> Any:
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+def _calling_module(frame) -> nn.Module | None:
+    """The innermost ``nn.Module`` whose code is running at ``frame``: the first frame up the stack whose first
+    argument ``self`` is a module (its forward, or a method or ``F.*`` helper it called: the helper's frame has no
+    module ``self``, its caller's has)."""
+    depth = 0
+    while frame is not None and depth < 64:
+        code = frame.f_code
+        if code.co_argcount and code.co_varnames[0] == "self":
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, nn.Module):
+                return owner
+        frame = frame.f_back
+        depth += 1
+    return None
+
+
+_SDPA_LOCK = threading.Lock()
+_SDPA_LIVE: "weakref.WeakSet[MacCounter]" = weakref.WeakSet()  # the counters open now
+_SDPA_CALL: Callable = F.scaled_dot_product_attention  # what the wrapper runs: the function it replaced
+
+
+def _sdpa_counting(*args, **kwargs):
+    """``torch.nn.functional.scaled_dot_product_attention`` while a MacCounter is open: the function it replaced,
+    then the call counted by every open, enabled counter whose model holds the calling module."""
+    out = _SDPA_CALL(*args, **kwargs)
+    if _SDPA_LIVE:
+        counters = [c for c in list(_SDPA_LIVE) if c.enabled]
+        if counters and not torch.compiler.is_compiling():
+            owner = _calling_module(sys._getframe(1))
+            if owner is not None:
+                for c in counters:
+                    c._count_sdpa(owner, args, kwargs, out)
+    return out
+
+
+_sdpa_counting.__doc__ = (_sdpa_counting.__doc__ or "") + "\n\n" + (getattr(_SDPA_CALL, "__doc__", None) or "")
+_sdpa_counting.__name__ = _sdpa_counting.__qualname__ = "scaled_dot_product_attention"
+
+
+def _sdpa_open(counter: "MacCounter") -> None:
+    global _SDPA_CALL
+    with _SDPA_LOCK:
+        _SDPA_LIVE.add(counter)
+        current = F.scaled_dot_product_attention
+        if current is not _sdpa_counting:
+            _SDPA_CALL = current
+            F.scaled_dot_product_attention = _sdpa_counting
+
+
+def _sdpa_close(counter: "MacCounter") -> None:
+    with _SDPA_LOCK:
+        _SDPA_LIVE.discard(counter)
+        if not _SDPA_LIVE and F.scaled_dot_product_attention is _sdpa_counting:
+            F.scaled_dot_product_attention = _SDPA_CALL
+
+
+def _mha_parts(module: nn.MultiheadAttention, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               grad: bool) -> tuple[dict, dict[str, dict]]:
+    """An ``nn.MultiheadAttention`` call's in-projection (as a layer entry's counts) and its attention computed
+    with bmm (``need_weights=True``; the ``sdpa_macs`` rule): q = query·Wqᵀ, k = key·Wkᵀ, v = value·Wvᵀ, each
+    token x E x (E, kdim or vdim) MACs."""
+    e, kdim, vdim = module.embed_dim, module.kdim, module.vdim
+    tq, tk, tv = query.numel() // e, key.numel() // kdim, value.numel() // vdim
+    parts = (tq * e * e, tk * e * kdim, tv * e * vdim)
+    if module.in_proj_weight is not None:
+        weights = (module.in_proj_weight,) * 3
+    else:
+        weights = (module.q_proj_weight, module.k_proj_weight, module.v_proj_weight)
+    bias = module.in_proj_bias
+    b_grad = bias is not None and bias.requires_grad
+    x_grad = [grad and x.requires_grad for x in (query, key, value)]
+    out_grad = [grad and (xg or w.requires_grad or b_grad) for xg, w in zip(x_grad, weights)]
+    same = query is key and key is value
+    seen, inputs = set(), 0
+    for x in (query, key, value):
+        if id(x) not in seen:
+            seen.add(id(x))
+            inputs += x.numel()
+    proj = {"fwd": sum(parts), "dgrad": sum(p for p, g in zip(parts, x_grad) if g),
+            "wgrad": sum(p for p, w in zip(parts, weights) if grad and w.requires_grad),
+            "input": inputs, "output": (tq + tk + tv) * e,
+            "gemm": (1, 3 * e, e, tq, 0) if same else (1, e, e, tq + tk + tv, 0)}
+    # attention as F.multi_head_attention_forward computes it with need_weights=True: (N*h, L, E/h) x (N*h, S, E/h)
+    if query.dim() == 3:
+        n, L = (query.shape[0], query.shape[1]) if module.batch_first else (query.shape[1], query.shape[0])
+        S = key.shape[1] if module.batch_first else key.shape[0]
+    else:  # unbatched (L, E)
+        n, L, S = 1, query.shape[0], key.shape[0]
+    S = int(S) + (module.bias_k is not None) + bool(module.add_zero_attn)
+    n, L, h = int(n), int(L), module.num_heads
+    hd = e // h
+    rows = n * h * L
+    att = _attention_parts(rows, L, S, hd, hd, n * L * e, n * S * e, n * S * e, n * L * e,
+                           out_grad[0], out_grad[1], out_grad[2], out_grad[0] or out_grad[1])
+    return proj, att
+
+
 # ------------------------------------------------------------------------------------------------ records
 
 
@@ -271,7 +467,8 @@ class LayerRecord:
     layer's second operand (attention's ``Matmul(a, b)``: K or V; an ``Aggregation``'s per-edge values: GCN's
     normalisation, GAT's attention coefficients), summed over calls, 0 for layers with a weight; ``edges``: an
     ``Aggregation``'s nnz per sample (the edges its propagate calls ran over, self loops included), summed over
-    calls, 0 for every other layer."""
+    calls, 0 for every other layer; ``sdpa``: a Matmul entry of ``F.scaled_dot_product_attention`` calls (a fused
+    kernel, which a GPU's op list prices: module docstring), False for every other layer."""
 
     name: str
     type: str
@@ -282,6 +479,7 @@ class LayerRecord:
     gemm: dict | None = None  # the forward GEMM's shape (``gemm_shape``); None where the layer type has none
     operand: int = 0
     edges: int = 0
+    sdpa: bool = False
 
     def to_json(self) -> dict:
         d = {"name": self.name, "type": self.type, "quantized": self.quantized,
@@ -293,6 +491,8 @@ class LayerRecord:
             d["operand"] = int(self.operand)
         if self.edges:
             d["edges"] = int(self.edges)
+        if self.sdpa:
+            d["sdpa"] = True
         return d
 
 
@@ -317,6 +517,7 @@ class ProfileArrays:
     operand: np.ndarray | None = None  # (L,) float64: second-operand elements per sample (LayerRecord.operand)
     edges: np.ndarray | None = None  # (L,) float64: an aggregation's nnz per sample (LayerRecord.edges), 0 elsewhere
     aggregation: np.ndarray | None = None  # (L,) bool: a graph layer's sparse aggregation (type AGGREGATION)
+    sdpa: np.ndarray | None = None  # (L,) bool: a fused attention kernel's matmul (LayerRecord.sdpa)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -408,6 +609,8 @@ class LayerProfile:
                 raise _bad(f"{where}.name and .type must be strings")
             if not isinstance(r["quantized"], bool):
                 raise _bad(f"{where}.quantized must be true or false, got {r['quantized']!r}")
+            if not isinstance(r.get("sdpa", False), bool):
+                raise _bad(f"{where}.sdpa must be true or false, got {r['sdpa']!r}")
             for key, names in (("macs", PHASES), ("numel", NUMEL_KEYS)):
                 if not isinstance(r[key], dict) or any(n not in r[key] for n in names):
                     raise _bad(f"{where}.{key} must be an object with keys {', '.join(names)}")
@@ -419,6 +622,7 @@ class LayerProfile:
                 gemm=_gemm_record(r.get("gemm"), where),
                 operand=_count(r.get("operand", 0), f"{where}.operand"),
                 edges=_count(r.get("edges", 0), f"{where}.edges"),
+                sdpa=r.get("sdpa", False),
             ))
         model = d["model"]
         if not isinstance(model, str):
@@ -480,6 +684,7 @@ class LayerProfile:
             operand=np.array([r.operand for r in self.layers], dtype=np.float64),
             edges=np.array([r.edges for r in self.layers], dtype=np.float64),
             aggregation=np.array([r.type == AGGREGATION for r in self.layers], dtype=bool),
+            sdpa=np.array([r.sdpa for r in self.layers], dtype=bool),
         )
 
 
@@ -492,11 +697,16 @@ _ZERO = (0,) * 9
 
 class MacCounter:
     """Attach to a model (forward hooks on every layer type in COUNTERS, propagate hooks on every torch_geometric
-    MessagePassing layer); counts what each training step executes.
+    MessagePassing layer, forward hooks on every ``nn.MultiheadAttention``, and the SDPA wrapper while open);
+    counts what each training step executes.
 
     ``reset()`` at the start of a step, run the step, read ``step_macs()`` (batch included) or
     ``layer_profile(batch, shape)`` (per sample). Set ``enabled = False`` around work that must not count
     (evaluation). ``close()`` (or leaving a ``with`` block) removes the hooks.
+
+    The entries are the counted layers in the model's module order, each aggregation after its layer's sublayers;
+    an attention module's ``scores`` / ``mix`` entries are made at its first SDPA call and inserted after its
+    sublayers (module docstring), so a step's entries are known once a step has run.
     """
 
     def __init__(self, model: nn.Module, model_name: str = ""):
@@ -507,40 +717,128 @@ class MacCounter:
         self._types: list[str] = []
         self._acc: list[list[int]] = []
         self._shapes: list[dict] = []  # per layer: the forward GEMM's (groups, n, k, rows_per_gemm), first call
-        self._agg: list[bool] = []  # per layer: an aggregation entry (its module is the MessagePassing layer)
+        # per layer: {"agg": an aggregation entry (its module is the MessagePassing layer), "sdpa": a fused
+        # attention kernel's matmul, "fp": runs at full precision whatever its module's class (attention, MHA's
+        # functional projections), "weight": its weight's elements where the module's ``weight`` is not it}
+        self._meta: list[dict] = []
+        self._keys: list[tuple] = []  # per layer: its place in the module order (entries made later go there)
         self._handles: list = []
+        self._tree: dict[int, tuple[nn.Module, str, int]] = {}  # id(module) -> (module, name, end of its subtree)
+        self._entry_of: dict[int, tuple] = {}  # id(counted module) -> (module, acc, shape, meta) of its entry
+        self._sites: dict[int, tuple[nn.Module, list]] = {}  # id(attention module) -> (module, its two entries)
+        self._open_mha: dict[int, tuple[int, int]] = {}  # id(MHA) -> out_proj's and attention's calls at entry
         _register_pyg_linear()
-        pending: list[tuple[str, nn.Module]] = []  # aggregations, listed after their layer's own sublayers
-        for name, module in model.named_modules():
+        mods = list(model.named_modules())
+        end = list(range(len(mods)))  # the last preorder index inside each module's subtree
+        stack: list[int] = []
+        for i, (name, _) in enumerate(mods):
+            while stack and mods[stack[-1]][0] and not name.startswith(mods[stack[-1]][0] + "."):
+                end[stack.pop()] = i - 1
+            stack.append(i)
+        for j in stack:
+            end[j] = len(mods) - 1
+        pending: list[tuple[str, nn.Module, int]] = []  # aggregations, listed after their layer's own sublayers
+        for i, (name, module) in enumerate(mods):
+            self._tree.setdefault(id(module), (module, name, end[i]))
             while pending and pending[-1][0] and not name.startswith(pending[-1][0] + "."):
                 self._add_aggregation(*pending.pop())
             if is_message_passing(module):
-                pending.append((name, module))
+                pending.append((name, module, end[i]))
+            if isinstance(module, nn.MultiheadAttention):
+                self._add_mha(name, module, (i, 0))
             found = counter_for(type(module))
             if found is None:
                 continue
             base, fn = found
             acc = list(_ZERO)
             shape: dict = {}
-            self._modules.append(module)
-            self._names.append(name or type(module).__name__)
-            self._types.append(base.__name__)
-            self._acc.append(acc)
-            self._shapes.append(shape)
-            self._agg.append(False)
+            meta = self._append((i, 0), module, name or type(module).__name__, base.__name__, acc, shape)
+            self._entry_of.setdefault(id(module), (module, acc, shape, meta))
             self._handles.append(module.register_forward_hook(self._hook(module, fn, acc, shape), with_kwargs=True))
         while pending:
             self._add_aggregation(*pending.pop())
+        _sdpa_open(self)
+        self._sdpa_opened = True
 
-    def _add_aggregation(self, name: str, module: nn.Module) -> None:
+    # -- entries
+
+    def _append(self, key: tuple, module: nn.Module, name: str, typ: str, acc: list, shape: dict,
+                pos: int | None = None, **meta) -> dict:
+        pos = len(self._acc) if pos is None else pos
+        m = {"agg": False, "sdpa": False, "fp": False, "weight": None, **meta}
+        for lst, v in ((self._modules, module), (self._names, name), (self._types, typ), (self._acc, acc),
+                       (self._shapes, shape), (self._meta, m), (self._keys, key)):
+            lst.insert(pos, v)
+        return m
+
+    def _add_aggregation(self, name: str, module: nn.Module, end: int) -> None:
         acc = list(_ZERO)
-        self._modules.append(module)
-        self._names.append(f"{name}.aggregate" if name else "aggregate")
-        self._types.append(AGGREGATION)
-        self._acc.append(acc)
-        self._shapes.append({"none": True})
-        self._agg.append(True)
+        self._append((end, 1), module, f"{name}.aggregate" if name else "aggregate", AGGREGATION, acc, {"none": True},
+                     agg=True)
         self._handles.append(module.register_propagate_forward_hook(self._propagate_hook(module, acc)))
+
+    def _add_mha(self, name: str, module: nn.MultiheadAttention, key: tuple) -> None:
+        acc, shape = list(_ZERO), {}
+        w = module.in_proj_weight
+        weight = w.numel() if w is not None else sum(t.numel() for t in (module.q_proj_weight, module.k_proj_weight,
+                                                                         module.v_proj_weight))
+        self._append(key, module, f"{name}.in_proj" if name else "in_proj", "Linear", acc, shape, fp=True,
+                     weight=int(weight))
+        self._handles.append(module.register_forward_pre_hook(self._mha_pre_hook(module), with_kwargs=True))
+        self._handles.append(module.register_forward_hook(self._mha_hook(module, acc, shape), with_kwargs=True))
+
+    def _site(self, module: nn.Module) -> list:
+        """The scores and mix entries of an attention module: [(acc, shape, meta)] x 2, made at its first call."""
+        site = self._sites.get(id(module))
+        if site is not None and site[0] is module:
+            return site[1]
+        _, name, last = self._tree[id(module)]
+        entries = []
+        prefix = f"{name}." if name else ""
+        taken = set(self._names)
+        if any(prefix + part in taken for part in ATTENTION_PARTS):  # it has a counted layer of that name
+            prefix += "sdpa."
+        for j, part in enumerate(ATTENTION_PARTS):
+            full = prefix + part
+            acc, shape = list(_ZERO), {}
+            key = (last, 2, j)
+            pos = bisect.bisect_right(self._keys, key)
+            meta = self._append(key, module, full, "Matmul", acc, shape, pos=pos, fp=True, weight=0)
+            entries.append((acc, shape, meta))
+        self._sites[id(module)] = (module, entries)
+        return entries
+
+    @staticmethod
+    def _add(acc: list[int], shape: dict, c: dict) -> None:
+        acc[_FWD] += c["fwd"]
+        acc[_DGRAD] += c["dgrad"]
+        acc[_WGRAD] += c["wgrad"]
+        acc[_CALLS] += 1
+        acc[_IN] += c["input"]
+        acc[_OUT] += c["output"]
+        acc[_OPND] += c.get("operand", 0)
+        g = c.get("gemm")
+        if g is not None:
+            if "n" not in shape:
+                shape.update(groups=g[0], n=g[1], k=g[2], rows_per_gemm=g[4])
+            acc[_ROWS] += g[3]
+
+    def _count_attention(self, module: nn.Module, parts: dict[str, dict], fused: bool) -> None:
+        for (acc, shape, meta), part in zip(self._site(module), ATTENTION_PARTS):
+            self._add(acc, shape, parts[part])
+            meta["sdpa"] = meta["sdpa"] or fused
+
+    def _count_sdpa(self, owner: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+        """One ``F.scaled_dot_product_attention`` call made inside ``owner`` (the SDPA wrapper's report)."""
+        node = self._tree.get(id(owner))
+        if node is None or node[0] is not owner:
+            return  # not this counter's model (a deepcopy of it, another model)
+        c = sdpa_macs(_arg(args, kwargs, 0, "query"), _arg(args, kwargs, 1, "key"), _arg(args, kwargs, 2, "value"),
+                      out, _arg(args, kwargs, 3, "attn_mask"), torch.is_grad_enabled())
+        if c is not None:
+            self._count_attention(owner, c, fused=True)
+
+    # -- hooks
 
     def _propagate_hook(self, owner: nn.Module, acc: list[int]) -> Callable:
         node_args, edge_args = _message_args(owner)
@@ -560,6 +858,56 @@ class MacCounter:
             acc[_OPND] += c["operand"]
             acc[_EDGES] += c["edges"]
             return None
+
+        return hook
+
+    def _calls(self, module: nn.Module | None) -> int:
+        """Calls counted so far into a counted module's entry (-1 if it has none)."""
+        e = self._entry_of.get(id(module)) if module is not None else None
+        return e[1][_CALLS] if e is not None and e[0] is module else -1
+
+    def _site_calls(self, module: nn.Module) -> int:
+        site = self._sites.get(id(module))
+        return site[1][0][0][_CALLS] if site is not None and site[0] is module else 0
+
+    def _mha_pre_hook(self, owner: nn.MultiheadAttention) -> Callable:
+        def hook(module, args, kwargs):
+            if self.enabled and module is owner:
+                self._open_mha[id(module)] = (self._calls(getattr(module, "out_proj", None)), self._site_calls(module))
+            return None
+
+        return hook
+
+    def _mha_hook(self, owner: nn.MultiheadAttention, acc: list[int], shape: dict) -> Callable:
+        grad_enabled = torch.is_grad_enabled
+
+        def hook(module, args, kwargs, output):
+            if module is not owner:
+                return
+            before = self._open_mha.pop(id(module), None)
+            if before is None or not self.enabled:
+                return
+            query, key, value = (_arg(args, kwargs, i, n) for i, n in enumerate(("query", "key", "value")))
+            if not all(isinstance(t, torch.Tensor) and not t.is_nested for t in (query, key, value)):
+                return
+            grad = grad_enabled()
+            proj, att = _mha_parts(module, query, key, value, grad)
+            self._add(acc, shape, proj)
+            out = output[0] if isinstance(output, (tuple, list)) else output
+            op = getattr(module, "out_proj", None)
+            if isinstance(op, nn.Linear) and isinstance(out, torch.Tensor) and self._calls(op) == before[0]:
+                # F.multi_head_attention_forward ran out_proj with F.linear on its weight: count it in its entry
+                _, op_acc, op_shape, op_meta = self._entry_of[id(op)]
+                n = out.numel() * op.in_features
+                # its input, the attention's output p·v, needs a gradient when p or v does
+                x_grad = att["mix"]["dgrad"] > 0 or att["mix"]["wgrad"] > 0
+                self._add(op_acc, op_shape, {
+                    "fwd": n, "dgrad": n if x_grad else 0, "wgrad": n if grad and op.weight.requires_grad else 0,
+                    "input": out.numel(), "output": out.numel(),
+                    "gemm": (1, op.out_features, op.in_features, out.numel() // op.out_features, 0)})
+                op_meta["fp"] = True
+            if self._site_calls(module) == before[1]:  # no SDPA call: need_weights=True computed it with bmm
+                self._count_attention(module, att, fused=False)
 
         return hook
 
@@ -597,11 +945,16 @@ class MacCounter:
         return hook
 
     def _quantized(self, i: int) -> bool:
-        m = self._modules[i]
-        return aggregation_quantized(m) if self._agg[i] else _is_quantized(m)
+        m, meta = self._modules[i], self._meta[i]
+        if meta["fp"]:
+            return False
+        return aggregation_quantized(m) if meta["agg"] else _is_quantized(m)
 
     def _weight(self, i: int) -> int:
-        return 0 if self._agg[i] else _weight_numel(self._modules[i])
+        meta = self._meta[i]
+        if meta["agg"]:
+            return 0
+        return meta["weight"] if meta["weight"] is not None else _weight_numel(self._modules[i])
 
     # -- per step
 
@@ -628,7 +981,8 @@ class MacCounter:
             matmul=np.array([t in MATMUL_TYPES for t in self._types], dtype=bool),
             operand=np.array([acc[_OPND] for acc in self._acc], dtype=np.float64),
             edges=np.array([acc[_EDGES] for acc in self._acc], dtype=np.float64),
-            aggregation=np.array(self._agg, dtype=bool),
+            aggregation=np.array([m["agg"] for m in self._meta], dtype=bool),
+            sdpa=np.array([m["sdpa"] for m in self._meta], dtype=bool),
         )
 
     def layer_profile(self, batch_size: int, input_shape: Iterable[int]) -> LayerProfile:
@@ -652,16 +1006,20 @@ class MacCounter:
                 numel={"weight": self._weight(i),
                        "input": per_sample(acc[_IN]), "output": per_sample(acc[_OUT])},
                 calls=acc[_CALLS], gemm=gemm, operand=per_sample(acc[_OPND]), edges=per_sample(acc[_EDGES]),
+                sdpa=self._meta[i]["sdpa"],
             ))
         return LayerProfile(model=self.model_name, input_shape=[int(s) for s in input_shape], layers=layers)
 
     # -- lifetime
 
     def close(self) -> None:
-        """Remove the hooks (idempotent)."""
+        """Remove the hooks and stop counting SDPA calls (idempotent)."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if getattr(self, "_sdpa_opened", False):
+            _sdpa_close(self)
+            self._sdpa_opened = False
 
     def __enter__(self) -> "MacCounter":
         return self
@@ -862,7 +1220,7 @@ def _extrapolate(profs: list[LayerProfile], nodes: int, edges: int) -> LayerProf
             numel={"weight": r.numel["weight"],
                    **{k: value([x.numel[k] for x in recs], f"{where} {k} size") for k in ("input", "output")}},
             calls=r.calls, gemm=gemm, operand=value([x.operand for x in recs], f"{where} operand"),
-            edges=value([x.edges for x in recs], f"{where} edges"),
+            edges=value([x.edges for x in recs], f"{where} edges"), sdpa=r.sdpa,
         ))
     return LayerProfile(model=profs[0].model, input_shape=list(profs[0].input_shape), layers=layers)
 
