@@ -289,6 +289,23 @@ def test_the_wrapper_lives_while_a_counter_is_open_and_counts_only_its_models_ca
     assert torch.equal(out, BUILTIN_SDPA(q, q, q))
 
 
+def test_a_counter_never_closed_keeps_no_model_alive():
+    import gc
+    import weakref
+
+    model = _tiny_timm_vit()
+    MacCounter(model)  # never closed
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
+    q = torch.randn(1, 2, 4, 8)
+    assert torch.equal(F.scaled_dot_product_attention(q, q, q), BUILTIN_SDPA(q, q, q))
+    with MacCounter(nn.Linear(2, 2)):
+        pass
+    assert F.scaled_dot_product_attention is BUILTIN_SDPA  # the last open counter closed: the function is back
+
+
 def test_innermost_module_gets_the_call_helpers_and_several_calls_included():
     def helper(q, k, v):  # a function a module calls: its caller is the module
         return F.scaled_dot_product_attention(q, k, v)

@@ -345,13 +345,18 @@ def sdpa_macs(query: Any, key: Any, value: Any, output: Any, attn_mask: Any = No
     rows_per_gemm) -- forward MACs = FlopCounterMode's ``sdpa_flop_count`` / 2. None for what it cannot read
     (a nested tensor, a missing operand)."""
     ts = (query, key, value, output)
-    if not all(isinstance(t, torch.Tensor) and not t.is_nested and t.dim() >= 2 for t in ts):
+    if not all(isinstance(t, torch.Tensor) for t in ts) or any(t.is_nested for t in ts):
         return None
-    q_len, e = int(query.shape[-2]), int(query.shape[-1])
-    s_len, ev = int(key.shape[-2]), int(value.shape[-1])
+    qs, ks, vs = query.shape, key.shape, value.shape
+    if min(len(qs), len(ks), len(vs), output.dim()) < 2:
+        return None
+    q_len, e, s_len, ev = int(qs[-2]), int(qs[-1]), int(ks[-2]), int(vs[-1])
     rows = output.numel() // ev if ev else 0
-    need_q, need_k, need_v = (grad and t.requires_grad for t in (query, key, value))
-    need_mask = grad and isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad
+    if grad:
+        need_q, need_k, need_v = query.requires_grad, key.requires_grad, value.requires_grad
+        need_mask = isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad
+    else:
+        need_q = need_k = need_v = need_mask = False
     return _attention_parts(rows, q_len, s_len, e, ev, query.numel(), key.numel(), value.numel(), output.numel(),
                             need_q, need_k, need_v, need_q or need_k or need_mask)
 
@@ -377,7 +382,8 @@ def _calling_module(frame) -> nn.Module | None:
 
 
 _SDPA_LOCK = threading.Lock()
-_SDPA_LIVE: "weakref.WeakSet[MacCounter]" = weakref.WeakSet()  # the counters open now
+# The counters open now, weakly (a counter never closed must not keep its model alive): replaced, never mutated.
+_SDPA_LIVE: tuple = ()
 _SDPA_CALL: Callable = F.scaled_dot_product_attention  # what the wrapper runs: the function it replaced
 
 
@@ -385,13 +391,18 @@ def _sdpa_counting(*args, **kwargs):
     """``torch.nn.functional.scaled_dot_product_attention`` while a MacCounter is open: the function it replaced,
     then the call counted by every open, enabled counter whose model holds the calling module."""
     out = _SDPA_CALL(*args, **kwargs)
-    if _SDPA_LIVE:
-        counters = [c for c in list(_SDPA_LIVE) if c.enabled]
-        if counters and not torch.compiler.is_compiling():
+    owner = None
+    for ref in _SDPA_LIVE:
+        c = ref()
+        if c is None or not c.enabled:
+            continue
+        if owner is None:
+            if torch.compiler.is_compiling():
+                break
             owner = _calling_module(sys._getframe(1))
-            if owner is not None:
-                for c in counters:
-                    c._count_sdpa(owner, args, kwargs, out)
+            if owner is None:
+                break
+        c._count_sdpa(owner, args, kwargs, out)
     return out
 
 
@@ -400,9 +411,9 @@ _sdpa_counting.__name__ = _sdpa_counting.__qualname__ = "scaled_dot_product_atte
 
 
 def _sdpa_open(counter: "MacCounter") -> None:
-    global _SDPA_CALL
+    global _SDPA_CALL, _SDPA_LIVE
     with _SDPA_LOCK:
-        _SDPA_LIVE.add(counter)
+        _SDPA_LIVE = tuple(r for r in _SDPA_LIVE if r() is not None) + (weakref.ref(counter),)
         current = F.scaled_dot_product_attention
         if current is not _sdpa_counting:
             _SDPA_CALL = current
@@ -410,8 +421,9 @@ def _sdpa_open(counter: "MacCounter") -> None:
 
 
 def _sdpa_close(counter: "MacCounter") -> None:
+    global _SDPA_LIVE
     with _SDPA_LOCK:
-        _SDPA_LIVE.discard(counter)
+        _SDPA_LIVE = tuple(r for r in _SDPA_LIVE if r() is not None and r() is not counter)
         if not _SDPA_LIVE and F.scaled_dot_product_attention is _sdpa_counting:
             F.scaled_dot_product_attention = _SDPA_CALL
 
