@@ -6,11 +6,14 @@
 # relative_to_static), so the planner's pick competes with CPT at CPT's price. The model is the default gcn (cpt_gnn's
 # arxiv QGCN) with the graph recipe (Adam 1e-3 annealed to 1e-4, 200 full-batch epochs).
 #
-#   benchmarks/gnn_evidence.sh [OUT]        (default runs/ev24; about 20 min on 2 cores)
+#   benchmarks/gnn_evidence.sh [OUT [NAME...]]   (default runs/ev24, all of karate synthetic planetoid; ~1 h on 2
+#                                                 busy cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${1:-runs/ev24}
+shift || true
+WANT=${*:-karate synthetic planetoid}
 mkdir -p "$OUT"
 CPT=cpt:3-8:g8:n8
 
@@ -30,6 +33,7 @@ EOF
 
 sweep() {  # NAME DATASET VAL_SPLIT [data flags...]
   local name=$1 dataset=$2 val=$3; shift 3
+  case " $WANT " in *" $name "*) ;; *) return 0 ;; esac
   local budget
   budget=$("$PY" -m cptsim.cli.main cost --model gcn --dataset "$dataset" "$@" --schedule "$CPT" --hw bitfusion --json \
            | "$PY" -c "import json,sys; print(f\"{100 * json.load(sys.stdin)['profiles'][0]['relative_to_static']:.2f}%\")")
