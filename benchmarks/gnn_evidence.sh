@@ -17,7 +17,7 @@ WANT=${*:-karate synthetic planetoid}
 mkdir -p "$OUT"
 CPT=cpt:3-8:g8:n8
 
-"$PY" - "$OUT/planetoid" <<'EOF'
+"$PY" - "$OUT/planetoid-data" <<'EOF'
 import sys, torch
 from cptsim.data.graph import synthetic_graph, write_planetoid
 # a Cora-sized graph written as Planetoid files: 20 labelled nodes per class first, the last 1000 nodes the test set
@@ -46,4 +46,4 @@ sweep() {  # NAME DATASET VAL_SPLIT [data flags...]
 # validation mask (a graph's --val-split > 0 means "its mask", not a fraction)
 sweep karate karate 0
 sweep synthetic synthetic-graph:2000,16,6:3 0.2
-sweep planetoid planetoid 0.2 --data-dir "$OUT/planetoid"
+sweep planetoid planetoid 0.2 --data-dir "$OUT/planetoid-data"
