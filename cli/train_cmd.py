@@ -86,21 +86,23 @@ def _launch_argv(nproc: int) -> list[str]:
     return clean
 
 
-def _check_resumable(resume_dir: str) -> None:
+def _check_resumable(resume_dir: str, nproc: int) -> None:
     """What the workers of a resumed job would refuse, checked here first: a run directory whose settings are
-    valid and whose data is where they say."""
+    valid, whose data is where they say, and that ``nproc`` processes can share."""
     from cptsim.data import check_data_dir
     from cptsim.run import train as T
+    from cptsim.run.config import check_world
     from cptsim.run.rundir import RunDir
 
     run = RunDir.open(resume_dir)  # not a run: refused before its lock file is made
     cfg = T.TrainConfig.from_dict(run.read_config()["settings"])
     T.validate(cfg)
     check_data_dir(cfg.dataset, cfg.data_dir)
+    check_world(cfg.dataset, nproc)
 
 
 def _launch(argv: list[str], nproc: int, out: str | None, resume_dir: str | None, model: str, schedule: str,
-            max_restarts: int = 0) -> None:
+            max_restarts: int = 0, dataset: str | None = None) -> None:
     """Run the command ``argv`` (``_launch_argv``) in `nproc` workers under torchrun's agent (each joins the
     process group from its env). ``train`` has checked the workload before (so a typo costs one line, exit 2, and
     no worker); bad input a worker still meets stops the job without restarts (``cptsim.run.dist.launch``).
@@ -110,10 +112,13 @@ def _launch(argv: list[str], nproc: int, out: str | None, resume_dir: str | None
     from cptsim.run import dist
     from cptsim.run.rundir import RunDir, RunLock
 
+    from cptsim.run.config import check_world
+
     clean = list(argv)
     if resume_dir:
-        _check_resumable(resume_dir)
+        _check_resumable(resume_dir, nproc)
     else:
+        check_world(dataset, nproc)
         if out is None:  # resolve the default name once, so every worker writes to the same place
             out = _default_out(model, schedule)
             clean += ["--out", out]
@@ -391,7 +396,7 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
                                     threads=threads, **layout, **evaluation, **keep)
         _check_plan_data(plan, cfg)
         if launch is not None:
-            return _launch(launch, nproc, out, None, cfg.model, cfg.schedule, max_restarts or 0)
+            return _launch(launch, nproc, out, None, cfg.model, cfg.schedule, max_restarts or 0, cfg.dataset)
         _warn_if_hardware_changed(plan)
         if out is None:
             out = _default_out(cfg.model, cfg.schedule)
@@ -439,7 +444,7 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
         except Exception:  # noqa: BLE001 - a model that cannot be built on meta is checked by the real build
             pass
         if launch is not None:
-            return _launch(launch, nproc, out, None, model, text, max_restarts or 0)
+            return _launch(launch, nproc, out, None, model, text, max_restarts or 0, dataset)
         if out is None:
             out = _default_out(model, text)
         if progress:

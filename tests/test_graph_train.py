@@ -280,3 +280,15 @@ def test_a_planetoid_directory_missing_a_file_and_arxiv_without_its_splits_are_o
                                   tmp_path / "arxiv", "--quiet", "--out", tmp_path / "run"))
     assert "split/time/train.csv.gz" in line, line
     assert not (tmp_path / "run").exists()
+
+
+def test_a_graph_on_several_processes_is_refused_before_any_worker_starts(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "cptsim.cli.main", "train", "--model", SMALL_GCN, "--nproc", "2",
+                        "--quiet", "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "full-batch" in lines[0] and "--nproc" in lines[0], r.stderr
+    assert not (tmp_path / "r").exists()

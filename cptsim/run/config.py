@@ -292,6 +292,14 @@ def is_graph_dataset(name) -> bool:
         return False
 
 
+def check_world(dataset, world: int) -> None:
+    """An InputError when ``world`` processes cannot share the run: a graph trains full-batch, its one sample is
+    the whole graph, so there is no batch to split (neighbour-sampled mini-batches are not supported)."""
+    if world > 1 and is_graph_dataset(dataset):
+        raise InputError(f"{dataset} is a graph, trained full-batch: one step of the whole graph per epoch, no batch to "
+                         f"share between {world} processes; train it in one (leave --nproc out)")
+
+
 def validate(cfg: TrainConfig) -> None:
     """Every setting checked before anything is built or written (a plan file or an old config feeds these too)."""
     for name, v in (("model", cfg.model), ("dataset", cfg.dataset), ("lr-schedule", cfg.lr_schedule),

@@ -40,7 +40,8 @@ from cptsim import __version__
 from cptsim.errors import InputError, RunFailed, RunStopped
 from .rundir import RunDir
 
-from .config import LR_SCHEDULES, PLAN_FIXED, TrainConfig, run_workload, validate, workload_key  # noqa: F401
+from .config import (LR_SCHEDULES, PLAN_FIXED, TrainConfig, check_world, run_workload, validate,  # noqa: F401
+                     workload_key)
 
 
 @dataclass
@@ -467,6 +468,7 @@ def train(cfg: TrainConfig, out: str, progress: bool = True, plan: dict | None =
     from .rundir import PLAN
 
     d = dist.from_env(cfg.device)
+    check_world(cfg.dataset, d.world)  # before anything is built or written
     w = build(cfg)
     lock = _lock_run(out, d, check=lambda: RunDir.check_new(out))
     try:
@@ -500,6 +502,7 @@ def resume(run_path: str, progress: bool = True, keep_checkpoints: int | None = 
     if keep_checkpoints is not None:
         cfg.keep_checkpoints = keep_checkpoints
     d = dist.from_env(cfg.device)
+    check_world(cfg.dataset, d.world)
     w = build(cfg)
     lock = _lock_run(run_path, d)
     try:
@@ -678,9 +681,6 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
     opt = training_optimizer(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                              name=cfg.optimizer.strip().lower())
     graph = is_graph(w.train_set)
-    if graph and d.world > 1:
-        raise InputError("a graph trains full-batch, one step of the whole graph per epoch: there is no batch to "
-                         "share between processes; train it in one (leave --nproc out)")
     torch.manual_seed(cfg.seed * 1_000_003 + 17 + d.rank)  # each rank draws its own rounding noise
     epoch_stats = [0.0, 0, 0]  # loss sum, correct, samples of the current epoch so far
     if ckpt is not None:
