@@ -468,3 +468,15 @@ def test_bad_arguments_are_input_errors():
     with pytest.raises(InputError):
         F.quantize(x, "mxfp8", channel_axis=0)
     assert F.quantize(torch.empty(0, 32), "mxfp4").shape == (0, 32)
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_every_float_format_is_nan_free_on_adversarial_input(rounding):
+    """Zeros, subnormals, +-3e38, values past every range: finite out, for every non-integer format (the integer
+    formats are quant.py's min/max quantizers, unchanged: a range wider than FP32's max overflows there, as before)."""
+    x = torch.cat([adversarial(7), adversarial(8).t().reshape(-1, 64)])
+    for name, fmt in F.FORMATS.items():
+        if fmt.family != "int":
+            for dim in (-1, 0):
+                out = F.quantize(x, name, rounding, torch.Generator().manual_seed(0), dim=dim)
+                assert torch.isfinite(out).all(), (name, rounding, dim)

@@ -216,13 +216,15 @@ def round_element(y: torch.Tensor, el: ElementFormat, rounding: str = "nearest",
     element format here; bf16 goes through ``_round_bf16``)."""
     y = y.float()
     a = y.abs().clamp_(max=el.max)  # saturation (NaN stays NaN)
-    e = _floor_log2(a).clamp_(min=el.emin).sub_(el.mbits)  # exponent of the quantum
-    n = a * _pow2(-e)  # |y| in quanta: exact (power-of-two scaling, no overflow: < 2^(mbits+1))
+    # biased float32 exponent of the quantum: max(floor(log2 a), emin) - mbits (+127); >= 103 for every grid here,
+    # so the quantum and its inverse are normal float32 powers of two built from their bits
+    eq = torch.bitwise_right_shift(a.view(torch.int32), 23).clamp_(min=el.emin + 127).sub_(el.mbits)
+    n = a * torch.bitwise_left_shift(254 - eq, 23).view(torch.float32)  # |y| in quanta: exact, < 2^(mbits+1)
     if rounding == "nearest":
         n.round_()  # half to even
     else:
         n.add_(torch.rand(n.shape, generator=generator, device=n.device)).floor_()
-    out = torch.copysign(n.mul_(_pow2(e)).clamp_(max=el.max), y)
+    out = torch.copysign(n.mul_(torch.bitwise_left_shift(eq, 23).view(torch.float32)).clamp_(max=el.max), y)
     return out.add_(0.0) if el.ebits == 0 else out  # a two's complement element has no -0
 
 
