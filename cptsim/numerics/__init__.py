@@ -4,8 +4,11 @@
 - ``ckernels`` (+ ``_qkernels.c``): the CPU kernels behind them, compiled on first use;
 - ``layers``: quantized Conv2d / Linear, ``PrecisionState``, ``quantize_model`` and the full-precision-layer
   convention (``declared_fp_layers``);
-- ``lm_layers``: the quantized LSTM and attention (matmul) layers of the language models.
+- ``lm_layers``: the quantized LSTM and attention (matmul) layers of the language models;
+- ``graph_layers``: the message-passing aggregation of graph models at the shared precision (``quant_agg``);
+- ``formats``: the number-format registry (int, FP8/FP6/FP4, MX, NVFP4, bf16/fp16) with exact quantize functions,
+  for schedules over formats (issue 26: not yet wired into the layers, the schedules or the cost model).
 
-Number formats (FP8, MX, NVFP4) and exact low-precision GEMMs land here next.
+Exact low-precision GEMMs land here next.
 May import: ``cptsim.errors``, ``cptsim.fileio``. Nothing else of cptsim: models, measurement and cost build on this.
 """
