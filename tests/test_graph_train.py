@@ -282,13 +282,15 @@ def test_a_planetoid_directory_missing_a_file_and_arxiv_without_its_splits_are_o
     assert not (tmp_path / "run").exists()
 
 
-def test_a_graph_on_several_processes_is_refused_before_any_worker_starts(tmp_path):
-    import subprocess
+def test_a_graph_on_several_processes_is_refused_before_any_worker_starts(tmp_path, monkeypatch):
+    """The launcher refuses it (one line, exit 2) before any worker starts or the run directory is made."""
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "cptsim.cli.main", "train", "--model", SMALL_GCN, "--nproc", "2",
-                        "--quiet", "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "full-batch" in lines[0] and "--nproc" in lines[0], r.stderr
+    from cptsim.run import dist
+
+    args = ["train", "--model", SMALL_GCN, "--nproc", "2", "--quiet", "--out", str(tmp_path / "r")]
+    monkeypatch.setattr(sys, "argv", ["cptsim", *args])  # --nproc re-runs the command line it was given
+    monkeypatch.setattr(dist, "launch", lambda *a, **k: pytest.fail("a worker was launched"))
+    line = one_line_error(run_cli(*args))
+    assert "full-batch" in line and "--nproc" in line, line
     assert not (tmp_path / "r").exists()
