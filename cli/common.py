@@ -150,10 +150,11 @@ def _workload_option_defs() -> dict:
         "dataset": click.option(
             "--dataset", default=None,
             help="digits (embedded), cifar10, cifar100, mnist, fashion-mnist, imagefolder, ptb, wikitext-2, "
-                 "wikitext-103, pydoc-chars (embedded text), or synthetic:C,H,W:K[:N] (random tensors, K classes, "
-                 "N samples, seeded). [default: the model's kind: pydoc-chars for a language model, digits for an "
-                 "image model]; a dataset of the other kind is an error. cost, profile and plan read only its "
-                 "shapes and size (nothing is loaded)."),
+                 "wikitext-103, pydoc-chars (embedded text), synthetic:C,H,W:K[:N] (random tensors, K classes, "
+                 "N samples, seeded); graphs: karate (embedded), cora, citeseer, pubmed, planetoid (raw files in "
+                 "--data-dir), ogbn-arxiv, synthetic-graph:N,F,K[:DEG]. [default: the model's kind: pydoc-chars for "
+                 "a language model, karate for a graph model, digits for an image model]; a dataset of another "
+                 "kind is an error. cost, profile and plan read only its shapes and size (nothing is loaded)."),
         "data_dir": click.option(
             "--data-dir", default=None,
             help="Folder holding the dataset (never downloaded); cost and plan count its training samples for the "
