@@ -861,13 +861,7 @@ class MacCounter:
                 return None
             edge_index, _size, kwargs = inputs
             c = aggregation_macs(module, edge_index, kwargs, output, node_args, edge_args, grad_enabled())
-            acc[_FWD] += c["fwd"]
-            acc[_DGRAD] += c["dgrad"]
-            acc[_WGRAD] += c["wgrad"]
-            acc[_CALLS] += 1
-            acc[_IN] += c["input"]
-            acc[_OUT] += c["output"]
-            acc[_OPND] += c["operand"]
+            self._add(acc, {}, c)  # an aggregation has no GEMM shape
             acc[_EDGES] += c["edges"]
             return None
 

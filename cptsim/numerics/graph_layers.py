@@ -47,7 +47,7 @@ import torch
 import torch.nn as nn
 
 from cptsim.errors import InputError
-from .quant import FULL_PRECISION, quantize_activation, quantize_error
+from .quant import FULL_PRECISION, QuantActivationSTE, quantize_error
 
 __all__ = ["AggregationQuantizer", "AGG_CHILD", "AGG_FP_ARGS", "QUANT_AGG_ATTR", "quantize_aggregations",
            "quantized_aggregations", "message_passing_layers", "check_has_aggregation", "unquantized_parameters",
@@ -57,18 +57,6 @@ AGG_CHILD = "cptsim_agg"  # the child module of a MessagePassing layer that hold
 QUANT_AGG_ATTR = "cptsim_quant_agg"  # True on a MessagePassing layer whose aggregation is quantized
 # propagate arguments the aggregation keeps in FP32 under quant_agg: GCN's degree normalisation (cpt_gnn's quant_norm)
 AGG_FP_ARGS = frozenset({"edge_weight"})
-
-
-class _StraightThrough(torch.autograd.Function):
-    """Per-tensor fake quantization in forward, the gradient unchanged (layers._QuantInput's rule)."""
-
-    @staticmethod
-    def forward(ctx, x, lo, hi, bits):
-        return quantize_activation(x, lo, hi, bits)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None, None, None
 
 
 class AggregationQuantizer(nn.Module):
@@ -168,7 +156,7 @@ def _pre_hook(module: nn.Module, inputs):
     bits = quant.precision.bits
     new = dict(kwargs)
     for k, (name, side, t) in enumerate(targets):
-        tq = _StraightThrough.apply(t, lo[k], hi[k], bits)
+        tq = QuantActivationSTE.apply(t, lo[k], hi[k], bits)
         if side is None:
             new[name] = tq
         else:

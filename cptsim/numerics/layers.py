@@ -31,6 +31,7 @@ from cptsim.errors import InputError
 from cptsim.numerics import ckernels
 from .graph_layers import AggregationQuantizer, check_has_aggregation, quantize_aggregations, unquantized_parameters
 from .quant import FULL_PRECISION, check_bits, qrange, quantize_activation, quantize_error, quantize_weight
+from .quant import QuantActivationSTE as _QuantInput  # per-tensor fake quantization, straight-through gradient
 
 ACT_MOMENTUM = 0.9  # running-range momentum for eval, as in the SBM/CPT code
 
@@ -45,18 +46,6 @@ class PrecisionState:
     def set(self, bits: int, grad_bits: int) -> None:
         self.bits = check_bits(int(bits), "forward bits")
         self.grad_bits = check_bits(int(grad_bits), "gradient bits")
-
-
-class _QuantInput(torch.autograd.Function):
-    """Per-tensor fake quantization with a straight-through gradient."""
-
-    @staticmethod
-    def forward(ctx, x, lo, hi, bits):
-        return quantize_activation(x, lo, hi, bits)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None, None, None
 
 
 class _QuantInputTracked(torch.autograd.Function):

@@ -235,6 +235,20 @@ def quantize_activation(x: torch.Tensor, lo: torch.Tensor | float, hi: torch.Ten
     return fake_quant_per_tensor(x, lo, hi, bits)
 
 
+class QuantActivationSTE(torch.autograd.Function):
+    """``quantize_activation`` in forward, the gradient passed straight through (the straight-through estimator):
+    the one rule for every per-tensor quantized input -- a layer's (cptsim.numerics.layers), attention's operands
+    (lm_layers), an aggregation's messages (graph_layers)."""
+
+    @staticmethod
+    def forward(ctx, x, lo, hi, bits):
+        return quantize_activation(x, lo, hi, bits)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None, None
+
+
 def quantize_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
     """Per-output-channel round-to-nearest fake quantization: fused on CUDA, one C call on a CPU, else
     ``fake_quant_per_channel``."""

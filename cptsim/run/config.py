@@ -68,9 +68,7 @@ class TrainConfig:
             from cptsim.data import default_dataset
 
             self.dataset = default_dataset(self.model)
-        given = {k: getattr(self, k) for k in ("batch_size", "epochs", "optimizer", "lr", "lr_min")}
-        for k, v in recipe(self.dataset, **given).items():
-            setattr(self, k, v)
+        fill_recipe(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -277,6 +275,14 @@ def recipe(dataset, batch_size=None, epochs=None, optimizer=None, lr=None, lr_mi
     return {"batch_size": r["batch_size"] if batch_size is None else batch_size,
             "epochs": r["epochs"] if epochs is None else epochs,
             "optimizer": r["optimizer"] if optimizer is None else optimizer, "lr": lr, "lr_min": lr_min}
+
+
+def fill_recipe(settings) -> None:
+    """Set each of ``settings``' recipe fields (batch_size, epochs, optimizer, lr, lr_min) left None to the recipe
+    of its ``dataset``: TrainConfig's and a sweep's (cptsim.study.sweep.SweepSettings) one rule."""
+    given = {k: getattr(settings, k) for k in ("batch_size", "epochs", "optimizer", "lr", "lr_min")}
+    for k, v in recipe(settings.dataset, **given).items():
+        setattr(settings, k, v)
 
 
 def is_graph_dataset(name) -> bool:

@@ -90,11 +90,9 @@ class SweepSettings:
             from cptsim.data import default_dataset
 
             self.dataset = default_dataset(self.model)
-        from cptsim.run.config import recipe
+        from cptsim.run.config import fill_recipe
 
-        given = {k: getattr(self, k) for k in ("batch_size", "epochs", "optimizer", "lr", "lr_min")}
-        for k, v in recipe(self.dataset, **given).items():
-            setattr(self, k, v)
+        fill_recipe(self)
 
     def workload(self) -> dict:
         """The settings that define what is trained (a rerun into the same OUT must not change them)."""
