@@ -16,6 +16,9 @@ which is rewritten after every item so a kill still leaves data):
      memory-bound ops (achieved bytes/s)
   e  NVML energy of a resnet50 AMP loop + idle power
   b2 resnet50 / vit_base FP32 (default TF32 flags, TF32 on, strict FP32) if time is left
+  h  cptsim's own workloads (GCN/SAGE/GAT on an ogbn-arxiv-sized graph, transformer-lm, lstm-lm, CIFAR ResNet-20
+     graphed) and timm's ViT-S: step time and NVML joules per step, FP32 and AMP (held out: nothing is fitted on them)
+  f  FP8 e4m3 (torch._scaled_mm), int8 (torch._int_mm) and FP16 GEMMs on the same shapes
 Budget: the whole run (from process start) stays inside --budget seconds; each section has a latest end time that
 reserves the planned minimum of the sections after it, each item is skipped when its estimated cost no longer fits,
 and a SIGALRM per item bounds a hung item.
@@ -59,7 +62,8 @@ class Run:
         self.res = {"meta": {"script": VERSION, "argv": sys.argv, "budget_s": args.budget, "quick": args.quick,
                              "device_arg": args.device, "started_unix": time.time(), "cwd": os.getcwd()},
                     "device": {}, "timm_train": [], "resnet20": [], "launch": [], "gemm": [], "conv": [],
-                    "membw": [], "energy": {}, "skipped": [], "errors": [], "sections": []}
+                    "membw": [], "energy": {}, "workloads": [], "fp8": [], "skipped": [], "errors": [],
+                    "sections": []}
 
     # -- bookkeeping ---------------------------------------------------------------------------------------------
     def left(self):
@@ -130,8 +134,10 @@ def main():
     ap.add_argument("--steps", type=int, default=8, help="timed training steps per model (default 8)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--no-cudnn-benchmark", action="store_true", help="leave cudnn.benchmark False (timm sets True)")
-    ap.add_argument("--sections", default="a,b,d,c,e,b2", help="sections to run, in this order (default all)")
-    ap.add_argument("--models", default=None, help="timm models for section b, NAME:BATCH,... (default the list)")
+    ap.add_argument("--sections", default="a,b,d,c,e,b2", help="sections to run, in this order (default "
+                    "a,b,d,c,e,b2; also h: cptsim's graph/LM/CIFAR workloads and a ViT, time and NVML energy; "
+                    "f: FP8 / int8 / FP16 GEMMs)")
+    ap.add_argument("--models", default=None, help="timm models for section b, NAME:BATCH,... or 'held-out' (HELD_OUT) (default the list)")
     ap.add_argument("--formats", default="nchw,nhwc", help="memory formats of section b; all models run in the "
                     "first before any runs in the next")
     ap.add_argument("--no-flops", action="store_true", help="skip the FLOP count of each timm model")
@@ -153,44 +159,31 @@ def main():
     torch.backends.cudnn.benchmark = not args.no_cudnn_benchmark
     Q = args.quick
 
-    # planned minimum seconds of each section (full run on an H100; see the report for the estimate)
-    plan = {"a": 8, "b": 150, "d": 12, "c": 70, "e": 22} if not Q else {"a": 2, "b": 20, "d": 5, "c": 20, "e": 6}
-
-    # ---------------------------------------------------------------------------------------------- a. device
-    if "a" in SECTIONS:
-        R.section("a_device", plan["b"] + plan["d"] + plan["c"] + plan["e"])
-        R.item("device_facts", 0.5, lambda: device_facts(R, torch, dev))
-        say(f"  {json.dumps(R.res['device'])[:600]}")
-        R.end_section()
-
-    # ---------------------------------------------------------------------------------------------- b. timm AMP
-    if "b" in SECTIONS:
-        R.section("b_timm_amp", plan["d"] + plan["c"] + plan["e"])
-        section_timm(R, torch, dev, args, precisions=["amp"])
-        R.end_section()
-
-    # ---------------------------------------------------------------------------------------------- d. resnet20
-    if "d" in SECTIONS:
-        R.section("d_resnet20", plan["c"] + plan["e"])
-        section_resnet20(R, torch, dev, args)
-        R.end_section()
-
-    # ---------------------------------------------------------------------------------------------- c. micro
-    if "c" in SECTIONS:
-        R.section("c_microbench", plan["e"])
-        section_micro(R, torch, dev, args)
-        R.end_section()
-
-    # ---------------------------------------------------------------------------------------------- e. energy
-    if "e" in SECTIONS:
-        R.section("e_energy", 0)
-        section_energy(R, torch, dev, args)
-        R.end_section()
-
-    # ---------------------------------------------------------------------------------------------- b2. fp32
-    if "b2" in SECTIONS:
-        R.section("b2_timm_fp32", 0)
-        section_timm(R, torch, dev, args, precisions=["fp32_default", "tf32", "fp32_strict"])
+    # planned minimum seconds of each section (full run on an H100); a section ends early enough to leave the
+    # sections after it (in --sections order) their planned minimum
+    plan = {"a": 8, "b": 150, "d": 12, "c": 70, "e": 22, "b2": 30, "h": 90, "f": 10} if not Q else \
+        {"a": 2, "b": 20, "d": 5, "c": 20, "e": 6, "b2": 5, "h": 15, "f": 3}
+    runners = {
+        "a": ("a_device", lambda: (R.item("device_facts", 0.5, lambda: device_facts(R, torch, dev)),
+                                   say(f"  {json.dumps(R.res['device'])[:600]}"))),
+        "b": ("b_timm_amp", lambda: section_timm(R, torch, dev, args, precisions=["amp"])),
+        "d": ("d_resnet20", lambda: section_resnet20(R, torch, dev, args)),
+        "c": ("c_microbench", lambda: section_micro(R, torch, dev, args)),
+        "e": ("e_energy", lambda: section_energy(R, torch, dev, args)),
+        "b2": ("b2_timm_fp32", lambda: section_timm(R, torch, dev, args,
+                                                    precisions=["fp32_default", "tf32", "fp32_strict"])),
+        "h": ("h_workloads", lambda: section_workloads(R, torch, dev, args)),
+        "f": ("f_fp8_gemm", lambda: section_fp8(R, torch, dev, args)),
+    }
+    order = [x for x in args.sections.split(",") if x]
+    unknown = [x for x in order if x not in runners]
+    if unknown:
+        say(f"unknown sections {unknown}; known: {sorted(runners)}")
+        return 2
+    for i, key in enumerate(order):
+        name, fn = runners[key]
+        R.section(name, sum(plan[x] for x in order[i + 1:]))
+        fn()
         R.end_section()
 
     R.res["meta"]["finished"] = True
@@ -201,50 +194,10 @@ def main():
 
 
 # ------------------------------------------------------------------------------------------------------------------
-def sync(torch, dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-class Clock:
-    """CUDA events on a GPU, perf_counter on a CPU (the op has run when .elapsed() returns)."""
-
-    def __init__(self, torch, dev):
-        self.torch, self.dev, self.cuda = torch, dev, dev.type == "cuda"
-
-    def mark(self):
-        if self.cuda:
-            e = self.torch.cuda.Event(enable_timing=True)
-            e.record()
-            return e
-        return time.perf_counter()
-
-    def ms(self, a, b):
-        if self.cuda:
-            b.synchronize()
-            return a.elapsed_time(b)
-        return (b - a) * 1e3
-
-
-def bench(torch, dev, fn, target_ms=1.0, reps=5, warmup=2, max_inner=100):
-    """Median ms per call: warm-up, size an inner loop to ~target_ms, `reps` event-timed repeats."""
-    for _ in range(warmup):
-        fn()
-    sync(torch, dev)
-    clk = Clock(torch, dev)
-    a = clk.mark()
-    fn()
-    b = clk.mark()
-    one = max(clk.ms(a, b), 1e-3)
-    inner = int(max(1, min(max_inner, math.ceil(target_ms / one))))
-    ts = []
-    for _ in range(reps):
-        a = clk.mark()
-        for _ in range(inner):
-            fn()
-        b = clk.mark()
-        ts.append(clk.ms(a, b) / inner)
-    return {"ms": statistics.median(ts), "ms_min": min(ts), "inner": inner, "reps": reps}
+# timing helpers and the GEMM / convolution microbenchmarks: one implementation, shared with `cptsim hw calibrate
+# --device cuda` (cptsim.calibration.gpu_micro), so what calibrate fits on is what this script records
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's cptsim
+from cptsim.calibration.gpu_micro import Clock, bench, conv_item, gemm_item, sync  # noqa: E402
 
 
 def device_facts(R, torch, dev):
@@ -301,6 +254,12 @@ TIMM_MODELS = [("resnet18", 512), ("resnet50", 256), ("resnet101", 256), ("resne
                ("vit_small_patch16_224", 384), ("vit_base_patch16_224", 192), ("mixer_b16_224", 256)]
 TIMM_QUICK = [("resnet18", 4), ("mobilenetv3_large_100", 4), ("vit_small_patch16_224", 4)]
 FP32_MODELS = [("resnet50", 256), ("vit_base_patch16_224", 192)]
+# networks no constant was fitted on (issue 23's held-out check on a lent GPU), one or two per family, at timm's
+# RTX 3090 batch sizes; every one is profiled in benchmarks/data/timm/profiles-224.json.gz
+HELD_OUT = [("swin_tiny_patch4_window7_224", 256), ("convnext_small", 192), ("densenet169", 256),
+            ("efficientnet_b1", 256), ("ghostnet_130", 512), ("mixnet_s", 512), ("resnet50t", 384),
+            ("regnetx_032", 384), ("resnext101_32x4d", 192), ("dla102", 256), ("gmlp_s16_224", 192),
+            ("hrnet_w18", 256)]
 
 
 def count_flops(torch, model, x):
@@ -437,7 +396,9 @@ def run_timm(R, torch, dev, args, name, batch, fmt, precision, model_cache):
 
 def section_timm(R, torch, dev, args, precisions):
     models = TIMM_QUICK if args.quick else (TIMM_MODELS if precisions == ["amp"] else FP32_MODELS)
-    if args.models and precisions == ["amp"]:
+    if args.models == "held-out" and precisions == ["amp"] and not args.quick:
+        models = HELD_OUT
+    elif args.models and precisions == ["amp"]:
         models = [(m.split(":")[0], int(m.split(":")[1])) for m in args.models.split(",")]
     fmts = args.formats.split(",") if precisions == ["amp"] else ["nchw"]
     cache = {}
@@ -597,65 +558,6 @@ CONV_SHAPES = [
     (128, 96, 56, 56, 96, 7, 1, 3, 96, "dw7x7_convnext"), (128, 128, 56, 56, 128, 3, 1, 1, 32, "grouped32_resnext_56"),
     (128, 512, 14, 14, 512, 3, 1, 1, 32, "grouped32_resnext_14")]
 CONV_QUICK = [(2, 16, 8, 8, 16, 3, 1, 1, 1, "q3x3"), (2, 8, 8, 8, 8, 3, 1, 1, 8, "qdw")]
-
-
-def gemm_item(torch, dev, M, N, K, dt):
-    rec = {"M": M, "N": N, "K": K, "dtype": dt}
-    if dt == "int8":
-        a = torch.randint(-8, 8, (M, K), device=dev, dtype=torch.int8)
-        b = torch.randint(-8, 8, (K, N), device=dev, dtype=torch.int8)
-        fn = lambda: torch._int_mm(a, b)  # noqa: E731
-        ebytes, obytes = 1, 4
-    else:
-        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}[dt]
-        if dev.type == "cpu" and dtype == torch.float16:
-            dtype = torch.bfloat16
-        a = torch.randn(M, K, device=dev, dtype=dtype)
-        b = torch.randn(K, N, device=dev, dtype=dtype)
-        fn = lambda: torch.mm(a, b)  # noqa: E731
-        ebytes = obytes = a.element_size()
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = dt == "tf32"
-    try:
-        r = bench(torch, dev, fn)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
-    rec.update(r)
-    rec["torch_dtype"] = str(a.dtype)
-    rec["tflops"] = 2 * M * N * K / (r["ms"] * 1e-3) / 1e12
-    rec["min_bytes"] = ebytes * (M * K + K * N) + obytes * M * N
-    return rec
-
-
-def conv_item(torch, dev, shape, dt, fmt):
-    N, C, H, W, K, Rk, st, pad, g, label = shape
-    dtype = {"fp16": torch.float16, "fp32": torch.float32}[dt]
-    if dev.type == "cpu" and dtype == torch.float16:
-        dtype = torch.bfloat16
-    mf = torch.channels_last if fmt == "nhwc" else torch.contiguous_format
-    x = torch.randn(N, C, H, W, device=dev, dtype=dtype).contiguous(memory_format=mf)
-    w = torch.randn(K, C // g, Rk, Rk, device=dev, dtype=dtype).contiguous(memory_format=mf)
-    conv = torch.ops.aten.convolution
-    y = conv(x, w, None, [st, st], [pad, pad], [1, 1], False, [0, 0], g)
-    dy = torch.randn_like(y)
-    P, Qo = y.shape[2], y.shape[3]
-    macs = N * K * P * Qo * (C // g) * Rk * Rk
-    rec = {"label": label, "N": N, "C": C, "H": H, "W": W, "K": K, "R": Rk, "stride": st, "pad": pad, "groups": g,
-           "dtype": dt, "format": fmt, "P": P, "Q": Qo, "macs": macs,
-           "bytes_x": x.numel() * x.element_size(), "bytes_w": w.numel() * w.element_size(),
-           "bytes_y": y.numel() * y.element_size(), "torch_dtype": str(dtype), "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32}
-    cb = torch.ops.aten.convolution_backward
-    fns = {"fwd": lambda: conv(x, w, None, [st, st], [pad, pad], [1, 1], False, [0, 0], g),
-           "dgrad": lambda: cb(dy, x, w, None, [st, st], [pad, pad], [1, 1], False, [0, 0], g, [True, False, False]),
-           "wgrad": lambda: cb(dy, x, w, None, [st, st], [pad, pad], [1, 1], False, [0, 0], g, [False, True, False])}
-    for k, fn in fns.items():
-        try:
-            r = bench(torch, dev, fn, reps=4)
-            rec[f"{k}_ms"] = r["ms"]
-            rec[f"{k}_tmacs"] = macs / (r["ms"] * 1e-3) / 1e12
-        except Exception as e:
-            rec[f"{k}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-    return rec
 
 
 def membw_items(torch, dev, n, dt):
@@ -915,6 +817,172 @@ def section_energy(R, torch, dev, args):
             f"{rec.get('mean_power_w', 'n/a')} W")
         return rec
     R.item("energy:train_loop", 2.0 if args.quick else 8.0, loop, limit_s=40)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# h. cptsim's own workloads (graph, language, CIFAR) and a timm ViT: step time AND NVML energy per step, FP32 and
+# AMP -- networks and energies no constant was fitted on (the held-out check of issue 23 items 4 and 6)
+WORKLOADS = [
+    # (key, model, dataset-ish input, num_classes, batch, optimizer, precisions, graphed)
+    ("gcn-arxiv", "gcn", "synthetic-graph:169343,128,40:14", 40, 1, "adam", ("fp32", "amp"), False),
+    ("sage-arxiv", "sage", "synthetic-graph:169343,128,40:14", 40, 1, "adam", ("fp32",), False),
+    ("gat-arxiv", "gat", "synthetic-graph:169343,128,40:14", 40, 1, "adam", ("fp32",), False),
+    ("transformer-lm-6x512", "transformer-lm:layers=6,width=512,heads=8,context=256", (256,), 10000, 64, "adamw",
+     ("fp32", "amp"), False),
+    ("lstm-lm-2x650", "lstm-lm:layers=2,hidden=650", (35,), 10000, 128, "sgd", ("fp32", "amp"), False),
+    ("resnet20-cifar", "resnet20", (3, 32, 32), 10, 128, "sgd", ("fp32",), True),
+    ("timm:vit_small_patch16_224", "timm:vit_small_patch16_224", (3, 224, 224), 1000, 256, "sgd", ("amp",), False),
+]
+WORKLOADS_QUICK = [
+    ("gcn-small", "gcn", "synthetic-graph:2000,16,5:4", 5, 1, "adam", ("fp32",), False),
+    ("transformer-lm-tiny", "transformer-lm:layers=1,width=32,heads=2,context=16", (16,), 50, 4, "adamw", ("fp32",),
+     False),
+    ("resnet20-cifar", "resnet20", (3, 32, 32), 10, 4, "sgd", ("fp32",), False),
+]
+
+
+_GRAPHS: dict = {}
+
+
+def _workload(torch, dev, w):
+    """(model, x, y, input description) of one WORKLOADS entry, on dev."""
+    from cptsim.models import create_model
+
+    key, model, data, ncls, batch = w[:5]
+    if isinstance(data, str):  # a graph: the whole graph is one sample, trained full batch
+        from cptsim.models.graph import bind_graph
+
+        if data not in _GRAPHS:  # generated once (seconds at arxiv's size), shared by gcn / sage / gat
+            from cptsim.data import load_datasets
+            _GRAPHS[data] = load_datasets(data, None)
+        train_set, _, info = _GRAPHS[data]
+        x, y = train_set.gather([0], "cpu")
+        net = create_model(model, num_classes=info.num_classes, in_channels=info.input_shape[0],
+                           input_shape=tuple(info.input_shape))
+        bind_graph(net, train_set.graph.edge_index)
+        desc = {"dataset": data, "input_shape": list(info.input_shape), "graph_edges": info.graph_edges}
+        return net.to(dev), x.to(dev), y.to(dev), desc
+    shape = tuple(data)
+    net = create_model(model, num_classes=ncls, in_channels=shape[0] if len(shape) == 3 else 1, input_shape=shape)
+    if len(shape) == 1:  # token ids; next-token labels
+        x = torch.randint(ncls, (batch, shape[0]), device=dev)
+        y = torch.randint(ncls, (batch, shape[0]), device=dev)
+    else:
+        x = torch.randn(batch, *shape, device=dev)
+        y = torch.randint(ncls, (batch,), device=dev)
+    return net.to(dev), x, y, {"input_shape": list(shape)}
+
+
+def run_workload(R, torch, dev, args, w, precision, nv, h):
+    import torch.nn.functional as F
+
+    key, model, data, ncls, batch, optname, _, graphed = w
+    net, x, y, desc = _workload(torch, dev, w)
+    net.train()
+    opt = {"adam": lambda p: torch.optim.Adam(p, lr=1e-3), "adamw": lambda p: torch.optim.AdamW(p, lr=1e-4),
+           "sgd": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9)}[optname](net.parameters())
+    amp = precision == "amp"
+    scaler = torch.amp.GradScaler("cuda") if (amp and dev.type == "cuda") else None
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        with torch.autocast(dev.type, dtype=torch.float16 if dev.type == "cuda" else torch.bfloat16, enabled=amp):
+            out = net(x)
+            loss = F.cross_entropy(out.float(), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+
+    run = step
+    rec = {"workload": key, "model": model, "batch": batch, "num_classes": ncls, "optimizer": optname,
+           "precision": precision, "graphed": False, **desc,
+           "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32, "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+           "params": sum(p.numel() for p in net.parameters())}
+    if graphed and dev.type == "cuda" and not amp:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        run = g.replay
+        rec["graphed"] = True
+    for _ in range(3):
+        run()
+    sync(torch, dev)
+    clk = Clock(torch, dev)
+    ts = []
+    for _ in range(2 if args.quick else 10):
+        a = clk.mark()
+        run()
+        b = clk.mark()
+        ts.append(clk.ms(a, b))
+    rec["step_ms_median"] = statistics.median(ts)
+    rec["step_ms_all"] = [round(t, 3) for t in ts]
+    # energy: back-to-back steps for a few seconds (the counter's resolution wants > 1 s)
+    if nv is not None:
+        dur = 1.0 if args.quick else 3.0
+        sync(torch, dev)
+        e0, t0, n = nv.nvmlDeviceGetTotalEnergyConsumption(h), time.perf_counter(), 0
+        while time.perf_counter() - t0 < dur or n < 3:
+            run()
+            n += 1
+        sync(torch, dev)
+        e1, t1 = nv.nvmlDeviceGetTotalEnergyConsumption(h), time.perf_counter()
+        rec.update({"energy_steps": n, "energy_seconds": t1 - t0, "step_ms_back_to_back": (t1 - t0) / n * 1e3,
+                    "joules_per_step": (e1 - e0) / 1e3 / n, "mean_power_w": (e1 - e0) / 1e3 / (t1 - t0)})
+    if dev.type == "cuda":
+        rec["max_mem_alloc_bytes"] = torch.cuda.max_memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    say(f"  {key:28s} {precision:4s} b{batch:<4d} step {rec['step_ms_median']:8.3f} ms"
+        + (f"  {rec['joules_per_step']:.3f} J/step, {rec['mean_power_w']:.0f} W" if "joules_per_step" in rec else "")
+        + (" (graphed)" if rec["graphed"] else ""))
+    return rec
+
+
+def section_workloads(R, torch, dev, args):
+    nv = h = None
+    if dev.type == "cuda":
+        try:
+            import pynvml as nv
+            nv.nvmlInit()
+            h = nv.nvmlDeviceGetHandleByIndex(dev.index or 0)
+        except Exception as e:
+            R.res["errors"].append({"item": "workloads:nvml", "error": f"{type(e).__name__}: {str(e)[:200]}"})
+            nv = None
+    for w in (WORKLOADS_QUICK if args.quick else WORKLOADS):
+        for prec in w[6]:
+            R.item(f"workload:{w[0]}:{prec}", 2.0 if args.quick else 8.0,
+                   lambda: run_workload(R, torch, dev, args, w, prec, nv, h), dest=R.res["workloads"], limit_s=60)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# f. FP8 (e4m3 x e4m3 -> bf16, torch._scaled_mm) and int8 GEMMs beside FP16 on the same shapes: the 8-bit tiers a
+# GPU reaches through torch (issue 26's format tiers)
+FP8_SHAPES = [(s, s, s) for s in (1024, 2048, 4096, 8192)] + [(37824, 768, 768), (37824, 3072, 768),
+                                                               (16384, 4096, 4096), (4096, 16384, 4096)]
+
+
+def section_fp8(R, torch, dev, args):
+    shapes = [(64, 64, 64)] if args.quick else FP8_SHAPES
+    for dt in ("fp8", "int8", "fp16"):
+        if dt in ("fp8", "int8") and dev.type != "cuda":
+            continue
+        for (M, N, K) in shapes:
+            r = R.item(f"fp8:{dt}:{M}x{N}x{K}", 0.2, lambda: gemm_item(torch, dev, M, N, K, dt), dest=R.res["fp8"],
+                       limit_s=10)
+            if r is not None and max(M, N, K) >= 8192:
+                say(f"  {dt} {M}x{N}x{K}: {r['tflops']:.0f} TFLOPS")
+
 
 
 def summary(R):

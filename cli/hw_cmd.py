@@ -149,6 +149,15 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
     elements, and the fixed cost of a layer-phase (a training step of tiny quantized layers) with torch; power from NVML on CUDA when pynvml is installed, from RAPL on a
     CPU when the OS exposes it, else unknown (energy 0). Afterwards the profile named 'host' (`cptsim hw show host`,
     and any command given that hardware) uses these numbers instead of the shipped placeholder.
+
+    \b
+    --device cuda also writes this GPU as a profile for the GPU time model, host-gpu.toml beside host.toml
+    (`cptsim cost --hw host-gpu`): the large-GEMM rate of every tier torch reaches (FP16/BF16, TF32, FP32,
+    INT8 via torch._int_mm, FP8 via torch._scaled_mm), the SM count and clock, the stream bandwidth, the shape
+    constants fitted on an FP16 GEMM grid and on depthwise convolutions, the GPU and host time per launch from
+    CIFAR ResNet-20 graphed and eager, and busy / idle power from NVML. Constants isolated kernels cannot show
+    (the achieved bandwidth of a network's small memory-bound kernels, the NCHW factors) come from the shipped
+    fit of the card's generation; the file says which is which.
     """
     from cptsim.calibration.calibrate import calibrate_host, output_path, write_host_profile
 
@@ -157,16 +166,25 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
         err.print(f"measuring {device} for about {seconds:g} s ...")
     measured = calibrate_host(device=device, seconds=seconds)
     path, prof = write_host_profile(measured, out_path)
-    gpu_path = gpu_prof = None
-    if device == "cuda":  # also this card as a `gpu` profile: its tiers at the measured GEMM rates
+    gpu_path = gpu_prof = records = None
+    if device == "cuda":  # also this card as a `gpu` profile for the GPU time model (cptsim.calibration.gpu_micro)
+        from cptsim.calibration import gpu_micro
         from cptsim.calibration.calibrate import write_gpu_profile
 
+        if not as_json:
+            err.print("microbenchmarks for the GPU time model: GEMM tiers and grid, depthwise convolutions, stream "
+                      "bandwidth, ResNet-20 steps, NVML power (about a minute) ...")
+        records = gpu_micro.measure(seconds=seconds, say=(lambda m: None) if as_json else
+                                    (lambda m: err.print(m, markup=False, highlight=False)))
+        records["measured_at"] = measured["measured_at"]
         try:
-            gpu_path, gpu_prof = write_gpu_profile(measured, path)
+            gpu_path, gpu_prof = write_gpu_profile(records, path)
         except InputError as e:
-            err.print(f"[yellow]warning:[/] no gpu profile written: {e}")
+            err.print(f"warning: no gpu profile written: {e}", markup=False)
     if as_json:
         doc = {"written": str(path), "measured": measured, "profile": prof.to_json()}
+        if records is not None:
+            doc["gpu_records"] = records
         if gpu_prof is not None:
             doc["gpu_profile"] = {"written": str(gpu_path), "profile": gpu_prof.to_json()}
         emit_json(doc)
@@ -183,11 +201,13 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
     t.add_row("overhead per layer-phase", f"{measured['layer_overhead_s'] * 1e6:.0f} µs")
     power = measured["power_w"]
     t.add_row("power", f"{power:.1f} W ({measured['power_source']})" if power else "unknown (energy will be 0 J)")
-    for tier in measured.get("tiers") or []:
-        rate = si(tier["macs_per_s"], "MAC/s") if tier.get("macs_per_s") else f"not run ({tier.get('error')})"
-        t.add_row(f"GEMM tier {tier['name']} ({tier['bits']} bit)", rate)
+    if records is not None:
+        from cptsim.calibration.gpu_micro import summary_rows
+
+        for what, value in summary_rows(records):
+            t.add_row(what, value)
     out.print(t)
     out.print(f"wrote {path} (profile '{prof.name}', hash {prof.content_hash})", highlight=False)
     if gpu_prof is not None:
-        out.print(f"wrote {gpu_path} (gpu profile '{gpu_prof.name}': measured tiers, for cost estimates on this "
-                  "card)", highlight=False)
+        out.print(f"wrote {gpu_path} (gpu profile '{gpu_prof.name}': this card for the GPU time model -- "
+                  f"`cptsim cost --hw {gpu_prof.name}`; the file says which constants were measured)", highlight=False)

@@ -98,7 +98,6 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
         elementwise = 2 * ELEMENTWISE_NUMEL / t
 
     layer_overhead = _layer_overhead_s(device, 0.15 * seconds, sync)
-    tiers = gemm_tiers(0.3 * seconds) if device == "cuda" else None
 
     return {
         "device": device,
@@ -115,96 +114,18 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
         "power_source": power_source,
         "measured_at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "elapsed_s": time.perf_counter() - t_start,
-        "tiers": tiers,
     }
 
 
-# The precision tiers a GPU GEMM can run at, as torch reaches them: (name, operand bits, dtype, TF32 allowed).
-# INT8 goes through torch._int_mm (int8 x int8 -> int32), where the build and the GPU support it.
-GPU_TIERS = (("int8", 8, "int8", False), ("fp16", 16, "float16", False), ("bf16", 16, "bfloat16", False),
-             ("tf32", 32, "float32", True), ("fp32", 32, "float32", False))
-TIER_GEMM = 4096  # M = K = N: large enough to reach the tier's sustained rate on a datacenter GPU
-
-
-def gemm_tiers(budget_s: float, n: int = TIER_GEMM) -> list[dict]:
-    """Measured dense GEMM rate of each precision tier this GPU runs (MAC/s; 1 MAC = 2 ops), one n x n x n GEMM
-    per tier; a tier the GPU or torch cannot run is listed with its reason instead of a rate."""
-    import torch
-
-    sync = torch.cuda.synchronize
-    out = []
-    old_tf32 = torch.backends.cuda.matmul.allow_tf32
-    try:
-        for name, bits, dtype, tf32 in GPU_TIERS:
-            row = {"name": name, "bits": bits}
-            try:
-                torch.backends.cuda.matmul.allow_tf32 = tf32
-                if dtype == "int8":
-                    a = torch.randint(-128, 127, (n, n), dtype=torch.int8, device="cuda")
-                    b = torch.randint(-128, 127, (n, n), dtype=torch.int8, device="cuda")
-                    fn = lambda: torch._int_mm(a, b)  # noqa: E731
-                else:
-                    a = torch.randn(n, n, device="cuda", dtype=getattr(torch, dtype))
-                    b = torch.randn(n, n, device="cuda", dtype=getattr(torch, dtype))
-                    fn = lambda: torch.mm(a, b)  # noqa: E731
-                t = _median_time(fn, budget_s / len(GPU_TIERS), sync, max_samples=50)
-                row["macs_per_s"] = n ** 3 / t
-            except Exception as e:  # e.g. no _int_mm kernel for this GPU / build
-                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
-            out.append(row)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old_tf32
-    return out
-
-
-def gpu_profile_toml(measured: dict, name: str) -> str:
-    """A ``gpu`` profile of the measured GPU: its tiers at the measured GEMM rates, the measured copy bandwidth and
-    power, so the cost model can price real low-precision GEMMs on this very card (``cptsim hw show NAME``)."""
-    from cptsim.cost.hardware import _toml_value, parse_profile
-
-    tiers = [t for t in measured.get("tiers") or [] if t.get("macs_per_s")]
-    if not tiers:
-        raise InputError("no GEMM tier could be measured on this GPU")
-    narrow: dict[int, dict] = {}
-    for t in tiers:  # the cost model wants one tier per width below 32 bits: keep the faster of fp16 / bf16
-        if t["bits"] < 32 and (t["bits"] not in narrow or t["macs_per_s"] > narrow[t["bits"]]["macs_per_s"]):
-            narrow[t["bits"]] = t
-    keep = [t for t in tiers if t["bits"] == 32 or narrow.get(t["bits"]) is t]
-    wide = [t["name"] for t in keep if t["bits"] == 32]
-    fp32 = "tf32" if "tf32" in wide else wide[0] if wide else None
-    if fp32 is None:
-        raise InputError("no 32-bit GEMM tier could be measured on this GPU")
-    power = measured.get("power_w") or 0.0
-    lines = [f"# Written by `cptsim hw calibrate --device cuda` at {measured['measured_at']}: measured rates, not "
-             "datasheet peaks.",
-             f"name = {_toml_value(name)}", 'kind = "gpu"',
-             f"description = {_toml_value((measured.get('gpu') or 'this GPU') + ' (measured by cptsim hw calibrate)')}",
-             "sources = [" + _toml_value(
-                 f"measured on this machine by `cptsim hw calibrate --device cuda` ({measured['measured_at']}, "
-                 f"torch {measured['torch_version']}): {TIER_GEMM}^3 GEMM per tier (int8 via torch._int_mm), "
-                 f"tensor copy bandwidth, power from {measured.get('power_source')}") + "]",
-             "", "[gpu]",
-             f"bandwidth_gb_s = {_toml_value(_sig(measured['bandwidth_bytes_per_s'] / 1e9))}",
-             # a GPU whose power is unknown gets a token 1 W: energy is then not meaningful (said in the notes)
-             f"power_w = {_toml_value(_sig(power) if power else 1.0)}",
-             f"fp32_tier = {_toml_value(fp32)}", "tiers = ["]
-    for t in keep:
-        unit = "TOPS" if t["name"].startswith("int") else "TFLOPS"
-        lines.append(f"    {{ name = {_toml_value(t['name'])}, bits = {t['bits']}, "
-                     f"peak_ops = {_toml_value(_sig(2 * t['macs_per_s'] / 1e12))}, unit = \"{unit}\" }},")
-    lines += ["]", "", "[calibration]", "compute_efficiency = 1.0", "memory_efficiency = 1.0",
-              "power_fraction = 1.0", ""]
-    text = "\n".join(lines)
-    parse_profile(text.encode("utf-8"), f"{name}.toml")
-    return text
-
-
-def write_gpu_profile(measured: dict, host_path: Path) -> tuple[Path, HardwareProfile]:
-    """Write the measured ``gpu`` profile next to the host profile, as ``<host stem>-gpu.toml``."""
+def write_gpu_profile(records: dict, host_path: Path) -> tuple[Path, HardwareProfile]:
+    """Write this GPU's shape-model profile (``cptsim.calibration.gpu_micro``: measured tiers, SM count, clock,
+    bandwidth, fitted GEMM and depthwise constants, per-launch times, NVML power) next to the host profile, as
+    ``<host stem>-gpu.toml``."""
+    from cptsim.calibration.gpu_micro import calibrated_profile_text
     from cptsim.fileio import atomic_write_bytes
 
     path = host_path.with_name(f"{host_path.stem}-gpu.toml")
-    text = gpu_profile_toml(measured, name=path.stem)
+    text = calibrated_profile_text(records, name=path.stem)
     try:
         atomic_write_bytes(path, text.encode("utf-8"))
     except OSError as e:
