@@ -957,8 +957,11 @@ def section_workloads(R, torch, dev, args):
         except Exception as e:
             R.res["errors"].append({"item": "workloads:nvml", "error": f"{type(e).__name__}: {str(e)[:200]}"})
             nv = None
+    pick = os.environ.get("GPU_MEASURE_WORKLOADS")  # KEY:PREC,... to rerun some (e.g. ones a cut-off run skipped)
     for w in (WORKLOADS_QUICK if args.quick else WORKLOADS):
         for prec in w[6]:
+            if pick and f"{w[0]}:{prec}" not in pick.split(","):
+                continue
             R.item(f"workload:{w[0]}:{prec}", 2.0 if args.quick else 8.0,
                    lambda: run_workload(R, torch, dev, args, w, prec, nv, h), dest=R.res["workloads"], limit_s=60)
         if dev.type == "cuda":
