@@ -144,11 +144,12 @@ def _source_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def cache_key(arch: str, img: int, fp_layers: str | None) -> str:
+def cache_key(arch: str, img: int, fp_layers: str | None, fused_attention: bool = True) -> str:
     import timm
     import torch
 
-    text = json.dumps([arch, img, NUM_CLASSES, fp_layers, torch.__version__, timm.__version__, _source_hash()])
+    text = json.dumps([arch, img, NUM_CLASSES, fp_layers, torch.__version__, timm.__version__, _source_hash()]
+                      + ([] if fused_attention else ["unfused-attention"]))
     return f"{arch}-{img}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
 
 
@@ -161,27 +162,38 @@ def parse_fp_layers(text: str | None):
     return parse(text)
 
 
-def make_profile(arch: str, img: int, fp_layers: str | None):
-    """The layer profile `cptsim cost --model timm:ARCH --input-shape 3,IMG,IMG --num-classes 1000` builds."""
+def make_profile(arch: str, img: int, fp_layers: str | None, fused_attention: bool = True):
+    """The layer profile `cptsim cost --model timm:ARCH --input-shape 3,IMG,IMG --num-classes 1000` builds; with
+    ``fused_attention=False``, of the step as PyTorch 1.12 ran it (timm's RTX 3090 tables: no fused attention,
+    gpu_zoo_profiles.profile_timm)."""
+    from timm.layers import set_fused_attn
+
     from cptsim.measure.profiler import profile_named_model
 
-    return profile_named_model(f"timm:{arch}", (3, img, img), NUM_CLASSES, parse_fp_layers(fp_layers))
+    set_fused_attn(fused_attention, experimental=False)
+    try:
+        return profile_named_model(f"timm:{arch}", (3, img, img), NUM_CLASSES, parse_fp_layers(fp_layers))
+    finally:
+        set_fused_attn(True, experimental=False)
 
 
-def load_or_profile(arch: str, img: int, fp_layers: str | None, cache_dir: Path | None, timeout: float | None):
+def load_or_profile(arch: str, img: int, fp_layers: str | None, cache_dir: Path | None, timeout: float | None,
+                    fused_attention: bool = True):
     """(LayerProfile, seconds spent profiling, from_cache). With ``timeout``, profile in a child process."""
     from cptsim.measure.profiler import LayerProfile
 
-    path = cache_dir / cache_key(arch, img, fp_layers) if cache_dir is not None else None
+    path = cache_dir / cache_key(arch, img, fp_layers, fused_attention) if cache_dir is not None else None
     if path is not None and path.is_file():
         return LayerProfile.from_json(json.loads(path.read_text())), 0.0, True
     t = time.perf_counter()
     if timeout is None or path is None:
-        prof = make_profile(arch, img, fp_layers)
+        prof = make_profile(arch, img, fp_layers, fused_attention)
         if path is not None:
             _write(path, prof.to_json())
         return prof, time.perf_counter() - t, False
     cmd = [sys.executable, __file__, "--profile-one", arch, "--img", str(img), "--cache-dir", str(cache_dir)]
+    if not fused_attention:
+        cmd.append("--unfused-attention")
     if fp_layers is not None:
         cmd += ["--fp-layers", fp_layers]
     try:
@@ -322,6 +334,7 @@ def main() -> int:
     ap.add_argument("--no-cache", action="store_true")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--profile-one", default=None, help=argparse.SUPPRESS)  # child process of --all
+    ap.add_argument("--unfused-attention", action="store_true", help=argparse.SUPPRESS)  # with --profile-one
     ap.add_argument("--img", type=int, default=224, help=argparse.SUPPRESS)
     args = ap.parse_args()
     cache = None if args.no_cache else Path(args.cache_dir)
@@ -330,8 +343,9 @@ def main() -> int:
         print_report(json.loads(Path(args.from_json).read_text()))
         return 0
     if args.profile_one:
-        prof = make_profile(args.profile_one, args.img, args.fp_layers)
-        _write(cache / cache_key(args.profile_one, args.img, args.fp_layers), prof.to_json())
+        prof = make_profile(args.profile_one, args.img, args.fp_layers, not args.unfused_attention)
+        _write(cache / cache_key(args.profile_one, args.img, args.fp_layers, not args.unfused_attention),
+               prof.to_json())
         return 0
 
     from cptsim.cost.hardware import load_profile
@@ -407,8 +421,9 @@ def main() -> int:
         if how != "listed":
             r["name_note"] = how
         try:
+            # timm's tables ran PyTorch 1.12, without fused attention; our H100 runs PyTorch 2.11, with it
             prof, secs, hit = load_or_profile(arch, r["img_size"], args.fp_layers, cache,
-                                              args.timeout if args.all else None)
+                                              args.timeout if args.all else None, fused_attention=kind != "timm")
             p = predict(prof, hw, args.schedule, r["batch"], channels_last)
         except Exception as e:  # noqa: BLE001 - a model that cannot be built or profiled is reported, not fatal
             why = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"

@@ -9,6 +9,13 @@ in FP16, and at 32 bits the layers run plain.
     python benchmarks/gpu_zoo_profiles.py                   # the default sample (every family), ~10-20 min
     python benchmarks/gpu_zoo_profiles.py --models a,b,c    # add these
     python benchmarks/gpu_zoo_profiles.py --per-family 0    # every usable row of the table (hours)
+    python benchmarks/gpu_zoo_profiles.py --unfused-attention   # attention models as PyTorch 1.12 ran them
+
+The tables were measured with PyTorch 1.12 (pt112), which had no fused attention: a transformer's attention ran as
+two batched matmuls and a softmax over its N x N scores. Today's timm calls F.scaled_dot_product_attention, so
+every model with attention also has a ``profile_unfused_attn``, counted with timm's fused attention switched off;
+the fit and the zoo table price the RTX 3090 rows with it (``pt112_profiles``), the H100 runs (PyTorch 2.11)
+with the fused one.
 """
 
 from __future__ import annotations
@@ -66,17 +73,43 @@ def load_profiles(path: Path = OUT) -> dict:
         return json.load(f)
 
 
-def profile_timm(name: str, size: int = 224):
+def profile_timm(name: str, size: int = 224, fused_attention: bool = True):
+    """The layer profile of one training step of timm's NAME. ``fused_attention=False``: as the timm of PyTorch
+    1.12 ran attention (the RTX 3090 tables, pt112): q @ k^T, softmax, dropout, @ v as separate kernels -- PyTorch
+    had no F.scaled_dot_product_attention before 2.0 -- which the op counter then counts as two matmuls and the
+    memory-bound ops on the N x N scores, instead of one fused kernel."""
     import timm
     import torch
+    from timm.layers import set_fused_attn
 
     from cptsim.measure.profiler import profile_model
     from cptsim.numerics.layers import quantize_model
 
     torch.manual_seed(0)
-    net = timm.create_model(name, pretrained=False, num_classes=1000)
-    quantize_model(net, fp_layers=[])
-    return profile_model(net, (3, size, size), batch_size=2, model_name=f"timm:{name}")
+    set_fused_attn(fused_attention, experimental=False)
+    try:
+        net = timm.create_model(name, pretrained=False, num_classes=1000)
+        quantize_model(net, fp_layers=[])
+        return profile_model(net, (3, size, size), batch_size=2, model_name=f"timm:{name}")
+    finally:
+        set_fused_attn(True, experimental=False)
+
+
+def has_fused_attention(entry: dict) -> bool:
+    """Whether a stored profile counted fused attention (then its pt112 twin is profiled unfused)."""
+    from cptsim.measure.profiler import LayerProfile
+
+    p = LayerProfile.from_json(entry["profile"])
+    return bool(p.ops and p.ops.summary()["fwd"].get("attention_macs_per_sample", 0) > 0)
+
+
+def pt112_profiles(raw: dict) -> dict:
+    """{model: LayerProfile} as timm's RTX 3090 tables ran them (PyTorch 1.12: attention unfused,
+    ``profile_unfused_attn`` where the model has attention; every other model's profile is the same)."""
+    from cptsim.measure.profiler import LayerProfile
+
+    return {k: LayerProfile.from_json(v.get("profile_unfused_attn", v["profile"])) for k, v in raw.items()
+            if "profile" in v}
 
 
 def main(argv=None) -> int:
@@ -88,10 +121,25 @@ def main(argv=None) -> int:
     ap.add_argument("--max-minutes", type=float, default=30.0, help="stop (and keep what is done) after this")
     ap.add_argument("--max-params", type=float, default=100.0, help="skip models of more million parameters (a "
                     "CPU training step of a 300M-parameter model needs ~15 GB)")
+    ap.add_argument("--unfused-attention", action="store_true", help="add, for every stored model whose profile "
+                    "counts fused attention, the profile of the same step with attention unfused (as PyTorch 1.12 "
+                    "ran it: the RTX 3090 tables), as 'profile_unfused_attn'")
     args = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
+    if args.unfused_attention:
+        done = load_profiles()
+        for name, entry in sorted(done.items()):
+            if "profile" in entry and "profile_unfused_attn" not in entry and has_fused_attention(entry):
+                t = time.perf_counter()
+                entry["profile_unfused_attn"] = profile_timm(name, fused_attention=False).to_json()
+                print(f"{name}: unfused attention profiled in {time.perf_counter() - t:.1f}s", file=sys.stderr)
+        tmp = OUT.with_suffix(".tmp")
+        with gzip.open(tmp, "wt") as f:
+            json.dump(done, f, separators=(",", ":"))
+        tmp.replace(OUT)
+        return 0
     rows = {n: r for n, r in table_rows().items()
             if int(r["train_img_size"]) == 224 and float(r["param_count"]) <= args.max_params}
     by_fam: dict[str, list[str]] = {}

@@ -32,6 +32,18 @@ def profs():
     return p
 
 
+@pytest.fixture(scope="module")
+def profs3090():
+    """As timm's RTX 3090 tables ran the networks (PyTorch 1.12: attention unfused)."""
+    p = FG.profiles_pt112()
+    # every shipped network with attention has its unfused twin, which counts no fused-attention kernel
+    att = [k for k, v in FG.load_profiles().items() if "profile" in v and FG.has_fused_attention(v)]
+    assert len(att) >= 10 and "vit_small_patch16_224" in att
+    for k in att:
+        assert p[k].ops.summary()["fwd"].get("attention_macs_per_sample", 0) == 0, k
+    return p
+
+
 def test_the_fits_fast_pricing_is_estimates_own(profs):
     from cptsim.cost.model import estimate
     from cptsim.cost.schedules import parse_schedule
@@ -67,8 +79,9 @@ def _same_predictions(hw, fitted: dict, profs, rows, tol=0.02) -> list[str]:
     return bad
 
 
-def test_rtx3090s_constants_are_the_fit_on_both_timm_tables(profs):
+def test_rtx3090s_constants_are_the_fit_on_both_timm_tables(profs3090):
     hw = load_profile("rtx3090")
+    profs = profs3090
     rows = FG.rtx3090_rows(profs)
     fitted = F.fit(hw, profs, rows, FG.AMPERE_FIT, max_nfev=60)
     moved = _same_predictions(hw, fitted, profs, rows)
@@ -87,10 +100,19 @@ def test_the_hopper_constants_are_the_fit_on_the_h100_measurements(profs):
     fitted = F.fit(hw, profs, rows, FG.HOPPER_NETWORK, max_nfev=60)
     moved = _same_predictions(hw, fitted, profs, rows)
     assert not moved, moved
-    errors = [F.predicted_img_s(hw, profs[r.model], r) / r.img_s - 1 for r in rows]
-    s = F.error_summary(errors)
-    assert s["n"] == hw.validation["n"]
-    assert s["median_abs"] == pytest.approx(hw.validation["median_abs_error"], abs=0.005)
+
+
+def test_h100s_validation_is_the_held_out_check():
+    """h100.toml's [validation] (what `cost` prints beside an H100 time) is the check on measurements no constant
+    was fitted on -- 12 timm networks and cptsim's graph / LM / CIFAR / ViT steps measured on our H100 -- re-measured
+    here from the shipped runs (benchmarks/bench_gpu_heldout.py)."""
+    import bench_gpu_heldout as BH
+
+    s = BH.compute(["h100"])["summary"]["h100"]["time"]
+    v = load_profile("h100").validation
+    assert v["held_out"] == "yes" and v["n"] == s["n"] == 28
+    assert s["median_abs"] == pytest.approx(v["median_abs_error"], abs=0.005)
+    assert s["worst_abs"] == pytest.approx(v["worst_abs_error"], abs=0.005)
 
 
 def test_the_gemm_shape_constants_are_the_fit_on_the_h100s_gemm_microbenchmarks():

@@ -39,12 +39,12 @@ DEFAULTS = {
     "gemm_n0": 13.2,
     "gemm_k0": 96.3,
     "nchw_conv_factor": 1.0,
-    "nchw_depthwise_factor": 0.7822,
-    "depthwise_efficiency": 0.05746,
-    "depthwise_memory_efficiency": 0.8765,
+    "nchw_depthwise_factor": 0.7919,
+    "depthwise_efficiency": 0.05651,
+    "depthwise_memory_efficiency": 0.8378,
     "norm_memory_efficiency": 1.0,
     "nchw_norm_factor": 0.352,
-    "nchw_norm_elements_per_clock": 1.185,
+    "nchw_norm_elements_per_clock": 1.17,
 }
 
 
