@@ -57,6 +57,8 @@ STREAM_N = 100_000_000
 # elements reach 0.87 of the H100's HBM3 peak (benchmarks/results/gpu23_H100.json; fit_gpu_model.STREAM_EFFICIENCY)
 STREAM_EFFICIENCY = 0.87
 INHERITED = ("memory_efficiency", "norm_memory_efficiency", "nchw_conv_factor", "nchw_norm_elements_per_clock")
+# fitted on this GPU's kernels where they identify them (else the generation's value, marked so in the file)
+MEASURED_SHAPE = ("gemm_n0", "gemm_k0", "nchw_depthwise_factor", "depthwise_efficiency", "depthwise_memory_efficiency")
 
 
 # -- timing -------------------------------------------------------------------------------------------------------
@@ -449,6 +451,11 @@ def profile_text(records: dict, name: str, constants: dict | None = None, source
         raise InputError("the stream bandwidth could not be measured on this GPU")
     gen = generation(dev.get("capability"))
     consts = {**inherited_constants(gen), **(constants or {})}
+    from cptsim.cost.hardware import load_profile
+
+    gen_prof = load_profile("h100" if gen == "hopper" else "rtx3090")
+    unidentified = [k for k in MEASURED_SHAPE if k not in consts]  # written, not left to a default, and said so
+    consts.update({k: gen_prof.kernel_constant(k) for k in unidentified})
     power = records.get("power", {})
     power_w = dev.get("power_limit_w") or 0.0
     busy = power.get("busy_power_w")
@@ -492,7 +499,9 @@ def profile_text(records: dict, name: str, constants: dict | None = None, source
         lines.append(f"power_fraction = {_sig(min(1.0, busy / power_w))}   # NVML mean over ResNet-50 AMP training "
                      "/ power limit")
     for k in sorted(consts):
-        lines.append(f"{k} = {_sig(consts[k])}" + ("   # inherited" if k in INHERITED else "   # measured"))
+        lines.append(f"{k} = {_sig(consts[k])}" + ("   # inherited" if k in INHERITED else
+                                                    "   # not identified by the kernels measured: inherited"
+                                                    if k in unidentified else "   # measured"))
     text = "\n".join(x for x in lines if x != "") + "\n"
     parse_profile(text.encode("utf-8"), f"{name}.toml")
     return text
@@ -514,8 +523,12 @@ def constants_from_records(records: dict, name: str = "calibrated") -> dict:
         consts.update(F.fit_kernels(kern, gemm_rows, ("gemm_n0", "gemm_k0")))
     dw_rows = [r for r in F.kernel_rows(records, min_us=0) if r["label"].startswith("conv dw")]
     if len(dw_rows) >= 3:
-        consts.update(F.fit_kernels(F.with_values(kern, consts), dw_rows,
-                                    ("nchw_depthwise_factor", "depthwise_efficiency", "depthwise_memory_efficiency")))
+        names = ("nchw_depthwise_factor", "depthwise_efficiency", "depthwise_memory_efficiency")
+        start = F.with_values(kern, consts)
+        fitted = F.fit_kernels(start, dw_rows, names)
+        # a constant the kernels do not identify (the fit leaves it where it started: e.g. the depthwise memory
+        # rate, when every depthwise kernel measured is compute-bound) stays the generation's, said as such
+        consts.update({k: v for k, v in fitted.items() if abs(v - F.get(start, k)) > 1e-6 * max(1.0, abs(v))})
     r20 = records.get("resnet20")
     if r20 and r20.get("launches"):
         hw = F.with_values(base, consts)

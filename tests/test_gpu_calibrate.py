@@ -1,0 +1,99 @@
+"""`cptsim hw calibrate --device cuda`'s GPU profile (cptsim.calibration.gpu_micro), checked offline on the records
+it wrote on our H100 (benchmarks/results/gpu23_H100_s3_calibrate.json) and against what that card then measured."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from cptsim.calibration import gpu_micro
+from cptsim.cost.hardware import parse_profile
+from cptsim.errors import InputError
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+@pytest.fixture(scope="module")
+def records():
+    return json.loads((RESULTS / "gpu23_H100_s3_calibrate.json").read_text())["gpu_records"]
+
+
+def test_the_shipped_calibrated_profile_is_what_its_records_give(records):
+    """Provenance: the TOML the H100 run wrote is re-derived from the raw microbenchmarks it saved (the same fits,
+    the same inherited constants), so nothing in it was typed by hand."""
+    text = gpu_micro.calibrated_profile_text(records, "host-gpu")
+    assert text == (RESULTS / "gpu23_H100_s3_calibrated.toml").read_text()
+
+
+def test_what_is_measured_and_what_is_inherited(records):
+    p = parse_profile(gpu_micro.calibrated_profile_text(records, "x").encode(), "x.toml")
+    assert p.params["sm_count"] == 132 and p.params["boost_clock_mhz"] == 1980 and p.params["power_w"] == 700
+    tiers = {t["name"]: t for t in p.params["tiers"]}
+    # 8-bit GEMMs run on the faster 8-bit path torch reached: FP8 (_scaled_mm, 1410 TFLOPS) over int8 (_int_mm, 129)
+    assert set(tiers) == {"fp8", "fp16", "tf32", "fp32"} and tiers["fp8"]["bits"] == 8
+    fp16 = max(r["tflops"] for r in records["gemm"] if r["dtype"] in ("fp16", "bf16") and r["M"] == 8192)
+    assert tiers["fp16"]["peak_ops"] == pytest.approx(fp16, rel=1e-3)
+    stream = max(m["gb_per_s"] for m in records["membw"])
+    assert p.params["bandwidth_gb_s"] == pytest.approx(stream, rel=1e-3)
+    # the host's time per launch is the eager ResNet-20 step over its counted launches (hand division)
+    r20 = records["resnet20"]
+    assert p.calibration["host_overhead_us"] == pytest.approx(r20["eager_ms"] * 1e3 / r20["launches"], rel=1e-3)
+    assert p.calibration["power_fraction"] == pytest.approx(records["power"]["busy_power_w"] / 700, rel=1e-3)
+    # a network-level constant the kernels cannot show comes from the Hopper fit, re-expressed against the stream
+    from cptsim.cost.hardware import load_profile
+
+    h100 = load_profile("h100")
+    assert p.calibration["nchw_norm_elements_per_clock"] == pytest.approx(
+        h100.calibration["nchw_norm_elements_per_clock"], rel=1e-3)
+    assert p.calibration["memory_efficiency"] == pytest.approx(
+        h100.calibration["memory_efficiency"] / gpu_micro.STREAM_EFFICIENCY, rel=1e-3)
+
+
+def test_the_graphed_resnet20_step_is_reproduced_by_the_fitted_launch_time(records):
+    """kernel_overhead_us closes the graphed ResNet-20 step on the calibrated profile (its definition), priced by
+    `cost`'s own estimate."""
+    from cptsim.cost.model import estimate_totals
+    from cptsim.measure.profiler import profile_named_model
+
+    p = parse_profile(gpu_micro.calibrated_profile_text(records, "x").encode(), "x.toml")
+    prof = profile_named_model("resnet20", (3, 32, 32), 10)
+    t = estimate_totals(prof, {"batch_size": [128], "bits": [32], "grad_bits": [32]}, p)["latency_s"]
+    assert t * 1e3 == pytest.approx(records["resnet20"]["graphed_ms"], rel=0.01)
+
+
+def test_microbenchmarks_alone_price_networks_they_never_saw(records):
+    """The calibrated profile against the timm networks measured on the same H100 (none of them entered it): no
+    worse than the shipped, network-fitted h100 profile by more than a few points (benchmarks/
+    bench_gpu_heldout.py: 20.7% vs 18.5% median over the 18 rows)."""
+    sys.path.insert(0, str(RESULTS.parent))
+    import bench_gpu_heldout as BH
+
+    from cptsim.calibration import gpu_fit as F
+    from cptsim.measure.profiler import LayerProfile
+    from gpu_zoo_profiles import load_profiles
+
+    cal = parse_profile(gpu_micro.calibrated_profile_text(records, "x").encode(), "x.toml")
+    zoo = load_profiles()
+    errs = []
+    for r in BH.timm_rows():
+        prof = LayerProfile.from_json(zoo[r["model"]]["profile"])
+        row = F.Row(r["model"], "", r["batch"], r["measured"], r["format"] == "nhwc")
+        errs.append(F.predicted_img_s(cal, prof, row) / r["measured"] - 1)
+    s = F.error_summary(errs)
+    assert s["n"] == 18 and s["median_abs"] < 0.25
+
+
+def test_records_without_the_tiers_a_profile_needs_are_refused(records):
+    bare = {**records, "gemm": [g for g in records["gemm"] if g["dtype"] not in ("fp16", "bf16")]}
+    with pytest.raises(InputError, match="16-bit and 32-bit GEMM tier"):
+        gpu_micro.profile_text(bare, "x")
+    with pytest.raises(InputError, match="stream bandwidth"):
+        gpu_micro.profile_text({**records, "membw": []}, "x")
+
+
+def test_the_generation_picks_the_shipped_fit():
+    assert gpu_micro.generation("9.0") == "hopper" and gpu_micro.generation("8.6") == "ampere"
+    assert gpu_micro.generation(None) == "ampere"
