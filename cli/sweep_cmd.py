@@ -1,4 +1,5 @@
-"""`cptsim sweep`: train schedules x seeds of one workload, N processes at a time; report accuracy vs cost."""
+"""`cptsim sweep`: train schedules x seeds of one workload, N processes at a time or as Slurm jobs; report accuracy
+vs cost; show where each run stands; index the runs' result records into the results database."""
 
 from __future__ import annotations
 
@@ -20,12 +21,34 @@ Examples:
   cptsim sweep --report --db results.db --workload KEY --json
 
 \b
+On a Slurm cluster (submitit; pip install 'cptsim[cluster]'), one job per run, as one job array:
+  cptsim sweep --executor slurm --slurm-partition gpu --slurm-time 4:00:00 --slurm-gpus-per-node 1 \
+      --slurm-cpus-per-task 8 --slurm-setup 'module load cuda/12.1' --slurm-option account=myproj \
+      --schedules cpt:3-8:g8:n32,static:8 --seeds 0-2 --model resnet20 --dataset cifar10 \
+      --data-dir /shared/data --device cuda --out /shared/runs/sw3
+  cptsim sweep --status --out /shared/runs/sw3         queued / running / done / failed per run
+  cptsim sweep --index --out /shared/runs/sw3 --db results.db   result records -> the database
+  cptsim sweep --executor slurm ... --dry-run          print the job script, submit nothing
+
+\b
 Each run is a normal run directory OUT/<schedule>-s<seed> (':' written as '_'), trained by its own
 'cptsim train' process (its output in OUT/<schedule>-s<seed>.log). Rerunning the same command skips
 finished runs, resumes interrupted ones from their last checkpoint and starts missing ones; schedules
 and seeds may be added, the workload may not change. Every finished run's row goes into the results
 database: --db PATH, else $CPTSIM_DB, else $XDG_DATA_HOME/cptsim/results.db (~/.local/share/...);
 several sweeps may write to one database at once.
+
+\b
+Every finished run also writes its result record, OUT/<run>/result.json: run directories are the
+truth, the database an index of them. --executor slurm submits each unfinished run as a job (one
+array, --jobs N at a time) that runs the same 'cptsim train' in OUT/<run> on the shared file
+system and writes result.json; nodes never write the database (SQLite over NFS is unsafe). The
+command returns once the jobs are queued (--wait: until they end, then indexes). Rerunning it
+leaves queued and running jobs alone and resubmits only the unfinished runs, which resume from
+their last checkpoint. A job nearing --slurm-time checkpoints and is requeued (up to 3 times).
+--nproc N: each run data-parallel over N workers (torchrun inside the job's allocation; with
+--device cuda a job asks for N GPUs unless --slurm-gpus-per-node says otherwise).
+--executor submitit-local runs the same jobs through submitit on this machine, all at once.
 
 \b
 --top K --budget B1[,B2...]: the planner's top K schedules at each budget ('cptsim plan' semantics,
@@ -44,7 +67,9 @@ schedules, with its seed spread (the correlation computed within each seed: mean
                short_help="Train schedules x seeds of one workload in parallel; report accuracy vs cost.")
 @click.option("--schedules", default=None, help='Schedules, comma-separated text forms: "cpt:3-8:g8:n32,static:5".')
 @click.option("--seeds", default="0", show_default=True, help='Seeds: "0,1,2" or "0-4".')
-@click.option("--jobs", "-j", type=int, default=1, show_default=True, help="Training processes at a time.")
+@click.option("--jobs", "-j", type=int, default=None,
+              help="Runs at a time: local training processes [default: 1], or the job array's limit on Slurm "
+                   "[default: the scheduler's].")
 @click.option("--out", "out_dir", default=None, help="Sweep directory (created; rerun to resume).")
 @click.option("--db", "db_path", default=None, help="Results database [default: $CPTSIM_DB or ~/.local/share/cptsim].")
 @click.option("--no-db", is_flag=True, help="Do not write the results database.")
@@ -73,7 +98,37 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 @click.option("--workers", type=int, default=0, show_default=True, help="DataLoader workers per run.")
 @click.option("--threads", type=int, default=None, help="CPU threads per run [default: train's, cores / --jobs].")
 @click.option("--checkpoint-every", type=int, default=None, help="Also checkpoint every N steps inside an epoch.")
+# where the runs run
+@click.option("--executor", type=click.Choice(["local", "slurm", "submitit-local"]), default="local",
+              show_default=True,
+              help="local: processes on this machine; slurm: one Slurm job per run through submitit; "
+                   "submitit-local: those jobs on this machine (to try a setup).")
+@click.option("--slurm-partition", default=None, help="Slurm partition (sbatch --partition).")
+@click.option("--slurm-time", default=None,
+              help="Each job's time limit: minutes or [D-]H:MM:SS (sbatch --time). Required with --executor slurm.")
+@click.option("--slurm-gpus-per-node", type=int, default=None,
+              help="GPUs per job (sbatch --gpus-per-node) [default: --nproc with --device cuda, else none].")
+@click.option("--slurm-cpus-per-task", type=int, default=None, help="CPU cores per job (sbatch --cpus-per-task).")
+@click.option("--slurm-setup", multiple=True,
+              help="A line of the job script run before the job (repeatable), e.g. 'module load cuda/12.1' or "
+                   "'source /shared/venv/bin/activate'.")
+@click.option("--slurm-option", multiple=True,
+              help="Any other sbatch option as KEY=VALUE, or KEY for a flag (repeatable): account=myproj, "
+                   "qos=high, mem=64G, constraint=a100, exclusive.")
+@click.option("--nproc", type=int, default=None,
+              help="Data-parallel workers per run ('cptsim train --nproc': torchrun inside the job).")
+@click.option("--wait", is_flag=True,
+              help="With --executor slurm | submitit-local: wait for the jobs to end, then index and report.")
+@click.option("--dry-run", is_flag=True,
+              help="With --executor slurm | submitit-local: show the runs to submit and the job script; submit "
+                   "nothing, write nothing.")
 # the report
+@click.option("--status", "status_mode", is_flag=True,
+              help="Show each run of sweep --out DIR: done, running, queued, failed, unfinished, not started "
+                   "(from the run directories and the scheduler).")
+@click.option("--index", "index_mode", is_flag=True,
+              help="Put the result records of sweep --out DIR into the database (--db): adds new runs, updates "
+                   "known ones. A new --db file rebuilds it.")
 @click.option("--report", "report_mode", is_flag=True,
               help="Report on a sweep (--out DIR) or on the database (--db, --workload) instead of training.")
 @click.option("--workload", "workload_key", default=None, help="With --report --db: the workload key to report.")
@@ -83,24 +138,46 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 @json_option
 def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, hw, families, cycles, q_min, q_max,
           g_bits, model, dataset, data_dir, image_size, epochs, steps, batch_size, lr, momentum, weight_decay, lr_schedule,
-          optimizer, lr_min, quant_agg, fp_layers, no_augment, val_split, device, workers, threads, checkpoint_every, report_mode, workload_key, plot, quiet,
+          optimizer, lr_min, quant_agg, fp_layers, no_augment, val_split, device, workers, threads, checkpoint_every,
+          executor, slurm_partition, slurm_time, slurm_gpus_per_node, slurm_cpus_per_task, slurm_setup, slurm_option,
+          nproc, wait, dry_run, status_mode, index_mode, report_mode, workload_key, plot, quiet,
           as_json) -> None:
     """Train a set of precision schedules x seeds on one workload, N processes at a time, each a normal run
     directory; record every finished run in the results database; report accuracy vs cost."""
     from cptsim.study import sweep as SW
 
+    from cptsim.study import cluster as C
+
     if plot:
         check_output_file("--plot", plot)
+    modes = [f for f, on in (("--report", report_mode), ("--status", status_mode), ("--index", index_mode)) if on]
+    if len(modes) > 1:
+        raise InputError(f"{' and '.join(modes)}: one at a time")
     if report_mode:
         return _report(out_dir, db_path, workload_key, plot, as_json)
     if workload_key:
         raise InputError("--workload goes with --report")
-    if out_dir is None:
-        raise InputError("--out DIR is required: the sweep's directory (rerun with the same --out to resume)")
     if no_db and db_path:
         raise InputError("--no-db and --db contradict each other")
-    if jobs < 1:
+    if status_mode or index_mode:
+        if out_dir is None:
+            raise InputError(f"{modes[0]} needs --out DIR: the sweep's directory")
+        return _status(out_dir, as_json) if status_mode else _index(out_dir, db_path, no_db, as_json)
+    if out_dir is None:
+        raise InputError("--out DIR is required: the sweep's directory (rerun with the same --out to resume)")
+    if jobs is not None and jobs < 1:
         raise InputError(f"--jobs must be at least 1, got {jobs}")
+    cluster = C.ClusterSettings(executor=executor, partition=slurm_partition, time_min=C.parse_slurm_time(slurm_time),
+                                gpus_per_node=slurm_gpus_per_node, cpus_per_task=slurm_cpus_per_task,
+                                setup=list(slurm_setup), options=C.parse_slurm_options(slurm_option),
+                                parallel=jobs if executor == "slurm" else None)
+    cluster.validate(device, nproc)
+    if executor == "local" and (wait or dry_run):
+        raise InputError(f"{'--wait' if wait else '--dry-run'} goes with --executor slurm | submitit-local "
+                         "(a local sweep always waits for its runs)")
+    if executor == "submitit-local" and jobs is not None:
+        raise InputError("--jobs goes with --executor local | slurm (submitit's local executor starts every job "
+                         "at once)")
     if top is None and (budget or families or cycles or q_min or q_max or g_bits or metric):
         raise InputError("--budget, --metric, --families, --cycles, --q-min, --q-max and --g-bits go with --top K")
     if top is None and not schedules:
@@ -112,7 +189,7 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
                                 quant_agg=quant_agg,
                                 lr_schedule=lr_schedule, fp_layers=parse_fp_layers(fp_layers),
                                 augment=not no_augment, val_split=val_split, device=device, workers=workers, threads=threads,
-                                checkpoint_every=checkpoint_every)
+                                checkpoint_every=checkpoint_every, nproc=nproc)
     settings.validate()
     seed_list = SW.parse_seeds(seeds)
     texts = SW.parse_schedule_list(schedules)
@@ -130,6 +207,13 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
             for p in picked:
                 err.print(f"planner, budget {p['budget']}: #{p['rank']} {p['schedule']} "
                           f"({100 * p['vs_baseline']:.1f}% of static, score {p['score']:.4f})", highlight=False)
+    if executor != "local":
+        from pathlib import Path
+
+        cluster.job_name = f"cptsim-{Path(out_dir).resolve().name}"
+        return _submit(SW, C, out_dir, settings, texts, seed_list, cluster, picked, wait, dry_run, db_path, no_db,
+                       plot, show, as_json)
+    jobs = jobs or 1
     db = None
     if not no_db:
         from cptsim.study.results import ResultsDB
@@ -211,17 +295,196 @@ def _execute_with_progress(SW, runs, settings, jobs, db) -> None:
 
 
 def _print_runs(runs) -> None:
+    jobs = any(r.job_id for r in runs)
     t = Table(title="sweep runs", title_justify="left", box=None, header_style="bold underline", padding=(0, 1))
-    for c in ("run", "action", "status", "test acc", "eval bits", "BitOPs", "score"):
-        t.add_column(c, justify="left" if c in ("run", "action", "status") else "right", no_wrap=True)
+    for c in ("run", "action", "status") + (("job",) if jobs else ()) + ("test acc", "eval bits", "BitOPs", "score"):
+        t.add_column(c, justify="left" if c in ("run", "action", "status", "job") else "right", no_wrap=True)
     for r in runs:
         row = r.row or {}
         acc = row.get("test_acc")
-        t.add_row(r.name, r.action, r.status, "-" if acc is None else f"{100 * acc:.2f}%",
+        t.add_row(r.name, r.action, r.status, *((r.job_id or "-",) if jobs else ()),
+                  "-" if acc is None else f"{100 * acc:.2f}%",
                   str(row.get("eval_bits", "-")), si(row.get("bitops")),
                   "-" if row.get("score") is None else f"{row['score']:.4f}",
                   style=None if r.status == "done" else "red" if r.status in ("failed", "busy") else "yellow")
     print_table(t, drop=("eval bits", "action", "score", "BitOPs"))
+
+
+def _warn(lines) -> None:
+    for w in lines:  # file names may hold [brackets]: no rich markup
+        err.print(f"warning: {w}", markup=False, highlight=False)
+
+
+def _submit(SW, C, out_dir, settings, texts, seeds, cluster, picked, wait, dry_run, db_path, no_db, plot, show,
+            as_json) -> None:
+    """--executor slurm | submitit-local: submit the unfinished runs as jobs; with --wait, wait, index, report."""
+    from cptsim.run.rundir import ExclusiveLock, RunLock
+    from cptsim.study.resultfile import ResultDamaged, read_result, record_result
+
+    runs = SW.prepare(out_dir, settings, texts, seeds, write=not dry_run)
+    jobs_doc = C.read_jobs(out_dir)
+    states = C.scheduler_states(out_dir, {"runs": {r.name: jobs_doc["runs"][r.name] for r in runs
+                                                   if r.action != "skip" and r.name in jobs_doc["runs"]}})
+    todo = []
+    for r in runs:
+        rec = jobs_doc["runs"].get(r.name) or {}
+        phase = C.job_phase(states.get(r.name))
+        if r.action == "skip":
+            try:
+                r.row = read_result(r.path)
+            except ResultDamaged:
+                r.row = None
+        elif phase in ("queued", "running"):  # its job of an earlier submission is still on it: not twice
+            r.action, r.status, r.job_id = "wait", phase, rec.get("job_id")
+        elif r.action == "record":
+            if not dry_run:  # trained already: writing its record is all there is to do, no job needed
+                lock = RunLock(r.path)
+                if lock.try_acquire():
+                    try:
+                        r.row, r.status = record_result(r.path, "sweep"), "done"
+                    finally:
+                        lock.release()
+                else:
+                    r.action, r.status = "busy", "running"
+        else:
+            todo.append(r)
+    if dry_run:
+        doc = {"executor": cluster.executor, "out": out_dir, "submit": [r.name for r in todo],
+               "runs": [r.to_json() for r in runs],
+               "script": C.sbatch_script(out_dir, cluster, len(todo)) if cluster.executor == "slurm" else None}
+        if as_json:
+            emit_json(doc)
+            return
+        _print_runs(runs)
+        out.print(f"would submit {len(todo)} of {len(runs)} runs" + (
+            " as one job array" if len(todo) > 1 else ""), highlight=False)
+        if doc["script"]:
+            out.print("job script (sbatch):", highlight=False)
+            out.print(doc["script"], markup=False, highlight=False)
+        return
+    sweep_lock = ExclusiveLock(f"{out_dir}/.sweep.lock")
+    if not sweep_lock.try_acquire():
+        raise InputError(f"another sweep is submitting or running in {out_dir}; wait for it or pick another --out")
+    t0 = time.perf_counter()
+    try:
+        ids = C.submit(out_dir, todo, settings, cluster)
+        for r, jid in zip(todo, ids):
+            r.job_id, r.status = jid, "submitted"
+        if show:
+            err.print(f"sweep: {len(runs)} runs: {sum(r.action == 'skip' for r in runs)} done before, "
+                      f"{len(todo)} submitted ({cluster.executor}), "
+                      f"{sum(r.action == 'wait' for r in runs)} still queued or running", highlight=False)
+        doc = {"format": SW.SWEEP_FORMAT, "out": out_dir, "executor": cluster.executor,
+               "workload": settings.workload(), "planner": picked, "submitted": ids}
+        if not wait:
+            doc["runs"] = [r.to_json() for r in runs]
+            if as_json:
+                emit_json(doc)
+                return
+            _print_runs(runs)
+            out.print(f"{len(todo)} jobs submitted. Watch: cptsim sweep --status --out {out_dir}; when they are "
+                      f"done: cptsim sweep --index --out {out_dir} (into the database), "
+                      f"cptsim sweep --report --out {out_dir}", markup=False, highlight=False)
+            return
+        waiting = [r.name for r in runs if r.job_id]
+        poll_s = 1.0 if cluster.executor == "submitit-local" else 30.0
+        try:
+            if show:
+                with err.status(f"waiting for {len(waiting)} jobs (^C stops waiting; the jobs go on)") as st:
+                    def on_poll(states):
+                        n = {p: sum(C.job_phase(s) == p for s in states.values()) for p in ("queued", "running")}
+                        st.update(f"jobs: {n['queued']} queued, {n['running']} running, "
+                                  f"{len(waiting) - n['queued'] - n['running']} ended  (^C stops waiting; the jobs "
+                                  "go on)")
+                    C.wait(out_dir, waiting, poll_s, on_poll)
+            else:
+                C.wait(out_dir, waiting, poll_s)
+        except KeyboardInterrupt:
+            from cptsim.errors import RunStopped
+
+            raise RunStopped(f"stopped waiting; the jobs go on: cptsim sweep --status --out {out_dir}") from None
+    finally:
+        sweep_lock.release()
+    status = SW.sweep_status(out_dir)
+    by_name = {r["name"]: r for r in status["runs"]}
+    ind = None
+    if not no_db:
+        from cptsim.study.results import ResultsDB
+
+        with ResultsDB(db_path) as db:
+            ind = SW.index(out_dir, db)
+            doc["db"] = str(db.path)
+    warnings = status["warnings"]
+    rows = {row["run_path"]: row for row in (ind["rows"] if ind else SW.rows_from_dir(out_dir, []))}
+    for r in runs:
+        st = by_name.get(r.name, {})
+        r.status, r.error = st.get("status", r.status), st.get("error") or r.error
+        r.steps_done, r.total_steps = st.get("steps_done", r.steps_done), st.get("total_steps")
+        r.row = rows.get(str(r.path.resolve()), r.row)
+    mine = [r.row for r in runs if r.row is not None and r.status == "done"]
+    doc.update(runs=[r.to_json() for r in runs], wall_time_s=round(time.perf_counter() - t0, 2),
+               workload_key=mine[0]["workload_key"] if mine else None,
+               report=SW.sweep_report(mine) if mine else None, warnings=warnings)
+    if plot and doc["report"]:
+        _write_plot(doc["report"], plot)
+    failed = [r for r in runs if r.status != "done"]
+    if as_json:
+        emit_json(doc)
+    else:
+        _warn(warnings)
+        _print_runs(runs)
+        if doc["report"]:
+            _print_report(doc["report"])
+        out.print(f"{len(runs) - len(failed)} of {len(runs)} runs finished in {out_dir}"
+                  + (f"; results indexed into {doc['db']}" if doc.get("db") else ""), highlight=False)
+    if failed:
+        r = failed[0]
+        raise RunFailed(f"{len(failed)} of {len(runs)} runs did not finish; first: {r.name}: {r.status}"
+                        f"{': ' + r.error if r.error else ''} (log {r.log}); rerun the same command to resubmit them")
+
+
+def _status(out_dir, as_json) -> None:
+    from cptsim.study import sweep as SW
+
+    st = SW.sweep_status(out_dir)
+    _warn(st["warnings"])  # on stderr: stdout stays one JSON document with --json
+    if as_json:
+        emit_json(st)
+        return
+    t = Table(title=f"sweep {out_dir} ({st['executor']})", title_justify="left", box=None,
+              header_style="bold underline", padding=(0, 1))
+    for c in ("run", "status", "steps", "job", "job state", "test acc", "note"):
+        t.add_column(c, justify="right" if c in ("steps", "test acc") else "left", no_wrap=c != "note")
+    colour = {"done": None, "running": "cyan", "queued": "blue", "failed": "red", "unfinished": "yellow",
+              "not started": "dim"}
+    for r in st["runs"]:
+        steps = f"{r['steps_done']}/{r['total_steps']}" if r["total_steps"] else "-"
+        acc = r["test_acc"]
+        t.add_row(r["name"], r["status"], steps, r["job_id"] or "-", r["job_state"] or "-",
+                  "-" if acc is None else f"{100 * acc:.2f}%", r["error"] or "", style=colour[r["status"]])
+    print_table(t, drop=("note", "job state", "job"), wrap=("note",))
+    c = st["counts"]
+    out.print(", ".join(f"{n} {s}" for s, n in c.items() if n) + f" (of {len(st['runs'])} runs)", highlight=False)
+
+
+def _index(out_dir, db_path, no_db, as_json) -> None:
+    from cptsim.study import sweep as SW
+    from cptsim.study.results import ResultsDB
+
+    if no_db:
+        raise InputError("--index writes the database: leave out --no-db")
+    with ResultsDB(db_path) as db:
+        ind = SW.index(out_dir, db)
+        path = str(db.path)
+    doc = {"out": out_dir, "db": path, "runs": len(ind["rows"]), "added": ind["added"],
+           "updated": len(ind["rows"]) - ind["added"], "warnings": ind["warnings"],
+           "workload_keys": sorted({r["workload_key"] for r in ind["rows"]})}
+    _warn(ind["warnings"])
+    if as_json:
+        emit_json(doc)
+        return
+    out.print(f"indexed {doc['runs']} finished runs of {out_dir} into {path} ({doc['added']} new, "
+              f"{doc['updated']} updated)", markup=False, highlight=False)
 
 
 def _print_report(rep: dict) -> None:
@@ -271,7 +534,9 @@ def _report(out_dir, db_path, workload_key, plot, as_json) -> None:
     if out_dir and (db_path or workload_key):
         raise InputError("--report reads either a sweep directory (--out DIR) or the database (--db, --workload)")
     if out_dir:
-        rows = SW.rows_from_dir(out_dir)
+        warnings: list[str] = []
+        rows = SW.rows_from_dir(out_dir, warnings)
+        _warn(warnings)  # on stderr: stdout stays one JSON document with --json
         if not rows:
             raise InputError(f"{out_dir} holds no finished run yet")
     else:

@@ -7,13 +7,20 @@ A sweep lives in one directory OUT::
     OUT/<schedule-slug>-s<seed>.log   that process's stdout and stderr
     OUT/.<name>.lock            the run's lock (cptsim.run.rundir.RunLock): taken by the sweep, handed to the `cptsim train`
                                 process that trains the run (it adopts it), so nothing else writes the run meanwhile
+    OUT/<name>/result.json      the finished run's result record (cptsim.study.resultfile): the source of truth
+    OUT/jobs.json, OUT/.submitit/   with --executor slurm | submitit-local: which job trains which run, and
+                                submitit's files (cptsim.study.cluster)
 
 Resumable as a whole: rerunning the same sweep skips finished runs (an evaluation recorded after the last step),
 continues interrupted ones with `cptsim train --resume` (from their last checkpoint), and starts missing ones. A
 run still held by a live process of an earlier, killed sweep is left alone ("busy"). The workload of OUT is fixed
 by its first sweep; a rerun may add schedules or seeds but not change the workload.
 
-Each finished run's row goes into the results database (``cptsim.study.results``) as it finishes.
+Each finished run writes its result record (result.json) into its run directory; a local sweep also puts the same
+row into the results database (``cptsim.study.results``) as the run finishes. A sweep of cluster jobs
+(``cptsim.study.cluster``) never writes the database from a node: ``index(OUT, db)`` (``cptsim sweep --index``)
+builds or updates it from the records, the same rows a local sweep writes. ``sweep_status(OUT)`` shows every run:
+done, running, queued, failed, unfinished, not started.
 
 Every run holds out a validation split of its training data by default (``val_split``, ``--val-split``: the same
 fixed fraction the planner's pilot holds out, ``cptsim.run.config.VAL_SPLIT``) and the database records its
@@ -79,8 +86,9 @@ class SweepSettings:
     threads: int | None = None
     checkpoint_every: int | None = None
     image_size: int | None = None  # imagefolder's N x N input (cptsim.data.resolve_image_size); None: its default
+    nproc: int | None = None  # data-parallel workers per run (`cptsim train --nproc`: torchrun inside the job)
 
-    RUNTIME = ("device", "workers", "threads", "checkpoint_every")
+    RUNTIME = ("device", "workers", "threads", "checkpoint_every", "nproc")
     # recipe settings added after sweeps were first written: in the workload only away from their defaults, so
     # that an older sweep's workload (and a rerun into its OUT) stays the same
     RECIPE = {"optimizer": "sgd", "lr_min": 0.0, "quant_agg": False}
@@ -121,6 +129,8 @@ class SweepSettings:
                              device=self.device,
                              workers=self.workers, threads=self.threads, checkpoint_every=self.checkpoint_every,
                              image_size=self.image_size))
+        if self.nproc is not None and self.nproc < 1:
+            raise InputError(f"--nproc must be at least 1, got {self.nproc}")
         info = dataset_info(self.dataset, self.data_dir, self.image_size)
         shape = tuple(int(d) for d in info.input_shape)
         create_model(self.model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape,
@@ -252,6 +262,7 @@ class SweepRun:
     time_s: float = 0.0
     row: dict | None = None
     error: str | None = None
+    job_id: str | None = None  # the scheduler's job training it (--executor slurm | submitit-local)
 
     @property
     def name(self) -> str:
@@ -269,7 +280,8 @@ class SweepRun:
                 "log": str(self.log), "action": self.action, "status": self.status, "returncode": self.returncode,
                 "steps_done": self.steps_done, "total_steps": self.total_steps, "time_s": round(self.time_s, 2),
                 "test_acc": r.get("test_acc"), "eval_bits": r.get("eval_bits"), "bitops": r.get("bitops"),
-                "bitops_rel": r.get("bitops_rel"), "score": r.get("score"), "error": self.error}
+                "bitops_rel": r.get("bitops_rel"), "score": r.get("score"), "error": self.error,
+                "job_id": self.job_id}
 
 
 def _sweep_doc(out: Path, settings: SweepSettings, schedules: list[str], seeds: list[int]) -> dict:
@@ -299,8 +311,13 @@ def _sweep_doc(out: Path, settings: SweepSettings, schedules: list[str], seeds: 
 
 
 def run_state(run: SweepRun) -> str:
-    """new | done | partial, for a run directory of this sweep; InputError if it holds another run."""
+    """new | partial | trained | done, for a run directory of this sweep; InputError if it holds another run.
+
+    done: its result record (result.json) is there and sound; trained: every step ran and was evaluated, but the
+    record is missing (a sweep from before records existed, a job killed after training) or damaged (a warning in
+    ``run.error``): writing the record is all that is left to do."""
     from .results import run_finished
+    from .resultfile import ResultDamaged, read_result
     from cptsim.run.rundir import CONFIG, RunDir
 
     p = run.path
@@ -318,11 +335,20 @@ def run_state(run: SweepRun) -> str:
         raise InputError(f"{p} holds {have} seed {seed}, not {run.schedule} seed {run.seed}; move it away")
     run.total_steps = cfg["total_steps"]
     run.steps_done = len(rd.read_trace().records)
-    return "done" if run_finished(rd) else "partial"
+    if not run_finished(rd):
+        return "partial"
+    try:
+        if read_result(p) is not None:
+            return "done"
+    except ResultDamaged as e:
+        run.error = f"{e} (written again from the run directory)"
+    return "trained"
 
 
-def prepare(out: str | os.PathLike, settings: SweepSettings, schedules: list[str], seeds: list[int]) -> list[SweepRun]:
-    """The runs of this sweep, in order (schedule-major), each with its action; writes OUT/sweep.json."""
+def prepare(out: str | os.PathLike, settings: SweepSettings, schedules: list[str], seeds: list[int],
+            write: bool = True) -> list[SweepRun]:
+    """The runs of this sweep, in order (schedule-major), each with its action: new, resume, record (trained, its
+    result record to write) or skip (done). Writes OUT/sweep.json unless ``write`` is False (a dry run)."""
     from cptsim.fileio import atomic_write_json
 
     if not schedules:
@@ -338,9 +364,11 @@ def prepare(out: str | os.PathLike, settings: SweepSettings, schedules: list[str
             runs.append(SweepRun(schedule=s, seed=seed, path=out / name, log=out / f"{name}.log"))
     for r in runs:
         state = run_state(r)
-        r.action = {"new": "new", "done": "skip", "partial": "resume"}[state]
+        r.action = {"new": "new", "done": "skip", "partial": "resume", "trained": "record"}[state]
         if state == "done":
             r.status = "done"
+    if not write:
+        return runs
     try:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(out / SWEEP_FILE, doc)
@@ -351,11 +379,12 @@ def prepare(out: str | os.PathLike, settings: SweepSettings, schedules: list[str
 
 def train_command(settings: SweepSettings, run: SweepRun) -> list[str]:
     """The `cptsim train` process of one run: resume it, or start it with the sweep's workload."""
-    base = [sys.executable, "-m", "cptsim.cli.main", "train"]
-    if run.action == "resume":
-        return base + ["--resume", str(run.path), "--quiet", "--json"]
-    return base + settings.train_flags() + ["--schedule", run.schedule, "--seed", str(run.seed),
-                                            "--out", str(run.path), "--quiet", "--json"]
+    from .cluster import TrainJob
+
+    # the one place that spells the command: a local sweep and a cluster job train a run alike
+    spec = {"run": str(run.path), "schedule": run.schedule, "seed": run.seed, "train_flags": settings.train_flags(),
+            "nproc": settings.nproc}
+    return TrainJob(spec).command(resume=run.action == "resume")
 
 
 class _StepCounter:
@@ -395,7 +424,8 @@ def execute(runs: list[SweepRun], settings: SweepSettings, jobs: int = 1, db=Non
     (they checkpoint and stop), no new one starts, and RunStopped is raised once they have exited.
     """
     from cptsim.errors import RunStopped
-    from .results import run_finished, run_row
+    from .results import run_finished
+    from .resultfile import ResultDamaged, read_result, record_result
     from cptsim.run.rundir import ExclusiveLock, RunDir, RunLock
 
     if jobs < 1:
@@ -409,11 +439,21 @@ def execute(runs: list[SweepRun], settings: SweepSettings, jobs: int = 1, db=Non
             raise InputError(f"another sweep is running in {out}; wait for it or pick another --out")
 
     def record(run: SweepRun, write: bool = True) -> None:
-        rd = RunDir.open(run.path)
-        if not run_finished(rd):
-            run.status, run.error = "failed", "the process exited 0 but the run has no final evaluation"
-            return
-        run.row = run_row(rd, "sweep")
+        """The run's row: read from its result record (a run done before), else computed from the run directory
+        and written as its record; into the database too, the same row the index would make of the record."""
+        row = None
+        if run.action == "skip":
+            try:
+                row = read_result(run.path)
+            except ResultDamaged:
+                row = None
+        if row is None:
+            rd = RunDir.open(run.path)
+            if not run_finished(rd):
+                run.status, run.error = "failed", "the process exited 0 but the run has no final evaluation"
+                return
+            row = record_result(rd, "sweep")
+        run.row = row
         run.status = "done"
         run.steps_done = run.row["steps"]
         if db is not None and write:
@@ -437,7 +477,20 @@ def execute(runs: list[SweepRun], settings: SweepSettings, jobs: int = 1, db=Non
             if run.action == "skip":
                 record(run, write=db is not None and not db.has_run(run.path))
                 emit("end", run)
-        queue = [r for r in runs if r.action != "skip"]
+            elif run.action == "record":  # trained, only its result record is missing: no process needed
+                lock = RunLock(run.path)
+                if not lock.try_acquire():
+                    run.action, run.status = "busy", "busy"
+                    run.error = "another process is writing this run"
+                else:
+                    try:
+                        record(run)
+                    except InputError as e:
+                        run.status, run.error = "failed", str(e)
+                    finally:
+                        lock.release()
+                emit("end", run)
+        queue = [r for r in runs if r.action not in ("skip", "record")]
         while queue or running:
             while queue and len(running) < jobs and not stop["requested"]:
                 run = queue.pop(0)
@@ -449,10 +502,13 @@ def execute(runs: list[SweepRun], settings: SweepSettings, jobs: int = 1, db=Non
                     continue
                 if run.action == "resume":  # the state may have moved on since prepare() looked
                     try:
-                        if run_state(run) == "done":
-                            lock.release()
-                            run.action = "skip"
-                            record(run)
+                        state = run_state(run)
+                        if state in ("done", "trained"):
+                            run.action = "skip" if state == "done" else "record"
+                            try:
+                                record(run)
+                            finally:
+                                lock.release()
                             emit("end", run)
                             continue
                     except InputError as e:
@@ -531,6 +587,37 @@ def execute(runs: list[SweepRun], settings: SweepSettings, jobs: int = 1, db=Non
     return runs
 
 
+def _lock_held(run_path: Path) -> bool:
+    """Whether a live process holds the run's lock -- asked without taking it over (the file keeps its holder)."""
+    import fcntl
+
+    from cptsim.run.rundir import lock_file
+
+    try:
+        fd = os.open(lock_file(run_path), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _last_job_line(log: Path) -> str | None:
+    """The last line a cluster job wrote about its training's end ("=== job ID: cptsim train exited ...")."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if line.startswith("=== job ") and "exited" in line:
+            return line.split(": ", 1)[-1]
+    return None
+
+
 def _last_error(log: Path) -> str | None:
     """The last 'error: ...' line a failed `cptsim train` wrote (its one-line reason)."""
     try:
@@ -546,9 +633,12 @@ def _last_error(log: Path) -> str | None:
 # ------------------------------------------------------------------------------------------------ the report
 
 
-def rows_from_dir(out: str | os.PathLike) -> list[dict]:
-    """The results rows of the finished runs in a sweep directory, read from the run directories themselves."""
+def rows_from_dir(out: str | os.PathLike, warnings: list[str] | None = None) -> list[dict]:
+    """The results rows of the finished runs in a sweep directory, read from the run directories themselves: each
+    run's result record (result.json); a finished run without one (a sweep from before records existed) from its
+    files. A damaged record is skipped -- its run counts as unfinished -- and named in ``warnings``."""
     from .results import run_finished, run_row
+    from .resultfile import ResultDamaged, read_result
     from cptsim.run.rundir import CONFIG, RunDir
 
     out = Path(out)
@@ -557,10 +647,111 @@ def rows_from_dir(out: str | os.PathLike) -> list[dict]:
     rows = []
     for p in sorted(out.iterdir()):
         if p.is_dir() and (p / CONFIG).is_file():
+            try:
+                row = read_result(p)
+            except ResultDamaged as e:
+                if warnings is not None:
+                    warnings.append(f"{e}; skipped, the run counts as unfinished (rerun the sweep to record it)")
+                continue
+            if row is not None:
+                rows.append(row)
+                continue
             rd = RunDir.open(p)
             if run_finished(rd):
                 rows.append(run_row(rd, "sweep"))
     return rows
+
+
+def index(out: str | os.PathLike, db) -> dict:
+    """Update the results database ``db`` from the run directories of sweep OUT (``rows_from_dir``): a row per
+    finished run, replacing the row of the same run directory. Returns {"rows", "added", "warnings"}."""
+    warnings: list[str] = []
+    rows = rows_from_dir(out, warnings)
+    added = 0
+    for row in rows:
+        added += not db.has_run(row["run_path"])
+        row["id"] = db.add_run({k: v for k, v in row.items() if k != "id"})
+    return {"rows": rows, "added": added, "warnings": warnings}
+
+
+# ------------------------------------------------------------------------------------------------ status
+
+STATUSES = ("done", "running", "queued", "failed", "unfinished", "not started")
+
+
+def sweep_status(out: str | os.PathLike, query_scheduler: bool = True) -> dict:
+    """Where every run of sweep OUT stands, from its run directory and (for runs submitted as jobs) the scheduler.
+
+    Per run: done (a sound result record, or a finished run from before records existed), running (its job runs,
+    or a process holds its lock), queued (its job waits), failed (its job ended without a result: the scheduler's
+    state and the run's last error), unfinished (stopped part way with no job: a rerun resumes it; or its record
+    is damaged: a rerun writes it again), not started. Returns {"runs": [...], "counts": {...}, "warnings": [...]}.
+    """
+    from . import cluster as C
+    from .results import run_finished
+    from .resultfile import ResultDamaged, read_result
+    from cptsim.run.rundir import CONFIG, RunDir
+
+    out = Path(out)
+    path = out / SWEEP_FILE
+    if not path.is_file():
+        raise InputError(f"{out} is not a sweep directory (no {SWEEP_FILE})")
+    try:
+        doc = json.loads(path.read_text())
+        names = [(s, int(seed)) for s in doc["schedules"] for seed in doc["seeds"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{path}: cannot read ({e})") from None
+    jobs = C.read_jobs(out)
+    states = C.scheduler_states(out, jobs) if query_scheduler else {}
+    warnings: list[str] = []
+    runs = []
+    for schedule, seed in names:
+        name = run_name(schedule, seed)
+        p = out / name
+        job = jobs["runs"].get(name) or {}
+        r = {"name": name, "schedule": schedule, "seed": seed, "path": str(p), "log": str(out / f"{name}.log"),
+             "status": "not started", "job_id": job.get("job_id"), "job_state": states.get(name),
+             "steps_done": 0, "total_steps": None, "test_acc": None, "val_acc": None, "bitops_rel": None,
+             "error": None}
+        runs.append(r)
+        phase = C.job_phase(states.get(name))
+        started = (p / CONFIG).is_file()
+        rd = None
+        if started:
+            try:
+                rd = RunDir.open(p)
+                r["total_steps"] = rd.read_config()["total_steps"]
+                r["steps_done"] = len(rd.read_trace().records)
+            except (InputError, KeyError, OSError, ValueError) as e:
+                r["status"], r["error"] = "failed", f"cannot read the run directory: {e}"
+                continue
+            try:
+                row = read_result(p)
+            except ResultDamaged as e:
+                warnings.append(f"{e}; the run counts as unfinished (rerun the sweep to record it)")
+                row, r["error"] = None, str(e)
+            if row is not None:
+                r.update(status="done", test_acc=row.get("test_acc"), val_acc=row.get("val_acc"),
+                         bitops_rel=row.get("bitops_rel"))
+                continue
+            if r["error"] is None and run_finished(rd) and phase != "running":
+                r["status"] = "done"  # trained before runs wrote records: the report reads its files
+                r["error"] = "no result.json: read from the run directory (rerun the sweep to record it)"
+                continue
+        if phase in ("queued", "running"):
+            r["status"] = phase
+            continue
+        if started and _lock_held(p):  # a local sweep's training, or a job the scheduler cannot tell us about
+            r["status"] = "running"
+        elif phase == "ended" and r["error"] is None:
+            r["status"] = "failed"
+            r["error"] = f"job {job.get('job_id')} {states.get(name)}" + (
+                f": {_last_error(out / f'{name}.log') or _last_job_line(out / f'{name}.log') or 'no result'}")
+        elif started:
+            r["status"] = "unfinished"
+    counts = {s: sum(r["status"] == s for r in runs) for s in STATUSES}
+    return {"format": "cptsim.sweep-status/1", "out": str(out), "executor": jobs.get("executor", "local"),
+            "runs": runs, "counts": counts, "warnings": warnings}
 
 
 def _std(xs: list[float]) -> float:
