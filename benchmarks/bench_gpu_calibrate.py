@@ -40,10 +40,13 @@ def records_from_measure(doc: dict) -> dict:
            "torch_version": dev.get("torch", "?").split("+")[0], "measured_at": "(from a gpu_measure.py run)"}
     r20 = {(r["graphed"], r["cudnn_benchmark"]): r for r in doc.get("resnet20", [])}
     if (True, True) in r20 and (False, True) in r20:
-        rec["resnet20"] = {"batch": 128, "launches": float(profile_named_model("resnet20", (3, 32, 32), 10)
-                                                           .ops.totals()["launches"]),
+        totals = profile_named_model("resnet20", (3, 32, 32), 10).ops.totals()
+        rec["resnet20"] = {"batch": 128, "launches": float(totals["launches"]),
+                           "conv_launches": float(totals["conv_launches"]),
                            "eager_ms": r20[(False, True)]["step_ms_median"],
                            "graphed_ms": r20[(True, True)]["step_ms_median"]}
+    if doc.get("launch"):
+        rec["launch"] = doc["launch"][0]
     e = doc.get("energy", {})
     if e.get("train_loop", {}).get("mean_power_w"):
         rec["power"] = {"busy_power_w": e["train_loop"]["mean_power_w"],

@@ -195,3 +195,26 @@ def test_a_plan_less_runs_profile_has_the_op_list_so_its_report_prices_the_whole
     gemms_only = LayerProfile(prof.model, prof.input_shape, prof.layers, ops=None)
     c = estimate(gemms_only, parse_schedule("static:8"), load_profile("h100"), steps=2, batch_size=16)
     assert latency > 1.5 * c.latency_s["total"]
+
+
+def test_an_eager_steps_host_time_splits_convolutions_from_other_launches():
+    """h100's host constants (9.75 us per dispatched op, measured by a microbenchmark; 146.3 us per cuDNN
+    convolution, the rest of ResNet-20's eager step) by hand: ResNet-20's eager step is its measured 11.08 ms and
+    host-bound; the LSTM-LM's 2281 light launches cost the host 22 ms, under its GPU time: GPU-bound (our H100
+    measured 52.6 ms; one constant of 41 us per launch had priced it at 93 ms)."""
+    from cptsim.cost.hardware import load_profile
+    from cptsim.cost.hardware.gpu import launch_bound
+    from cptsim.measure.profiler import profile_named_model
+
+    lb = launch_bound(206, 9.75e-6, 5e-3, conv_launches=62, host_s_per_conv=146.3e-6)
+    assert lb["host_step_s"] == pytest.approx(206 * 9.75e-6 + 62 * 146.3e-6)
+    h100 = load_profile("h100")
+    r20 = profile_named_model("resnet20", (3, 32, 32), 10)
+    assert r20.ops.totals()["conv_launches"] == 62  # 20 convs x (fwd, dgrad, wgrad) + the stem's fwd and wgrad
+    lb = h100.launch_bound(r20.ops, 5.03e-3)
+    assert lb["bound"] == "launch (host)" and lb["eager_step_s"] == pytest.approx(11.08e-3, rel=0.01)
+    lstm = profile_named_model("lstm-lm:layers=2,hidden=650", (35,), 10000, fp_layers=[])
+    t = lstm.ops.totals()
+    assert t["conv_launches"] == 0
+    assert h100.launch_bound(lstm.ops, 0.054)["bound"] == "GPU"
+    assert h100.launch_bound(lstm.ops, 0.0)["host_step_s"] == pytest.approx(t["launches"] * 9.75e-6)

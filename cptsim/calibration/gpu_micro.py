@@ -15,10 +15,12 @@ measured
     same function ``benchmarks/fit_gpu_model.py`` fits the shipped H100 constants with);
   * ``depthwise_efficiency``, ``depthwise_memory_efficiency``, ``nchw_depthwise_factor``: the same fit on
     depthwise convolutions (forward, dgrad, wgrad; NCHW and channels-last);
-  * ``kernel_overhead_us`` and ``host_overhead_us``: CIFAR ResNet-20 at batch 128 in FP32 (cptsim's own model, no
-    data needed), replayed as a CUDA graph and run eagerly -- the same definitions as the shipped fit
-    (``kernel_overhead_from_resnet20``: the graphed step's time beyond its modelled GEMMs and memory traffic, per
-    counted launch; the eager step's time per counted launch);
+  * ``kernel_overhead_us``: CIFAR ResNet-20 at batch 128 in FP32 (cptsim's own model, no data needed) replayed
+    as a CUDA graph -- the graphed step's time beyond its modelled GEMMs and memory traffic, per counted launch, as
+    the shipped fit defines it (``kernel_overhead_from_resnet20``);
+  * ``host_overhead_us``: the host's time to dispatch one op eagerly (2000 x ``add_``), and
+    ``host_conv_overhead_us``: ResNet-20's eager step less its other launches at that, over its convolution
+    launches (cuDNN's per-call setup);
   * ``power_fraction``: mean NVML power over a channels-last AMP ResNet-50 training loop (torchvision's, random
     data) / the power limit; ``idle_power_w``: NVML power with the CUDA context held and nothing running.
 
@@ -200,7 +202,7 @@ def resnet20_steps(torch, dev, batch: int = 128, steps: int = 30) -> dict:
     from cptsim.measure.profiler import profile_named_model
     from cptsim.models import create_model
 
-    launches = profile_named_model("resnet20", (3, 32, 32), 10).ops.totals()["launches"]
+    totals = profile_named_model("resnet20", (3, 32, 32), 10).ops.totals()
     net = create_model("resnet20", num_classes=10, in_channels=3).to(dev).train()
     x = torch.randn(batch, 3, 32, 32, device=dev)
     y = torch.randint(0, 10, (batch,), device=dev)
@@ -225,7 +227,8 @@ def resnet20_steps(torch, dev, batch: int = 128, steps: int = 30) -> dict:
             ts.append(clk.ms(a, b))
         return statistics.median(ts)
 
-    rec = {"batch": batch, "launches": float(launches), "eager_ms": timed(step)}
+    rec = {"batch": batch, "launches": float(totals["launches"]), "conv_launches": float(totals["conv_launches"]),
+           "eager_ms": timed(step)}
     if dev.type == "cuda":
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -238,6 +241,21 @@ def resnet20_steps(torch, dev, batch: int = 128, steps: int = 30) -> dict:
             step()
         rec["graphed_ms"] = timed(g.replay)
     return rec
+
+
+def dispatch(torch, dev, kernels: int = 2000) -> dict:
+    """The host's time to dispatch one small op eagerly (``t.add_(1)`` in a loop, no autograd), per kernel: what
+    an eager step's element-wise and GEMM launches cost the host besides cuDNN's convolutions."""
+    t = torch.zeros(1, device=dev)
+    for _ in range(20):
+        t.add_(1)
+    sync(torch, dev)
+    h = time.perf_counter()
+    for _ in range(kernels):
+        t.add_(1)
+    host = time.perf_counter() - h
+    sync(torch, dev)
+    return {"kernels": kernels, "eager_host_us_per_kernel": host / kernels * 1e6}
 
 
 class _Nvml:
@@ -379,6 +397,9 @@ def measure(seconds: float = 40.0, device: str = "cuda", quick: bool = False, sa
                                      "gb_per_s": nbytes / (r["ms"] * 1e-3) / 1e9})
     if cuda:
         torch.cuda.empty_cache()
+    r = guard("dispatch", lambda: dispatch(torch, dev, 200 if quick else 2000))
+    if r:
+        res["launch"] = r
     r = guard("resnet20", lambda: resnet20_steps(torch, dev, batch=8 if quick else 128, steps=3 if quick else 30))
     if r:
         res["resnet20"] = r
@@ -534,7 +555,14 @@ def constants_from_records(records: dict, name: str = "calibrated") -> dict:
         hw = F.with_values(base, consts)
         if r20.get("graphed_ms"):
             consts["kernel_overhead_us"] = kernel_overhead_us(hw, r20["graphed_ms"], r20["batch"])
-        consts["host_overhead_us"] = r20["eager_ms"] * 1e3 / r20["launches"]
+        per_op = (records.get("launch") or {}).get("eager_host_us_per_kernel")
+        conv = r20.get("conv_launches")
+        if per_op and conv:  # an op's dispatch, measured; a convolution's cuDNN call: the rest of the eager step
+            consts["host_overhead_us"] = per_op
+            consts["host_conv_overhead_us"] = max(0.0, (r20["eager_ms"] * 1e3 - (r20["launches"] - conv) * per_op)
+                                                  / conv)
+        else:  # records of an older calibration: one time per launch
+            consts["host_overhead_us"] = r20["eager_ms"] * 1e3 / r20["launches"]
     return consts
 
 
@@ -570,6 +598,9 @@ def summary_rows(records: dict) -> list[tuple[str, str]]:
         rows.append((f"GEMM tier {k} ({TIER_N}^3)", f"{v:.1f} {'TOPS' if k == 'int8' else 'TFLOPS'}"))
     stream = max((m["gb_per_s"] for m in records.get("membw", [])), default=float("nan"))
     rows.append(("stream bandwidth (copy / add, 1e8)", f"{stream:.0f} GB/s"))
+    launch = records.get("launch")
+    if launch:
+        rows.append(("host dispatch per op (eager add_)", f"{launch['eager_host_us_per_kernel']:.1f} µs"))
     r20 = records.get("resnet20")
     if r20:
         rows.append(("resnet20 b128 FP32 step", f"eager {r20['eager_ms']:.2f} ms, graphed "

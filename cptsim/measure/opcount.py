@@ -339,10 +339,12 @@ class OpProfile:
                    element_bits=int(d.get("element_bits", 32)), optimizer=str(d.get("optimizer", "")))
 
     def summary(self) -> dict[str, dict[str, float]]:
-        """Per phase: memory-op bytes per sample and fixed, kernel launches (all kinds), GEMM launches, the
+        """Per phase: memory-op bytes per sample and fixed, kernel launches (all kinds), GEMM launches and the
+        convolutions' among them, the
         fused attention kernels' MACs and bytes per sample, and the graph aggregation's kernels' bytes (counted
         apart: the cost model prices the aggregation from its layer entries)."""
         s = {p: {"bytes_per_sample": 0.0, "bytes_fixed": 0.0, "launches": 0.0, "gemm_launches": 0.0,
+                 "conv_launches": 0.0,
                  "attention_macs_per_sample": 0.0, "attention_bytes_per_sample": 0.0,
                  "norm_bytes_per_sample": 0.0, "conv_norm_bytes_per_sample": 0.0,
                  "aggregation_bytes_per_sample": 0.0, "aggregation_bytes_fixed": 0.0,
@@ -352,6 +354,8 @@ class OpProfile:
             d["launches"] += r.launches
             if r.kind == "gemm":
                 d["gemm_launches"] += r.launches
+                if "convolution" in r.op:  # cuDNN's: the host's setup per call is several times a plain op's
+                    d["conv_launches"] += r.launches
             elif r.kind == "memory":
                 d["bytes_per_sample"] += r.read_per_sample + r.write_per_sample
                 d["bytes_fixed"] += r.read_fixed + r.write_fixed
@@ -370,7 +374,8 @@ class OpProfile:
 
     def totals(self) -> dict[str, float]:
         s = self.summary()
-        return {k: sum(s[p][k] for p in OP_PHASES) for k in ("bytes_per_sample", "bytes_fixed", "launches")}
+        return {k: sum(s[p][k] for p in OP_PHASES)
+                for k in ("bytes_per_sample", "bytes_fixed", "launches", "conv_launches")}
 
 
 # ------------------------------------------------------------------------------------------------ graph models

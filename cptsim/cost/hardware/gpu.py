@@ -104,7 +104,11 @@ class GPUProfile(HardwareProfile):
         Field("kernel_overhead_us", "nonneg", "fixed time per kernel launched, in microseconds", 0.0),
         Field("host_overhead_us", "nonneg", "the host's time per kernel of an eager PyTorch training step (Python, "
               "autograd, dispatch, launch), in microseconds, measured; eager steps of small kernels are bound by "
-              "it, CUDA graphs (cptsim train's default on CUDA) are not", None),
+              "it, CUDA graphs (cptsim train's default on CUDA) are not. With host_conv_overhead_us: per kernel "
+              "other than a convolution", None),
+        Field("host_conv_overhead_us", "nonneg", "the host's time per convolution kernel of an eager step (cuDNN's "
+              "per-call setup), in microseconds; without it convolutions take host_overhead_us like any kernel",
+              None),
         Field("attention_efficiency", "fraction", "a fused attention kernel's MAC rate / the tier's GEMM rate "
               "(default 0.6: FlashAttention-2 reaches 50-73% of an A100's peak, Dao 2023)", None),
         # The shape model of each GEMM (cptsim.cost.hardware.gpu_kernels), used when the profile gives sm_count;
@@ -320,11 +324,16 @@ class GPUProfile(HardwareProfile):
 
     def launch_bound(self, ops, gpu_step_s: float) -> dict | None:
         """Whether an eager step of ``ops`` (its launches) is bound by the host's dispatch or by the GPU, given the
-        modelled GPU time of one step; None without a measured ``host_overhead_us``."""
+        modelled GPU time of one step; None without a measured ``host_overhead_us``. With
+        ``host_conv_overhead_us``, the convolutions' launches take that and the others ``host_overhead_us``."""
         host_us = self.calibration.get("host_overhead_us")
         if host_us is None or ops is None:
             return None
-        return launch_bound(ops.totals()["launches"], float(host_us) * 1e-6, gpu_step_s)
+        tot = ops.totals()
+        conv_us = self.calibration.get("host_conv_overhead_us")
+        conv = tot.get("conv_launches", 0.0) if conv_us is not None else 0.0
+        return launch_bound(tot["launches"] - conv, float(host_us) * 1e-6, gpu_step_s,
+                            conv_launches=conv, host_s_per_conv=float(conv_us or 0.0) * 1e-6)
 
     def _attention_time(self, summary, element_bits, fwd_bits, bwd_bits, samples) -> np.ndarray:
         """(K, 3) seconds of the fused attention kernels (FlashAttention and kin; ``opcount`` counts their MACs):
@@ -350,10 +359,12 @@ class GPUProfile(HardwareProfile):
         return self._tier_names[int(self.tier_index(b1, b2))]
 
 
-def launch_bound(launches: float, host_s_per_launch: float, gpu_step_s: float) -> dict:
+def launch_bound(launches: float, host_s_per_launch: float, gpu_step_s: float, conv_launches: float = 0.0,
+                 host_s_per_conv: float = 0.0) -> dict:
     """An eager step cannot finish before the host has issued its launches: eager time = max(GPU time, launches x
-    the host's time per launch); a CUDA graph replays the step with the host out of the loop (GPU time)."""
-    host = launches * host_s_per_launch
+    the host's time per launch + convolution launches x the host's time per convolution); a CUDA graph replays the
+    step with the host out of the loop (GPU time)."""
+    host = launches * host_s_per_launch + conv_launches * host_s_per_conv
     eager = max(gpu_step_s, host)
     return {"gpu_step_s": gpu_step_s, "host_step_s": host, "eager_step_s": eager,
             "bound": "launch (host)" if host > gpu_step_s else "GPU",
