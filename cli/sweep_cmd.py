@@ -312,7 +312,7 @@ def _print_runs(runs) -> None:
 
 def _warn(lines) -> None:
     for w in lines:  # file names may hold [brackets]: no rich markup
-        err.print(f"warning: {w}", markup=False, highlight=False)
+        err.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)  # unwrapped: paths stay whole
 
 
 def _submit(SW, C, out_dir, settings, texts, seeds, cluster, picked, wait, dry_run, db_path, no_db, plot, show,

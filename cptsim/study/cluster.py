@@ -405,6 +405,7 @@ def scheduler_states(out: str | os.PathLike, jobs_doc: dict) -> dict[str, str]:
 
         logging.getLogger("submitit").setLevel(logging.ERROR)  # an sacct failure reads as UNKNOWN below
         watcher = submitit.SlurmJob.watcher
+        watcher.clear()  # a state asked for now, not one cached by an earlier question in this process
         for jid in slurm.values():
             watcher.register_job(str(jid))
         watcher.update()
