@@ -197,7 +197,7 @@ def main():
 # timing helpers and the GEMM / convolution microbenchmarks: one implementation, shared with `cptsim hw calibrate
 # --device cuda` (cptsim.calibration.gpu_micro), so what calibrate fits on is what this script records
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's cptsim
-from cptsim.calibration.gpu_micro import Clock, bench, conv_item, gemm_item, sync  # noqa: E402
+from cptsim.calibration.gpu_micro import Clock, bench, conv_item, gemm_item, graph_replay, sync  # noqa: E402
 
 
 def device_facts(R, torch, dev):
@@ -903,16 +903,7 @@ def run_workload(R, torch, dev, args, w, precision, nv, h):
            "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32, "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
            "params": sum(p.numel() for p in net.parameters())}
     if graphed and dev.type == "cuda" and not amp:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            step()
-        run = g.replay
+        run = graph_replay(torch, step)
         rec["graphed"] = True
     for _ in range(3):
         run()

@@ -230,17 +230,23 @@ def resnet20_steps(torch, dev, batch: int = 128, steps: int = 30) -> dict:
     rec = {"batch": batch, "launches": float(totals["launches"]), "conv_launches": float(totals["conv_launches"]),
            "eager_ms": timed(step)}
     if dev.type == "cuda":
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            step()
-        rec["graphed_ms"] = timed(g.replay)
+        rec["graphed_ms"] = timed(graph_replay(torch, step))
     return rec
+
+
+def graph_replay(torch, step, warmup: int = 3):
+    """``step`` captured as a CUDA graph (after ``warmup`` eager calls on a side stream, as capture wants);
+    returns the graph's replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    return g.replay
 
 
 def dispatch(torch, dev, kernels: int = 2000) -> dict:
@@ -614,4 +620,5 @@ def summary_rows(records: dict) -> list[tuple[str, str]]:
 
 __all__ = ["measure", "constants_from_records", "calibrated_profile_text", "profile_text", "tier_rates",
            "generation", "inherited_constants", "kernel_overhead_us", "bench", "gemm_item", "conv_item", "Clock",
+           "graph_replay",
            "sync", "summary_rows"]
