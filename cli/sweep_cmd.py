@@ -64,7 +64,7 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 
 
 @click.command("sweep", epilog=_EPILOG,
-               short_help="Train schedules x seeds of one workload in parallel; report accuracy vs cost.")
+               short_help="Train schedules x seeds of one workload in parallel or on Slurm; report accuracy vs cost.")
 @click.option("--schedules", default=None, help='Schedules, comma-separated text forms: "cpt:3-8:g8:n32,static:5".')
 @click.option("--seeds", default="0", show_default=True, help='Seeds: "0,1,2" or "0-4".')
 @click.option("--jobs", "-j", type=int, default=None,
@@ -142,8 +142,9 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
           executor, slurm_partition, slurm_time, slurm_gpus_per_node, slurm_cpus_per_task, slurm_setup, slurm_option,
           nproc, wait, dry_run, status_mode, index_mode, report_mode, workload_key, plot, quiet,
           as_json) -> None:
-    """Train a set of precision schedules x seeds on one workload, N processes at a time, each a normal run
-    directory; record every finished run in the results database; report accuracy vs cost."""
+    """Train a set of precision schedules x seeds on one workload, N processes at a time or as Slurm jobs
+    (--executor slurm), each a normal run directory that records its result (result.json); index the results
+    into the results database; show where each run stands (--status); report accuracy vs cost."""
     from cptsim.study import sweep as SW
 
     from cptsim.study import cluster as C

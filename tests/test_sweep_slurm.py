@@ -201,6 +201,7 @@ def test_slurm_job_script_follows_the_flags_and_a_rerun_resubmits_only_the_ended
     assert "#SBATCH --array=0-1%2" in _script_lines((fake_slurm / "script1").read_text())
     jobs = json.loads((out / "jobs.json").read_text())["runs"]
     assert jobs["static_4_g8-s0"]["job_id"] == "4242_0" and jobs["cos-rep_3-8_g8_n2-s1"]["job_id"] == "4243_1"
+    assert jobs["cos-rep_3-8_g8_n2-s1"]["earlier"] == ["4242_3"] and jobs["static_4_g8-s0"]["earlier"] == []
 
 
 def test_without_slurm_the_slurm_executor_says_so_in_one_line(tmp_path, monkeypatch):

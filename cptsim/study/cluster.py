@@ -228,10 +228,14 @@ class TrainJob:
                 self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                               env=env, pass_fds=(lock.fd,), preexec_fn=_ignore_usr2)
                 # what writing the record needs, imported while the training runs rather than after it
-                import cptsim.cost.model  # noqa: F401
-                from .results import run_row  # noqa: F401
+                try:
+                    import cptsim.cost.model  # noqa: F401
+                    from .results import run_row  # noqa: F401
 
-                rc = self._proc.wait()
+                    rc = self._proc.wait()
+                except BaseException:  # the job cancelled (SIGINT) or failing: the training must not outlive it
+                    self._stop_training()
+                    raise
                 if rc != 0:
                     log.write(f"=== job {job_id}: cptsim train exited with code {rc}\n".encode())
             if rc != 0:
@@ -244,21 +248,30 @@ class TrainJob:
     def checkpoint(self, *args, **kwargs):
         """submitit, on Slurm's warning before the time limit (or a preemption): stop the training at the end of
         its step (it writes a checkpoint), then requeue this job; the new job resumes the run."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(self.STOP_WAIT_S)
-            except subprocess.TimeoutExpired:
-                pass  # the job ends anyway; the run resumes from its last checkpoint
+        self._stop_training(kill=False)  # the job ends anyway; the run resumes from its last checkpoint
         return _submitit().helpers.DelayedSubmission(TrainJob(self.spec))
+
+    def _stop_training(self, kill: bool = True) -> None:
+        """SIGINT to the training (it checkpoints at the end of its step and exits); SIGKILL if it has not within
+        STOP_WAIT_S and ``kill``."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(self.STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            if kill:
+                proc.kill()
+                proc.wait()
 
 
 # ------------------------------------------------------------------------------------------------ jobs.json
 
 
 def read_jobs(out: str | os.PathLike) -> dict:
-    """OUT/jobs.json: {"format", "executor", "runs": {run name: {"job_id", "executor", "submitted"}}}; an empty
+    """OUT/jobs.json: {"format", "executor", "runs": {run name: {"job_id", "executor", "submitted", "earlier"}}}
+    (earlier: the job ids that were given the run before, oldest first); an empty
     record if there is none. InputError if it cannot be read."""
     path = Path(out) / JOBS_FILE
     empty = {"format": JOBS_FORMAT, "runs": {}}
@@ -357,7 +370,10 @@ def submit(out: str | os.PathLike, runs: list, settings, cluster: ClusterSetting
         raise InputError(f"submitting the jobs failed: {msg[:400]}") from None
     now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     for r, j in zip(runs, jobs):
-        jobs_doc["runs"][r.name] = {"job_id": str(j.job_id), "executor": cluster.executor, "submitted": now}
+        old = jobs_doc["runs"].get(r.name) or {}
+        earlier = list(old.get("earlier", [])) + ([old["job_id"]] if old.get("job_id") else [])
+        jobs_doc["runs"][r.name] = {"job_id": str(j.job_id), "executor": cluster.executor, "submitted": now,
+                                    "earlier": earlier}  # the jobs that trained it before, oldest first
     write_jobs(out, jobs_doc)
     return [str(j.job_id) for j in jobs]
 
