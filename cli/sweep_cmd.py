@@ -191,7 +191,7 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
                                 lr_schedule=lr_schedule, fp_layers=parse_fp_layers(fp_layers),
                                 augment=not no_augment, val_split=val_split, device=device, workers=workers, threads=threads,
                                 checkpoint_every=checkpoint_every, nproc=nproc)
-    settings.validate()
+    settings.validate(device_here=executor != "slurm")
     seed_list = SW.parse_seeds(seeds)
     texts = SW.parse_schedule_list(schedules)
     picked = []

@@ -204,6 +204,22 @@ def test_slurm_job_script_follows_the_flags_and_a_rerun_resubmits_only_the_ended
     assert jobs["cos-rep_3-8_g8_n2-s1"]["earlier"] == ["4242_3"] and jobs["static_4_g8-s0"]["earlier"] == []
 
 
+def test_a_cuda_sweep_is_submitted_from_a_login_node_without_a_gpu_asking_a_gpu_per_worker(tmp_path):
+    """--device cuda is the nodes' business: this (GPU-less) machine only builds the job script, and each job asks
+    for one GPU per --nproc worker unless --slurm-gpus-per-node says otherwise."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a machine with a GPU cannot show that a login node without one is not asked for it")
+    args = ["sweep", "--schedules", "static:4", *WORKLOAD, "--device", "cuda", "--out", tmp_path / "sw",
+            "--executor", "slurm", "--slurm-time", "60", "--dry-run", "--json"]
+    for extra, gpus in (([], "1"), (["--nproc", "2"], "2"), (["--nproc", "2", "--slurm-gpus-per-node", "4"], "4")):
+        r = _cli(*args, *extra)
+        assert r.exit_code == 0, r.output
+        assert f"#SBATCH --gpus-per-node={gpus}" in json.loads(r.stdout)["script"].splitlines()
+    _one_line_error(_cli(*args[:-4], "--executor", "local"), "no CUDA device")
+
+
 def test_without_slurm_the_slurm_executor_says_so_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no srun, no sbatch
     monkeypatch.chdir(tmp_path)

@@ -114,19 +114,23 @@ class SweepSettings:
                 del w[k]
         return w
 
-    def validate(self) -> None:
+    def validate(self, device_here: bool = True) -> None:
         """The checks `cptsim train` makes (settings, model name, dataset and its folder), before any process is
-        started, so a bad flag fails once here rather than once per run."""
+        started, so a bad flag fails once here rather than once per run. ``device_here`` False: the runs train
+        elsewhere (Slurm nodes), so --device cuda is not asked of this machine (a login node has no GPU)."""
         from cptsim.data import dataset_info
         from cptsim.models import create_model
         from cptsim.run.config import TrainConfig, validate
 
+        device = self.device
+        if not device_here and (device == "cuda" or device.startswith("cuda:")):
+            device = "cpu"  # every other check stands; whether the node has the GPU is the job's to find out
         validate(TrainConfig(model=self.model, dataset=self.dataset, data_dir=self.data_dir, epochs=self.epochs,
                              steps=self.steps, batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
                              weight_decay=self.weight_decay, lr_schedule=self.lr_schedule,
                              optimizer=self.optimizer, lr_min=self.lr_min, quant_agg=self.quant_agg,
                              fp_layers=self.fp_layers, augment=self.augment, val_split=self.val_split,
-                             device=self.device,
+                             device=device,
                              workers=self.workers, threads=self.threads, checkpoint_every=self.checkpoint_every,
                              image_size=self.image_size))
         if self.nproc is not None and self.nproc < 1:
