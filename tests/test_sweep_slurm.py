@@ -227,20 +227,45 @@ def test_without_slurm_the_slurm_executor_says_so_in_one_line(tmp_path, monkeypa
                          "--slurm-time", "60"), "no Slurm on this machine")
 
 
-def test_a_job_warned_of_its_time_limit_stops_its_training_and_requeues_itself(tmp_path):
-    """submitit calls TrainJob.checkpoint on Slurm's USR2: the training gets SIGINT (it checkpoints at the end of
-    its step and exits) and the job comes back as the same run, which resumes when it starts again."""
+def test_a_job_warned_of_its_time_limit_stops_its_training_and_requeues_itself(tmp_path, monkeypatch):
+    """As on a node: the job waits on its training when Slurm's USR2 arrives; submitit's handler calls
+    TrainJob.checkpoint, which has the training stop (SIGINT: it checkpoints at the end of its step; USR2 itself
+    must not kill it) and hands back the same run to requeue, which resumes when it starts again."""
+    import threading
+
+    from cptsim.run.rundir import RunLock
+
+    sleeper = ("import signal, sys, time\n"
+               "signal.signal(signal.SIGINT, lambda *a: sys.exit(130))\n"
+               "time.sleep(60)")
+    monkeypatch.setattr(C.TrainJob, "command", lambda self, resume: [sys.executable, "-c", sleeper])
     job = C.TrainJob({"run": str(tmp_path / "run"), "log": str(tmp_path / "log"), "schedule": "static:4:g8",
                       "seed": 0, "train_flags": [], "nproc": None})
-    job._proc = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
-                                  "signal.signal(signal.SIGINT, lambda *a: sys.exit(130))\n"
-                                  "print('up', flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE)
-    assert job._proc.stdout.readline() == b"up\n"
+    got = {}
+
+    def on_usr2(signum, frame):  # what submitit's handler does: checkpoint, requeue, exit
+        os.killpg(os.getpgid(job._proc.pid), 0)  # (the training is alive to be signalled)
+        got["again"] = job.checkpoint()
+        raise SystemExit(-1)
+
+    old = signal.signal(signal.SIGUSR2, on_usr2)
+    timer = threading.Timer(3.0, lambda: (os.kill(job._proc.pid, signal.SIGUSR2),  # the step's every process
+                                          os.kill(os.getpid(), signal.SIGUSR2)))
     t0 = time.monotonic()
-    again = job.checkpoint()
-    assert job._proc.returncode == 130 and time.monotonic() - t0 < 30
-    assert isinstance(again.function, C.TrainJob) and again.function.spec == job.spec
-    assert pickle.loads(pickle.dumps(again.function)).spec == job.spec  # what submitit writes for the requeue
+    timer.start()
+    try:
+        with pytest.raises(SystemExit):
+            job()
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR2, old)
+    assert time.monotonic() - t0 < 20
+    assert job._proc.wait(5) == 130  # stopped by the SIGINT, not killed by USR2
+    again = got["again"].function
+    assert isinstance(again, C.TrainJob) and again.spec == job.spec
+    assert pickle.loads(pickle.dumps(again)).spec == job.spec  # what submitit writes for the requeue
+    with RunLock.acquire(tmp_path / "run"):  # the job let go of the run
+        pass
 
 
 # ------------------------------------------------------------------------------------------------ submitit local

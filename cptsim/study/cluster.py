@@ -232,7 +232,10 @@ class TrainJob:
                     import cptsim.cost.model  # noqa: F401
                     from .results import run_row  # noqa: F401
 
-                    rc = self._proc.wait()
+                    # polled, not Popen.wait(): submitit runs ``checkpoint`` in a signal handler of this thread,
+                    # and a wait() interrupted there would hold the lock the handler needs to see the training end
+                    while (rc := self._proc.poll()) is None:
+                        time.sleep(0.25)
                 except BaseException:  # the job cancelled (SIGINT) or failing: the training must not outlive it
                     self._stop_training()
                     raise
@@ -255,15 +258,25 @@ class TrainJob:
         """SIGINT to the training (it checkpoints at the end of its step and exits); SIGKILL if it has not within
         STOP_WAIT_S and ``kill``."""
         proc = self._proc
-        if proc is None or proc.poll() is not None:
+        if proc is None or proc.returncode is not None or _exited(proc.pid):
             return
         proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(self.STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            if kill:
-                proc.kill()
-                proc.wait()
+        deadline = time.monotonic() + self.STOP_WAIT_S
+        while time.monotonic() < deadline:
+            if _exited(proc.pid):
+                return
+            time.sleep(0.1)
+        if kill:
+            proc.kill()
+
+
+def _exited(pid: int) -> bool:
+    """Whether child ``pid`` has ended, asked without reaping it (WNOWAIT) and without Popen's lock, which the
+    interrupted thread may hold when this runs in a signal handler."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
 
 
 # ------------------------------------------------------------------------------------------------ jobs.json
