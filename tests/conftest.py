@@ -47,3 +47,47 @@ def _private_user_state(tmp_path_factory):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+# Runs that several files check, trained once per session (tests/shared_runs.py has their arguments). Tests copy a
+# run before they change it; these stay as made.
+
+@pytest.fixture(scope="session")
+def digits_uninterrupted(tmp_path_factory):
+    """shared_runs.DIGITS, uninterrupted: the reference of the kill/resume tests (test_checkpoints, test_dist_crash).
+    Made in this process: a run resumed in a subprocess must equal it bit for bit."""
+    from shared_runs import DIGITS, cptsim_here
+
+    from cptsim.run.rundir import RunDir
+
+    out = tmp_path_factory.mktemp("digits-uninterrupted") / "run"
+    r = cptsim_here(*DIGITS, "--out", out)
+    assert r.exit_code == 0, (r.output, r.exception)
+    return RunDir.open(out)
+
+
+@pytest.fixture(scope="session")
+def digits_killed_at_17(tmp_path_factory):
+    """shared_runs.DIGITS SIGKILLed as step 17 began (a real process killed): checkpoints at 12 (end of epoch 0) and
+    15 kept, 5 and 10 pruned, the lock file left behind. Tests copy it (shutil.copytree) and never write into it."""
+    import signal
+
+    from shared_runs import DIGITS, cptsim
+
+    out = tmp_path_factory.mktemp("digits-killed") / "run"
+    r = cptsim(*DIGITS, "--out", out, env_extra={"CPTSIM_FAULT_KILL_AT_STEP": "17"})
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def mlp_fp_one_process(tmp_path_factory):
+    """shared_runs.MLP_FP in one process: what a 2-rank run must equal (test_dist_crash, test_elastic)."""
+    from shared_runs import MLP_FP, cptsim_here
+
+    from cptsim.run.rundir import RunDir
+
+    out = tmp_path_factory.mktemp("mlp-fp-one") / "run"
+    r = cptsim_here(*MLP_FP, "--out", out)
+    assert r.exit_code == 0, (r.output, r.exception)
+    return RunDir.open(out)

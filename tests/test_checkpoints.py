@@ -7,9 +7,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,13 +15,9 @@ from click.testing import CliRunner
 from cptsim.cli.main import cli
 from cptsim.run.rundir import CHECKPOINT, CHECKPOINTS, RunDir, checkpoint_file
 
-ARGS = ["train", "--epochs", "2", "--batch-size", "128", "--quiet", "--checkpoint-every", "5"]  # 24 steps
-
-
-def _cptsim(*args, env_extra=None):
-    env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "cptsim.cli.main", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=400)
+from shared_runs import DIGITS as ARGS  # 24 steps, a checkpoint every 5
+from shared_runs import cptsim as _cptsim
+from shared_runs import cptsim_here
 
 
 def _no_time(records):
@@ -40,21 +33,17 @@ def _same_as(run, ref):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ref") / "run"
-    r = _cptsim(*ARGS, "--out", out)
-    assert r.returncode == 0, r.stderr
-    return RunDir.open(out)
+@pytest.fixture
+def reference(digits_uninterrupted):
+    """ARGS uninterrupted (conftest.py, shared with test_dist_crash.py)."""
+    return digits_uninterrupted
 
 
-@pytest.fixture(scope="module")
-def killed(tmp_path_factory):
-    """Killed at step 17: checkpoints at 12 (end of epoch 0) and 15 are kept; 5 and 10 were pruned."""
-    out = tmp_path_factory.mktemp("k") / "run"
-    r = _cptsim(*ARGS, "--out", out, env_extra={"CPTSIM_FAULT_KILL_AT_STEP": "17"})
-    assert r.returncode == -signal.SIGKILL, r.stderr
-    return out
+@pytest.fixture
+def killed(digits_killed_at_17):
+    """ARGS SIGKILLed at step 17 (conftest.py, shared): checkpoints at 12 (end of epoch 0) and 15 are kept; 5 and 10
+    were pruned."""
+    return digits_killed_at_17
 
 
 def test_the_last_k_checkpoints_are_kept_with_their_checksums(reference):
@@ -99,8 +88,12 @@ def test_a_damaged_newest_checkpoint_falls_back_one_and_the_run_ends_as_if_unint
     assert resume["skipped"] == [{"file": checkpoint_file(15), "step": 15, "why": resume["skipped"][0]["why"]}]
     assert resume["skipped"][0]["why"].startswith(why)
 
-    r = _cptsim("train", "--resume", out, "--quiet")
-    assert r.returncode == 0, r.stderr
+    if how == "truncated":  # the resume of a real process once; the other two damages resume in this process
+        r = _cptsim("train", "--resume", out, "--quiet")
+        assert r.returncode == 0, r.stderr
+    else:
+        r = cptsim_here("train", "--resume", out, "--quiet")
+        assert r.exit_code == 0, (r.output, r.exception)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("warning: "), r.stderr
     assert checkpoint_file(15) in lines[0] and why in lines[0] and f"from {checkpoint_file(12)} (step 12)" in lines[0]
@@ -175,6 +168,6 @@ def test_enospc_during_a_checkpoint_keeps_the_previous_one_and_exits_1(reference
     run = RunDir.open(out)
     assert [e["step"] for e in run.read_checkpoint_manifest()] == [5]
     assert run.find_checkpoint().step == 5 and not list(out.glob(".*.tmp"))
-    r = _cptsim("train", "--resume", out, "--quiet")
-    assert r.returncode == 0, r.stderr
+    r = cptsim_here("train", "--resume", out, "--quiet")
+    assert r.exit_code == 0, (r.output, r.exception)
     _same_as(run, reference)

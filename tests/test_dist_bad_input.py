@@ -51,9 +51,11 @@ def test_a_typo_is_refused_by_the_launcher_before_any_worker_starts(tmp_path):
 
 @pytest.mark.slow
 def test_bad_input_a_worker_finds_stops_the_job_without_restarts(tmp_path):
+    from shared_runs import cptsim_here
+
     run = tmp_path / "run"
-    r, _, _ = _cptsim(tmp_path, "train", "--model", "mlp", "--steps", "3", "--quiet", "--out", run)
-    assert r.returncode == 0, r.stderr
+    r = cptsim_here("train", "--model", "mlp", "--steps", "3", "--quiet", "--out", run)  # a run to resume
+    assert r.exit_code == 0, (r.output, r.exception)
     for ckpt in run.glob("checkpoint*.pt"):  # the launcher cannot tell (it does not read them); the workers can
         ckpt.write_bytes(b"damaged")
     r, dt, starts = _cptsim(tmp_path, "train", "--resume", run, "--quiet", "--nproc", "2", "--max-restarts", "3")

@@ -1,22 +1,15 @@
 """Data parallel equals single process; kills, ^C and NaN never lose or double-count a step."""
 
 import os
-import signal
-import subprocess
-import sys
+import shutil
 
 import pytest
 import torch
 
 from cptsim.run.rundir import RunDir
-
-BASE = ["train", "--epochs", "2", "--batch-size", "128", "--quiet"]
-
-
-def _cptsim(*args, env_extra=None):
-    env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "cptsim.cli.main", *args], capture_output=True, text=True, env=env,
-                          timeout=400)
+from shared_runs import DIGITS as BASE  # 24 steps, a checkpoint every 5
+from shared_runs import MLP_FP, cptsim_here
+from shared_runs import cptsim as _cptsim
 
 
 def _no_time(records):
@@ -28,18 +21,23 @@ def _weights(run):
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_match_one_process(tmp_path):
+def test_two_gloo_processes_match_one_process(mlp_fp_one_process, tmp_path):
     """Full precision, no BatchNorm (mlp): the 2-rank update is the 1-rank update up to the order of float sums in
     the gradient all-reduce, so weights agree to ~1e-6 relative after 24 steps; BitOPs count the global batch and
-    agree exactly. A quantized run (cpt) must give identical BitOPs too: they depend on shapes and bits only."""
-    for sched, exact in (("static:32:g32", True), ("cpt:3-8:g8:n4", False)):
+    agree exactly. A quantized run (cpt) must give identical BitOPs too: they depend on shapes and bits only.
+    The one-process runs are made in this process (the fp one shared with test_elastic.py, conftest.py); the
+    two-rank runs are real launches."""
+    for args, exact in ((MLP_FP, True), ([*BASE, "--model", "mlp", "--schedule", "cpt:3-8:g8:n4"], False)):
         one, two = tmp_path / f"one-{exact}", tmp_path / f"two-{exact}"
-        args = [*BASE, "--model", "mlp", "--schedule", sched]
-        r1 = _cptsim(*args, "--out", str(one))
+        if exact:
+            a = mlp_fp_one_process
+        else:
+            r1 = cptsim_here(*args, "--out", str(one))
+            assert r1.exit_code == 0, (r1.output, r1.exception)
+            a = RunDir.open(one)
         r2 = _cptsim(*args, "--out", str(two), "--nproc", "2")
-        assert r1.returncode == 0, r1.stderr
         assert r2.returncode == 0, r2.stderr
-        a, b = RunDir.open(one), RunDir.open(two)
+        b = RunDir.open(two)
         ta, tb = a.read_trace().records, b.read_trace().records
         assert [r["step"] for r in tb] == list(range(24))
         for ra, rb in zip(ta, tb):
@@ -53,12 +51,10 @@ def test_two_gloo_processes_match_one_process(tmp_path):
             assert [r["loss"] for r in ta] == pytest.approx([r["loss"] for r in tb], rel=1e-5)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    out = tmp_path_factory.mktemp("u") / "run"
-    r = _cptsim(*BASE, "--out", str(out), "--checkpoint-every", "5")
-    assert r.returncode == 0, r.stderr
-    return RunDir.open(out)
+@pytest.fixture
+def uninterrupted(digits_uninterrupted):
+    """BASE uninterrupted (conftest.py, shared with test_checkpoints.py)."""
+    return digits_uninterrupted
 
 
 def _same_as(run, ref):
@@ -73,10 +69,9 @@ def _same_as(run, ref):
 
 
 @pytest.mark.slow
-def test_sigkill_mid_epoch_with_half_written_files_resumes_exactly(uninterrupted, tmp_path):
+def test_sigkill_mid_epoch_with_half_written_files_resumes_exactly(uninterrupted, digits_killed_at_17, tmp_path):
     out = tmp_path / "run"
-    r = _cptsim(*BASE, "--out", str(out), "--checkpoint-every", "5", env_extra={"CPTSIM_FAULT_KILL_AT_STEP": "17"})
-    assert r.returncode == -signal.SIGKILL
+    shutil.copytree(digits_killed_at_17, out)  # BASE SIGKILLed as step 17 began (conftest.py, a real process)
     run = RunDir.open(out)
     assert run.load_checkpoint()["step"] == 15  # the mid-epoch checkpoint before the kill
     # what a kill during a trace append and during a checkpoint write leave behind:
@@ -92,22 +87,24 @@ def test_sigkill_mid_epoch_with_half_written_files_resumes_exactly(uninterrupted
 @pytest.mark.slow
 def test_ctrl_c_checkpoints_then_resume_is_exact(uninterrupted, tmp_path):
     out = tmp_path / "run"
-    r = _cptsim(*BASE, "--out", str(out), "--checkpoint-every", "5", env_extra={"CPTSIM_FAULT_SIGINT_AT_STEP": "8"})
+    r = _cptsim(*BASE, "--out", str(out), env_extra={"CPTSIM_FAULT_SIGINT_AT_STEP": "8"})
     assert r.returncode == 130, r.stderr
     assert "--resume" in r.stderr and "Traceback" not in r.stderr
     run = RunDir.open(out)
     assert run.load_checkpoint()["step"] == 9  # the step that was running finished, then the checkpoint
     assert len(run.read_trace().records) == 9
-    r = _cptsim("train", "--resume", str(out), "--quiet")
-    assert r.returncode == 0, r.stderr
+    # resumed in this process (test_sigkill_mid_epoch... resumes in a new one)
+    r = cptsim_here("train", "--resume", str(out), "--quiet")
+    assert r.exit_code == 0, (r.output, r.exception)
     _same_as(run, uninterrupted)
 
 
 @pytest.mark.slow
 def test_nan_loss_stops_with_the_step_and_bits_and_keeps_the_checkpoint(tmp_path):
+    """In this process: a NaN is no process behaviour (the exit code and the one line are the command's)."""
     out = tmp_path / "run"
-    r = _cptsim(*BASE, "--out", str(out), env_extra={"CPTSIM_FAULT_NAN_AT_STEP": "14"})
-    assert r.returncode == 1
+    r = cptsim_here(*BASE, "--out", str(out), env_extra={"CPTSIM_FAULT_NAN_AT_STEP": "14"})
+    assert r.exit_code == 1, (r.output, r.exception)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "step 14" in lines[0] and "bits" in lines[0] and "--resume" in lines[0]
     run = RunDir.open(out)

@@ -1,39 +1,28 @@
 """Elastic restarts through torchrun: one rank SIGKILLed mid-epoch -> torchrun restarts the group, every rank resumes
 from the last checkpoint, and the finished run holds every step once with the weights of an uninterrupted run."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from click.testing import CliRunner
 
 from cptsim.cli.main import cli
 from cptsim.run.rundir import RunDir, RunLock
-
-# Full precision, no BatchNorm (mlp): the 2-rank update equals the 1-rank one up to the order of float sums in the
-# gradient all-reduce (test_dist_crash.test_two_gloo_processes_match_one_process), hence its tolerance below.
-ARGS = ["train", "--epochs", "2", "--batch-size", "128", "--quiet", "--model", "mlp", "--schedule", "static:32:g32",
-        "--checkpoint-every", "5"]
-
-
-def _cptsim(*args, env_extra=None):
-    env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "cptsim.cli.main", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=500)
+# Full precision, no BatchNorm (mlp), 24 steps, a checkpoint every 5: the 2-rank update equals the 1-rank one up to
+# the order of float sums in the gradient all-reduce (test_dist_crash.test_two_gloo_processes_match_one_process),
+# hence its tolerance below.
+from shared_runs import MLP_FP as ARGS
+from shared_runs import cptsim
 
 
 @pytest.mark.slow
-def test_a_killed_rank_is_restarted_and_the_job_completes_by_itself(tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
-    r1 = _cptsim(*ARGS, "--out", one)
-    assert r1.returncode == 0, r1.stderr
-    r2 = _cptsim(*ARGS, "--out", two, "--nproc", "2", "--max-restarts", "1",
-                 env_extra={"CPTSIM_FAULT_KILL_AT_STEP": "17", "CPTSIM_FAULT_RANK": "1"})
+def test_a_killed_rank_is_restarted_and_the_job_completes_by_itself(mlp_fp_one_process, tmp_path):
+    """The one-process run of ARGS is conftest.py's (made in the test process, shared with test_dist_crash.py)."""
+    two = tmp_path / "two"
+    r2 = cptsim(*ARGS, "--out", two, "--nproc", "2", "--max-restarts", "1", timeout=500,
+                env_extra={"CPTSIM_FAULT_KILL_AT_STEP": "17", "CPTSIM_FAULT_RANK": "1"})
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert "restart 1 of the job: resuming" in r2.stderr
-    a, b = RunDir.open(one), RunDir.open(two)
+    a, b = mlp_fp_one_process, RunDir.open(two)
     trace = b.read_trace()
     assert [r["step"] for r in trace.records] == list(range(24)) and not trace.truncated  # each step exactly once
     assert len(b.read_metrics().records) == 2

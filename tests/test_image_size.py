@@ -7,7 +7,7 @@ import pytest
 
 from cptsim.data import dataset_info, load_datasets, native_image_size, resolve_image_size
 from cptsim.errors import InputError
-from tests.cli_util import one_line_error, run_cli
+from cli_util import one_line_error, run_cli
 
 
 def _folder(root, size=(32, 32), per_class=4, classes=("a", "b"), odd_one=None):

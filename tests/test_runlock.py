@@ -3,6 +3,7 @@ owner leaves no lock; a process its parent started to write the run adopts the p
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from click.testing import CliRunner
 
 from cptsim.cli.main import cli
 from cptsim.run.rundir import LOCK_ENV, RunDir, RunLock, RunLocked, lock_file
+from shared_runs import cptsim_here
 
 ARGS = ["train", "--epochs", "2", "--quiet", "--schedule", "cpt:3-8:g8:n4"]
 
@@ -26,13 +28,13 @@ def _files(path):
     return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
 
 
-@pytest.fixture(scope="module")
-def killed(tmp_path_factory):
-    """A run SIGKILLed at step 17 of 24 (batch 128, checkpoints every 5 steps): what a cluster restarts."""
-    out = tmp_path_factory.mktemp("k") / "run"
-    r = _cptsim(*ARGS, "--batch-size", "128", "--checkpoint-every", "5", "--out", out,
-                env_extra={"CPTSIM_FAULT_KILL_AT_STEP": "17"})
-    assert r.returncode == -signal.SIGKILL, r.stderr
+@pytest.fixture
+def killed(digits_killed_at_17, tmp_path):
+    """A copy of a run SIGKILLed at step 17 of 24 (batch 128, checkpoints every 5 steps; conftest.py's, shared with
+    test_checkpoints.py and test_dist_crash.py): what a cluster restarts."""
+    out = tmp_path / "run"
+    shutil.copytree(digits_killed_at_17, out)
+    shutil.copy2(lock_file(digits_killed_at_17), lock_file(out))  # the lock file lies beside the run
     return out
 
 
@@ -44,15 +46,14 @@ def test_a_sigkilled_owner_leaves_no_lock(killed):
 
 
 @pytest.mark.slow
-def test_a_second_resume_of_a_held_run_exits_2_and_writes_nothing(killed, tmp_path):
-    import shutil
-
-    run = tmp_path / "run"
-    shutil.copytree(killed, run)
+def test_a_second_resume_of_a_held_run_exits_2_and_writes_nothing(killed):
+    """The resumes run in this process (the lock is a flock of an open file: a second open of it conflicts in one
+    process as in two); test_two_concurrent_resumes... has two real processes race."""
+    run = killed
     before = _files(run)
     with RunLock.acquire(run):  # a live owner (as a still-running old instance of the job would be)
-        r = _cptsim("train", "--resume", run, "--quiet")
-        assert r.returncode == 2, r.stderr
+        r = cptsim_here("train", "--resume", run, "--quiet")
+        assert r.exit_code == 2, (r.output, r.exception)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
         assert f"pid {os.getpid()}" in lines[0] and "being written by" in lines[0]
@@ -63,8 +64,8 @@ def test_a_second_resume_of_a_held_run_exits_2_and_writes_nothing(killed, tmp_pa
         rep = CliRunner().invoke(cli, ["report", str(run), "--no-save", "--hw", "h100", "--json"])
         assert rep.exit_code == 0, rep.output
         assert _files(run) == before
-    r = _cptsim("train", "--resume", run, "--quiet")  # the owner is gone: this one proceeds
-    assert r.returncode == 0, r.stderr
+    r = cptsim_here("train", "--resume", run, "--quiet")  # the owner is gone: this one proceeds
+    assert r.exit_code == 0, (r.output, r.exception)
     assert [x["step"] for x in RunDir.open(run).read_trace().records] == list(range(24))
 
 

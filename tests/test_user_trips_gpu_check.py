@@ -64,9 +64,11 @@ def _run(root: Path, bindir: Path, tmp_path: Path, **env_extra):
     return r, log.read_text().splitlines() if log.exists() else []
 
 
-def test_without_a_venv_it_builds_one_as_make_does_then_says_there_is_no_gpu(tmp_path):
+def test_without_a_venv_it_builds_one_as_make_does_then_says_there_is_no_gpu_then_uses_it(tmp_path):
+    """One checkout, two runs of the script: the first builds the venv, the second (the venv exists) builds nothing."""
     root = _checkout(tmp_path)
-    r, made = _run(root, _bin(tmp_path, make=True), tmp_path)
+    bindir = _bin(tmp_path, make=True)
+    r, made = _run(root, bindir, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert made == ["VENV=.venv .venv/.installed"]  # the Makefile's STAMP target, once
     assert "building the project's environment as make does" in r.stderr
@@ -74,11 +76,7 @@ def test_without_a_venv_it_builds_one_as_make_does_then_says_there_is_no_gpu(tmp
     assert "no python with torch" not in r.stdout
     assert (root / ".venv" / ".installed").exists()
 
-
-def test_an_existing_venv_is_used_and_nothing_is_built(tmp_path):
-    root = _checkout(tmp_path)
-    bindir = _bin(tmp_path, make=True)
-    r, _ = _run(root, bindir, tmp_path)  # builds it once
+    # an existing venv is used and nothing is built
     (tmp_path / "make.log").unlink()
     r, made = _run(root, bindir, tmp_path)
     assert r.returncode == 0 and made == [], r.stdout + r.stderr
