@@ -145,9 +145,8 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
     """Train a set of precision schedules x seeds on one workload, N processes at a time or as Slurm jobs
     (--executor slurm), each a normal run directory that records its result (result.json); index the results
     into the results database; show where each run stands (--status); report accuracy vs cost."""
-    from cptsim.study import sweep as SW
-
     from cptsim.study import cluster as C
+    from cptsim.study import sweep as SW
 
     if plot:
         check_output_file("--plot", plot)

@@ -725,7 +725,7 @@ def sweep_status(out: str | os.PathLike, query_scheduler: bool = True) -> dict:
             try:
                 rd = RunDir.open(p)
                 r["total_steps"] = rd.read_config()["total_steps"]
-                r["steps_done"] = len(rd.read_trace().records)
+                r["steps_done"] = _StepCounter(p / "trace.jsonl").count()  # lines: a long run's trace is not parsed
             except (InputError, KeyError, OSError, ValueError) as e:
                 r["status"], r["error"] = "failed", f"cannot read the run directory: {e}"
                 continue
