@@ -247,3 +247,28 @@ def run_length(epochs: int | None, steps: int | None, dataset: str | None = None
     if epochs is None and steps is None:
         epochs = recipe(dataset, model)["epochs"] if (dataset or model) else DEFAULT_EPOCHS
     return epochs, steps
+
+
+LAYER_HELP = ("Per-layer precision (cptsim.cost.layerplan): a JSON or TOML file of rules GLOB = SPEC over quantized "
+              "layer names, SPEC = QMIN-QMAX (its own range, the schedule's shape), +K/-K (the schedule's range "
+              "shifted) or Q (static width); the last matching rule wins, other layers follow --schedule.")
+
+
+def layer_schedule_options(f):
+    """``--layer-schedule FILE`` and ``--layer GLOB=SPEC`` (repeatable): a per-layer plan."""
+    f = click.option("--layer", "layer_rules", multiple=True, metavar="GLOB=SPEC",
+                     help="One per-layer rule, repeatable, e.g. --layer 'layer1.*=2-6' --layer conv1=8 "
+                          "(after the file's rules).")(f)
+    f = click.option("--layer-schedule", "layer_schedule", default=None, metavar="FILE", help=LAYER_HELP)(f)
+    return f
+
+
+def parse_layer_options(path: str | None, rules) -> "dict | None":
+    """The layer schedule's JSON (TrainConfig.layer_schedule) from the two flags; None without either."""
+    from cptsim.cost.layerplan import LayerSchedule, parse_layer_text, read_layer_schedule
+
+    if not path and not rules:
+        return None
+    doc = read_layer_schedule(path) if path else LayerSchedule(())
+    extra = parse_layer_text(list(rules)).rules if rules else ()
+    return LayerSchedule(doc.rules + extra, doc.model).to_json()

@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .common import emit_json, err, json_option, parse_fp_layers, workload_options
+from .common import emit_json, err, json_option, layer_schedule_options, parse_fp_layers, parse_layer_options
+from .common import workload_options
 from .common import out as console
 
 _EPILOG = """\b
@@ -19,6 +20,9 @@ Examples:
   cptsim train --model resnet20 --dataset cifar10 --data-dir ~/data --batch-size 128 --steps 64000 --lr-schedule step
   cptsim train --resume runs/NAME                continue a run from its last checkpoint
   cptsim train --plan plan.json                  train exactly what 'cptsim plan' chose
+  cptsim train --schedule cpt:3-6 --layer 'features.0=8' --layer 'features.7=+1'
+                                                 per-layer precision: features.0 static 8, features.7 at 4-7
+  cptsim train --layer-schedule layers.toml      the same rules from a file ([layers] "features.*" = "2-6")
 
 \b
 The run directory (--out) gets config.json, trace.jsonl (one line per step: bits, loss, time),
@@ -52,6 +56,19 @@ def _schedule_text(schedule: str, q_min, q_max, g_bits, cycles) -> str:
             flag = "--" + key.replace("_", "-")
             raise InputError(f"{flag} {value} contradicts --schedule {schedule!r}; give the value in one place")
     return sched.to_text()
+
+
+def _check_layers(meta, model: str, text: str, fp, layers: dict) -> None:
+    """Every per-layer rule resolved on the model (built on the meta device): a glob matching nothing, bits out of
+    range or a schedule for another model are refused before anything runs."""
+    from cptsim.cost.layerplan import layer_schedule_from_json
+    from cptsim.cost.schedules import parse_schedule
+    from cptsim.models import default_fp_layers
+    from cptsim.numerics.layers import quantizable_layers, resolve_fp_layers
+
+    keep = default_fp_layers(meta) if fp is None else resolve_fp_layers(meta, fp)
+    names = [n for n in quantizable_layers(meta) if n not in keep]
+    layer_schedule_from_json(layers).resolve(parse_schedule(text), names, keep, model)
 
 
 def _default_out(model: str, schedule_text: str) -> str:
@@ -291,6 +308,7 @@ def _tensorboard(cfg):
 @click.option("--lr-schedule", type=click.Choice(["step", "cosine", "constant"]), default="cosine", show_default=True,
               help="step: x0.1 at 50% and 75% of the steps (CPT's recipe); cosine: to --lr-min over the run.")
 @workload_options("optimizer", "lr_min", "quant_agg", "fp_layers")
+@layer_schedule_options
 @click.option("--no-augment", is_flag=True, help="Turn off random crop / flip for CIFAR and ImageFolder.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
@@ -339,7 +357,7 @@ def _tensorboard(cfg):
                    "in DIR (pip install 'cptsim[tensorboard]').")
 @json_option
 def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, cycles, epochs, steps, batch_size, lr, momentum,
-          weight_decay, lr_schedule, optimizer, lr_min, quant_agg, fp_layers, no_augment, seed, device, workers, out, resume_dir, plan_path,
+          weight_decay, lr_schedule, optimizer, lr_min, quant_agg, fp_layers, layer_schedule, layer_rules, no_augment, seed, device, workers, out, resume_dir, plan_path,
           threads, eval_bits, recal_batches, val_split, checkpoint_every, nproc, max_restarts, keep_checkpoints,
           channels_last, list_models, quiet, as_json) -> None:
     """Run real quantized training with a cyclic precision schedule and record what ran."""
@@ -381,6 +399,9 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
     elif plan_path:
         from cptsim.planner.planfile import read_plan
 
+        if layer_schedule or layer_rules:
+            raise click.UsageError("a plan fixes the per-layer precision it costs; re-plan instead of --layer")
+
         plan = read_plan(plan_path)
         params = {"model": model, "dataset": dataset, "data_dir": data_dir, "schedule": schedule, "q_min": q_min,
                   "q_max": q_max, "g_bits": g_bits, "cycles": cycles, "epochs": epochs, "steps": steps,
@@ -414,7 +435,8 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
         dataset = dataset or default_dataset(model)
         text = _schedule_text(schedule, q_min, q_max, g_bits, cycles)
         fp = parse_fp_layers(fp_layers)
-        cfg = T.TrainConfig(model=model, dataset=dataset, data_dir=data_dir, schedule=text,
+        layers = parse_layer_options(layer_schedule, layer_rules)
+        cfg = T.TrainConfig(layer_schedule=layers, model=model, dataset=dataset, data_dir=data_dir, schedule=text,
                             epochs=epochs, steps=steps, batch_size=batch_size, lr=lr, momentum=momentum,
                             weight_decay=weight_decay, lr_schedule=lr_schedule, optimizer=optimizer, lr_min=lr_min,
                             quant_agg=quant_agg, fp_layers=fp, seed=seed, device=device, workers=workers,
@@ -439,6 +461,8 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
                 from cptsim.numerics.layers import resolve_fp_layers
 
                 resolve_fp_layers(meta, fp)
+            if layers:  # and that every layer rule fits it
+                _check_layers(meta, model, text, fp, layers)
         except InputError:
             raise
         except Exception:  # noqa: BLE001 - a model that cannot be built on meta is checked by the real build

@@ -78,6 +78,7 @@ __all__ = [
     "layer_bits",
     "phase_operands",
     "bitops",
+    "layer_bitops",
     "bytes_moved",
     "aggregation_bytes",
     "INDEX_BITS",
@@ -137,6 +138,16 @@ def bitops(macs: np.ndarray, quantized: np.ndarray, q, g) -> np.ndarray:
     """
     b1, b2 = phase_operands(quantized, q, g)
     return np.asarray(macs) * b1 * b2
+
+
+def layer_bitops(macs: np.ndarray, quantized: np.ndarray, q: np.ndarray, g) -> np.ndarray:
+    """``bitops`` of one step whose quantized layers run their own forward bits ``q`` (L,) (a per-layer plan):
+    (L, 3) int64, the same formulas (fwd M·b_w·b_a, dgrad M·b_g·b_w, wgrad M·b_g·b_a)."""
+    quantized = np.asarray(quantized, dtype=bool)
+    b_w = np.where(quantized, np.asarray(q, dtype=np.int64), FP)
+    b_g = np.where(quantized, np.int64(g), FP)
+    b1, b2 = np.stack((b_w, b_g, b_g), axis=-1), np.stack((b_w, b_w, b_w), axis=-1)
+    return (np.asarray(macs, dtype=np.int64) * b1 * b2).astype(np.int64)
 
 
 def _identity_bits(b):
@@ -602,6 +613,54 @@ def _aggregate(a: ProfileArrays, h: _Hist, hw, costs: StepCosts | None = None) -
     return _Totals(weigh(macs_k), weigh(bops), energy, latency)
 
 
+def _layer_totals(a: ProfileArrays, hw, costs: StepCosts, schedule_or_trace, hist: _Hist, layers, layer_steps,
+                  batch_size, dataset_size, step_kinds) -> _Totals:
+    """A per-layer plan's totals: layer i's rows from the whole-model aggregate at its own schedule, the extra row
+    (the step's other ops, when the hardware prices them) from the global schedule's. Exact because every per-layer
+    row of ``_kind_costs`` depends on that layer's bits and the step's alone (the GPU's AMP rule for full-precision
+    layers and its op list follow the step's global bits, which a per-layer plan keeps as the trace's ``bits``)."""
+    if step_kinds is not None:
+        raise ValueError("step_kinds describe one schedule; a per-layer plan is costed from its schedules")
+    names = list(a.names)
+    unknown = [n for n in layers.layers if n not in names]
+    if unknown:
+        raise InputError(f"the layer plan names {unknown[0]!r}, which the profile does not have (a plan for "
+                         "another model?)")
+    tot = _aggregate(a, hist, hw, costs)
+    if not layers.layers:
+        return tot
+    if isinstance(schedule_or_trace, Schedule):
+        T = hist.steps
+        if schedule_or_trace != layers.base:
+            raise ValueError("the layer plan's global schedule is not the schedule costed")
+    else:
+        if layer_steps is None:
+            raise InputError("costing a trace with a layer plan needs the run's planned steps (layer_steps)")
+        T = _positive_int(layer_steps, "layer_steps")
+        rows = schedule_or_trace
+        try:
+            step = np.array([r["step"] for r in rows], dtype=np.int64) if not isinstance(rows, Mapping) \
+                else np.asarray(rows["step"], dtype=np.int64)
+        except (KeyError, TypeError):
+            raise InputError("a trace costed with a layer plan needs each line's 'step'") from None
+        if step.size and (step.min() < 0 or step.max() >= T):
+            raise InputError(f"trace steps run outside 0..{T - 1}, the layer plan's run length")
+        b, _, g = _trace_columns(rows)
+    parts = [tot.macs, tot.bitops, tot.energy, tot.latency]
+    parts = [None if x is None else x.copy() for x in parts]
+    for sched, members in layers.groups():
+        if isinstance(schedule_or_trace, Schedule):
+            h = _schedule_hist(sched, T, batch_size, dataset_size)
+        else:
+            h = _trace_hist({"batch_size": b, "bits": sched.bits(T)[step], "grad_bits": g})
+        sub = _aggregate(a, h, hw, costs)
+        rows_i = np.array([names.index(n) for n in members], dtype=np.int64)
+        for x, y in zip(parts, (sub.macs, sub.bitops, sub.energy, sub.latency)):
+            if x is not None:
+                x[rows_i] = y[rows_i]
+    return _Totals(*parts)
+
+
 def step_ops_cost(a: ProfileArrays, hw, q, g, samples):
     """(time s, energy J), each (K, 3) per step kind (q, g, samples) and phase, of everything in a step besides
     the layers' GEMMs -- the memory-bound ops and kernel launches of the profile's op list (``cptsim.measure.opcount``) --
@@ -723,7 +782,7 @@ def _prepare(layer_profile, schedule_or_trace, hardware, steps, batch_size, data
 def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None = None,
              batch_size: int | None = None, dataset_size: int | None = None, per_layer: bool = True,
              epochs: int | None = None, static_bits: int | None = None, step_costs: StepCosts | None = None,
-             step_kinds: tuple | None = None) -> Cost:
+             step_kinds: tuple | None = None, layers=None, layer_steps: int | None = None) -> Cost:
     """Cost of a whole run on ``hardware`` (a HardwareProfile, a profile name or path; None: BitOPs only).
 
     ``schedule_or_trace``: a ``Schedule`` run for ``steps`` steps of ``batch_size`` (or ``epochs`` epochs of
@@ -736,11 +795,21 @@ def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None 
     ``step_kinds``: the schedule's steps by kind, (q, g, samples, count) exactly as ``bits_histogram`` gives them
     for its bits, when the caller has counted them (the planner's fast path); the schedule's bits are then not
     generated.
+
+    ``layers``: a per-layer plan (``cptsim.cost.layerplan.ResolvedLayers``): every layer's rows are those of the
+    whole-model estimate at its own schedule, the step's other ops (a GPU's op list) those of the global schedule
+    (``_layer_totals``); the baseline stays the whole model at static q_max. For a trace, ``layer_steps`` is the run's
+    planned length T (a layer's bits at step t are its schedule's over T steps, t from the trace's "step").
     """
     arrays, hw, hist, based, static, workload, costs = _prepare(
         layer_profile, schedule_or_trace, hardware, steps, batch_size, dataset_size, epochs, static_bits, step_costs,
         step_kinds)
-    tot = _aggregate(arrays, hist, hw, costs)
+    if layers is not None:
+        tot = _layer_totals(arrays, hw, costs, schedule_or_trace, hist, layers, layer_steps,
+                             batch_size, dataset_size, step_kinds)
+        workload = f"{workload}+layers[{layers.rules.to_text()}]"
+    else:
+        tot = _aggregate(arrays, hist, hw, costs)
     base = _aggregate(arrays, based, hw, costs)
     bitops_d, macs_d = _phase_dict(tot.bitops), _phase_dict(tot.macs)
     energy_d = _phase_dict(tot.energy) if tot.energy is not None else None
@@ -775,13 +844,18 @@ def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None 
 
 def estimate_totals(layer_profile, schedule_or_trace, hardware=None, steps: int | None = None,
                     batch_size: int | None = None, dataset_size: int | None = None, epochs: int | None = None,
-                    step_costs: StepCosts | None = None, step_kinds: tuple | None = None) -> dict:
+                    step_costs: StepCosts | None = None, step_kinds: tuple | None = None, layers=None,
+                    layer_steps: int | None = None) -> dict:
     """{"bitops", "energy_j", "latency_s"}: the totals of ``estimate`` (the very numbers: the same sums), without
     its baseline, per-phase and per-layer parts (energy and latency None without a hardware). Arguments as for
     ``estimate``; the planner re-costs its alternatives with it."""
     arrays, hw, hist, _, _, _, costs = _prepare(layer_profile, schedule_or_trace, hardware, steps, batch_size,
                                                 dataset_size, epochs, None, step_costs, step_kinds)
-    tot = _aggregate(arrays, hist, hw, costs)
+    if layers is not None:
+        tot = _layer_totals(arrays, hw, costs, schedule_or_trace, hist, layers, layer_steps,
+                             batch_size, dataset_size, step_kinds)
+    else:
+        tot = _aggregate(arrays, hist, hw, costs)
     return {"bitops": _phase_dict(tot.bitops)["total"],
             "energy_j": _phase_dict(tot.energy)["total"] if tot.energy is not None else None,
             "latency_s": _phase_dict(tot.latency)["total"] if tot.latency is not None else None}
@@ -801,11 +875,17 @@ def step_cost(profile_arrays, q: int, g: int, batch: int) -> dict:
     measured step, batch included) with ``batch=1``.
     """
     a = _arrays(profile_arrays)
-    q = int(_check_bits_array(np.array([q]), "bits")[0])
     g = int(_check_bits_array(np.array([g]), "grad_bits")[0])
     batch = _positive_int(batch, "batch")
     macs = np.rint(a.macs).astype(np.int64) * batch
-    bops = bitops(macs, a.quantized, np.int64(q), np.int64(g)).astype(np.int64)
+    if np.ndim(q):  # per-layer forward bits (a per-layer plan): one width per layer, in the profile's order
+        qv = _check_bits_array(np.asarray(q), "bits")
+        if qv.shape != (len(a),):
+            raise ValueError(f"per-layer bits: {qv.shape[0]} values for {len(a)} layers")
+        bops = layer_bitops(macs, a.quantized, qv, g)
+    else:
+        q = int(_check_bits_array(np.array([q]), "bits")[0])
+        bops = bitops(macs, a.quantized, np.int64(q), np.int64(g)).astype(np.int64)
     m, b = macs.sum(axis=0), bops.sum(axis=0)
     return {"macs": {p: int(m[i]) for i, p in enumerate(PHASES)},
             "bitops": {p: int(b[i]) for i, p in enumerate(PHASES)}}

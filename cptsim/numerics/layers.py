@@ -581,3 +581,15 @@ def reuse_quantized_weights(*modules: nn.Module):
 
 def quantized_layer_names(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, QUANTIZED_TYPES)]
+
+
+def assign_precision(model: nn.Module, states: dict) -> None:
+    """Point the named quantized layers at their own ``PrecisionState`` (a per-layer plan: layers of one schedule
+    share one state, which the training loop sets each step); every other quantized layer keeps the state
+    ``quantize_model`` returned. Nothing in a layer's forward changes: it reads ``self.precision`` as always."""
+    modules = dict(model.named_modules())
+    for name, state in states.items():
+        m = modules.get(name)
+        if m is None or not isinstance(getattr(m, "precision", None), PrecisionState):
+            raise InputError(f"layer {name!r} is not a quantized layer of this model")
+        m.precision = state

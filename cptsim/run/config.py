@@ -62,6 +62,9 @@ class TrainConfig:
     # imagefolder: side of the square input (None: the images' own size when they share one, else 224); config.json
     # records the size resolved, so a resumed run, the plan and the report see the same input shape.
     image_size: int | None = None
+    # a per-layer plan: the layer schedule's JSON (cptsim.cost.layerplan: {"format", "rules": ["GLOB=SPEC", ...]});
+    # None: every quantized layer runs the schedule's bits
+    layer_schedule: dict | None = None
 
     def __post_init__(self) -> None:
         if self.dataset is None:
@@ -94,6 +97,9 @@ class TrainConfig:
                 "lr_min", "quant_agg")
         settings = {k: w[k] for k in keys if k in w}
         settings["schedule"] = Schedule.from_json(plan["schedule"]).to_text()
+        if isinstance(plan.get("layers"), dict):  # a per-layer plan: its rules, resolved again on the model
+            settings["layer_schedule"] = {k: plan["layers"][k] for k in ("format", "rules", "model")
+                                          if plan["layers"].get(k) is not None}
         if w.get("epochs") is not None:  # recorded for the reader; the plan's steps decide the run length
             settings["epochs"] = w["epochs"]
         ev = plan.get("evaluation")
@@ -249,7 +255,7 @@ def unpack_correct(text: str, n: int):
 # The settings a plan's cost depends on: TrainConfig.from_plan refuses to change them.
 PLAN_FIXED = ("model", "dataset", "schedule", "batch_size", "steps", "epochs", "fp_layers", "image_size",
               "channels_last",  # the memory format changes a GPU's time
-              "optimizer", "quant_agg")  # Adam's update is counted work; a quantized aggregation changes the BitOPs
+              "optimizer", "quant_agg", "layer_schedule")  # Adam's update is counted work; a quantized aggregation changes the BitOPs
 
 
 # The recipe a workload gets where its flags are not given, by the kind of its data: CPT's (SGD with momentum 0.9,
@@ -375,6 +381,10 @@ def validate(cfg: TrainConfig) -> None:
     if isinstance(cfg.val_split, bool) or not isinstance(cfg.val_split, (int, float)) \
             or not 0 <= cfg.val_split < 0.5:
         raise InputError(f"--val-split must be a fraction in [0, 0.5), got {cfg.val_split!r}")
+    if cfg.layer_schedule is not None:
+        from cptsim.cost.layerplan import layer_schedule_from_json
+
+        layer_schedule_from_json(cfg.layer_schedule, "layer_schedule")  # its syntax; its layers at build time
     if cfg.image_size is not None:
         from cptsim.data import resolve_image_size
 

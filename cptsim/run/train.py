@@ -63,6 +63,23 @@ class Workload:
     val_loader: DataLoader | None = None  # held out of train_set (cfg.val_split), without augmentation
     eval_bits: int = 8                    # cfg.eval_bits, or the schedule's q_max
     recal_set: object = None              # train_set's samples without augmentation (None: train_set has none)
+    # a per-layer plan (cptsim.cost.layerplan.ResolvedLayers, None: every layer follows the schedule) and, per
+    # distinct layer schedule, (its PrecisionState, its bits per step, the bits it is evaluated at)
+    layers: object = None
+    layer_states: list = field(default_factory=list)
+
+    def set_bits(self, bits: int, grad_bits: int, step: int | None = None) -> None:
+        """Every quantized layer's precision for a training step (``step``) or, with ``step`` None, for
+        evaluation at ``bits`` (then a per-layer plan's layers run their own evaluation bits)."""
+        self.precision.set(bits, grad_bits)
+        for state, per_step, at_eval in self.layer_states:
+            state.set(per_step[step] if step is not None else at_eval, grad_bits)
+
+    def set_all(self, bits: int, grad_bits: int) -> None:
+        """Every quantized layer at ``bits``, the per-layer plan's ones too (the op count at full precision)."""
+        self.precision.set(bits, grad_bits)
+        for state, _, _ in self.layer_states:
+            state.set(bits, grad_bits)
 
 
 def lr_factor(kind: str, step: int, total: int, floor: float = 0.0) -> float:
@@ -189,6 +206,7 @@ def build(cfg: TrainConfig) -> Workload:
     # None: the model's own convention, resolved by the registry; else the user's globs, expanded
     fp_layers = default_fp_layers(model) if cfg.fp_layers is None else resolve_fp_layers(model, cfg.fp_layers)
     precision = quantize_model(model, fp_layers=fp_layers, **({"quant_agg": True} if cfg.quant_agg else {}))
+    layers, layer_states = _layer_plan(cfg, model, schedule, fp_layers)
     model.to(cfg.device)
     if not isinstance(cfg.channels_last, bool):
         raise InputError(f"channels_last must be true or false, got {cfg.channels_last!r}")
@@ -221,7 +239,27 @@ def build(cfg: TrainConfig) -> Workload:
         steps_per_epoch=steps_per_epoch, total_steps=total, fp_layers=fp_layers,
         quantized_layers=quantized_layer_names(model), val_loader=val_loader,
         eval_bits=cfg.eval_bits if cfg.eval_bits is not None else schedule.q_max, recal_set=recal_set,
+        layers=layers, layer_states=[(st, s.bits(total).tolist(), layers.eval_bits(names[0], cfg.eval_bits))
+                                     for st, s, names in layer_states],
     )
+
+
+def _layer_plan(cfg: TrainConfig, model: nn.Module, schedule, fp_layers):
+    """The run's per-layer plan resolved on its model (None without one), and per distinct layer schedule its
+    own PrecisionState, bound to its layers: [(state, schedule, layer names)]."""
+    if not cfg.layer_schedule:
+        return None, []
+    from cptsim.cost.layerplan import layer_schedule_from_json
+    from cptsim.numerics.layers import PrecisionState, assign_precision, quantized_layer_names
+
+    layers = layer_schedule_from_json(cfg.layer_schedule, "layer_schedule").resolve(
+        schedule, quantized_layer_names(model), list(fp_layers), cfg.model)
+    out = []
+    for sched, names in layers.groups():
+        state = PrecisionState()
+        assign_precision(model, {n: state for n in names})
+        out.append((state, sched, names))
+    return layers, out
 
 
 VAL_SPLIT_SEED = 12345  # one fixed held-out set per dataset, whatever the run's seed: runs stay comparable
@@ -314,6 +352,7 @@ def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
         "settings": asdict(cfg) | ({"image_size": int(w.info.input_shape[-1])}
                                    if w.info.name == "imagefolder" else {}),
         "schedule": w.schedule.to_json() | {"text": w.schedule.to_text()},
+        **({"layers": w.layers.to_json()} if w.layers is not None else {}),
         "total_steps": w.total_steps,
         "steps_per_epoch": w.steps_per_epoch,
         "epochs": math.ceil(w.total_steps / w.steps_per_epoch),
@@ -386,7 +425,7 @@ def recalibrate(w: Workload, cfg: TrainConfig, epoch: int, device: str) -> dict:
     with torch.random.fork_rng(devices=devices):
         saved = reset_statistics(w.model)
         w.model.train()
-        w.precision.set(w.eval_bits, w.schedule.g_max)
+        w.set_bits(w.eval_bits, w.schedule.g_max)
         try:
             data = w.recal_set if w.recal_set is not None else w.train_set
             for x, _ in DataLoader(data, batch_sampler=lists, num_workers=cfg.workers):
@@ -405,7 +444,7 @@ def evaluate(w: Workload, device: str, loader: DataLoader | None = None,
     that receives each batch's per-sample correctness (a classifier), or a language model's mean loss per BPTT
     window (one tensor, in the order of the text: ``cptsim.data.text.evaluate_lm``)."""
     w.model.eval()
-    w.precision.set(w.eval_bits, w.schedule.g_max)
+    w.set_bits(w.eval_bits, w.schedule.g_max)
     split = (loader or w.test_loader).dataset
     if getattr(split, "is_text", False):  # per token, the state carried along the text (cptsim.data.text)
         from cptsim.data.text import evaluate_lm
@@ -651,10 +690,16 @@ def _step_ops(model: nn.Module, x: torch.Tensor, device: str, precision=None, op
     from cptsim.measure.opcount import count_step_ops
 
     devices = [torch.device(device)] if str(device).startswith("cuda") else []
+    w = precision if isinstance(precision, Workload) else None
+    if w is not None:
+        precision = w.precision
     saved = (precision.bits, precision.grad_bits) if precision is not None else None
+    layer_saved = [(st, st.bits, st.grad_bits) for st, _, _ in w.layer_states] if w is not None else []
     try:
         if precision is not None:
             precision.set(32, 32)
+            for st, _, _ in layer_saved:
+                st.set(32, 32)
         with torch.random.fork_rng(devices=devices):
             return count_step_ops(model, x[: max(1, min(int(x.shape[0]), 4))], optimizer=optimizer)
     except Exception:  # noqa: BLE001 - the run goes on; its profile lacks the op list, as runs always did
@@ -662,6 +707,8 @@ def _step_ops(model: nn.Module, x: torch.Tensor, device: str, precision=None, op
     finally:
         if saved is not None:
             precision.set(*saved)
+        for st, b, g in layer_saved:
+            st.set(b, g)
 
 
 def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progress: bool, ckpt: dict | None = None):
@@ -692,6 +739,11 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
         return run  # already complete: nothing to run, nothing to append
     kill_at, nan_at, int_at = _fault("KILL"), _fault("NAN"), _fault("SIGINT")
     counter = MacCounter(model, cfg.model)  # forward hooks reading shapes: ~0.1% of a resnet20 step
+    modules = dict(model.named_modules())
+
+    def ran_bits(arrays, bits):
+        # each profiled layer's forward bits as its own PrecisionState held them this step (what it quantized at)
+        return [getattr(getattr(modules.get(n), "precision", None), "bits", bits) for n in arrays.names]
     channels_last = cfg.channels_last
     meter = None
     if device.startswith("cuda") and d.is_main:
@@ -759,7 +811,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 # what the loss is averaged over: the batch's samples, or a graph's labelled training nodes (the
                 # trace's batch_size stays the samples, one graph, which is what the step's cost scales with)
                 n_loss = w.train_set.labelled if graph else n_global
-                w.precision.set(bits, gbits)
+                w.set_bits(bits, gbits, step)
                 lr = step_lr(cfg, step, T)
                 for group in opt.param_groups:
                     group["lr"] = lr
@@ -775,13 +827,15 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                     arrays, graphed = None, False
                     if graphs is not None and not poison:
                         stats, arrays, warm = graphs.step(
-                            lambda a, b: forward_backward(a, b, n_loss, False), x, y, (bits, gbits, n_loss),
+                            lambda a, b: forward_backward(a, b, n_loss, False), x, y,
+                            (bits, gbits, n_loss, *(st.bits for st, _, _ in w.layer_states)),  # a graph per layer bits
                             on_capture=sync_check.allow)  # capturing synchronises (torch.cuda.graph): warm-up
                         warmup, graphed = warmup or warm, not warm
                     else:
                         stats = forward_backward(x, y, n_loss, poison)
                     arrays = arrays if arrays is not None else counter.step_arrays()
-                    executed = step_cost(arrays, bits, gbits, batch=1)  # the cost model's formula
+                    # the cost model's formula, at the bits each layer ran at (a per-layer plan: its own)
+                    executed = step_cost(arrays, ran_bits(arrays, bits) if w.layer_states else bits, gbits, batch=1)
                     counts = [executed[k][p] for k in ("macs", "bitops") for p in PHASES]
                 d.all_reduce_grads(params)
                 if clip is not None:
@@ -812,7 +866,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                     if need_profile and batch is not None:
                         prof = counter.layer_profile(batch[0].shape[0], w.info.input_shape)
                         prof.channels_last = channels_last  # the GPU model prices the step's memory format
-                        prof.ops = _step_ops(w.model, batch[0], device, w.precision, cfg.optimizer)
+                        prof.ops = _step_ops(w.model, batch[0], device, w, cfg.optimizer)
                         run.write_json(PROFILE, prof.to_json())
                         need_profile = False
                     line = {"step": step, "epoch": epoch, "batch_size": n_global, "bits": bits,
