@@ -187,7 +187,10 @@ def test_slurm_job_script_follows_the_flags_and_a_rerun_resubmits_only_the_ended
                                        "4242_3|CANCELLED by 1000|n3\n")
     r = _cli("sweep", "--status", "--out", out, "--json")
     assert r.exit_code == 0, r.output
-    st = {x["name"]: (x["status"], x["job_state"]) for x in json.loads(r.stdout)["runs"]}
+    runs = json.loads(r.stdout)["runs"]
+    st = {x["name"]: (x["status"], x["job_state"]) for x in runs}
+    # a job that died before its training began: the scheduler's log is where to look
+    assert runs[2]["error"] == f"job 4242_2 FAILED: see {out / '.submitit' / '4242_2_0_log.err'}"
     assert st == {"static_4_g8-s0": ("running", "RUNNING"), "static_4_g8-s1": ("queued", "PENDING"),
                   "cos-rep_3-8_g8_n2-s0": ("failed", "FAILED"), "cos-rep_3-8_g8_n2-s1": ("failed", "CANCELLED")}
     # a rerun leaves the running and the queued job alone and resubmits the two that ended
@@ -235,8 +238,10 @@ def test_a_job_warned_of_its_time_limit_stops_its_training_and_requeues_itself(t
 
     from cptsim.run.rundir import RunLock
 
-    sleeper = ("import signal, sys, time\n"
+    up = tmp_path / "up"
+    sleeper = ("import pathlib, signal, sys, time\n"
                "signal.signal(signal.SIGINT, lambda *a: sys.exit(130))\n"
+               f"pathlib.Path({str(up)!r}).touch()\n"
                "time.sleep(60)")
     monkeypatch.setattr(C.TrainJob, "command", lambda self, resume: [sys.executable, "-c", sleeper])
     job = C.TrainJob({"run": str(tmp_path / "run"), "log": str(tmp_path / "log"), "schedule": "static:4:g8",
@@ -248,16 +253,21 @@ def test_a_job_warned_of_its_time_limit_stops_its_training_and_requeues_itself(t
         got["again"] = job.checkpoint()
         raise SystemExit(-1)
 
+    def slurm_warns():  # once the training is up: USR2 to every process of the job step
+        while not up.exists() and time.monotonic() - t0 < 20:
+            time.sleep(0.02)
+        os.kill(job._proc.pid, signal.SIGUSR2)
+        os.kill(os.getpid(), signal.SIGUSR2)
+
     old = signal.signal(signal.SIGUSR2, on_usr2)
-    timer = threading.Timer(3.0, lambda: (os.kill(job._proc.pid, signal.SIGUSR2),  # the step's every process
-                                          os.kill(os.getpid(), signal.SIGUSR2)))
     t0 = time.monotonic()
-    timer.start()
+    warner = threading.Thread(target=slurm_warns, daemon=True)
+    warner.start()
     try:
         with pytest.raises(SystemExit):
             job()
     finally:
-        timer.cancel()
+        warner.join()
         signal.signal(signal.SIGUSR2, old)
     assert time.monotonic() - t0 < 20
     assert job._proc.wait(5) == 130  # stopped by the SIGINT, not killed by USR2

@@ -749,8 +749,11 @@ def sweep_status(out: str | os.PathLike, query_scheduler: bool = True) -> dict:
             r["status"] = "running"
         elif phase == "ended" and r["error"] is None:
             r["status"] = "failed"
-            r["error"] = f"job {job.get('job_id')} {states.get(name)}" + (
-                f": {_last_error(out / f'{name}.log') or _last_job_line(out / f'{name}.log') or 'no result'}")
+            log = out / f"{name}.log"
+            # the training's own last word; else (the job died before it started one) the scheduler's log
+            why = _last_error(log) or _last_job_line(log) or \
+                f"see {out / C.SUBMITIT_DIR / (str(job.get('job_id')) + '_0_log.err')}"
+            r["error"] = f"job {job.get('job_id')} {states.get(name)}: {why}"
         elif started:
             r["status"] = "unfinished"
     counts = {s: sum(r["status"] == s for r in runs) for s in STATUSES}
