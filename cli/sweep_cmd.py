@@ -349,18 +349,25 @@ def _submit(SW, C, out_dir, settings, texts, seeds, cluster, picked, wait, dry_r
         else:
             todo.append(r)
     if dry_run:
+        import shlex
+
         doc = {"executor": cluster.executor, "out": out_dir, "submit": [r.name for r in todo],
                "runs": [r.to_json() for r in runs],
-               "script": C.sbatch_script(out_dir, cluster, len(todo)) if cluster.executor == "slurm" else None}
+               "script": C.sbatch_script(out_dir, cluster, len(todo)) if cluster.executor == "slurm" else None,
+               "train": shlex.join(C.TrainJob(C.run_spec(settings, todo[0])).command(resume=False)) if todo else None}
         if as_json:
             emit_json(doc)
             return
         _print_runs(runs)
         out.print(f"would submit {len(todo)} of {len(runs)} runs" + (
             " as one job array" if len(todo) > 1 else ""), highlight=False)
+        if doc["train"]:  # unwrapped, so that it can be copied and run
+            out.print(f"the job of {todo[0].name} runs (a job starts --resume instead if its run has begun):",
+                      highlight=False)
+            out.print(doc["train"], markup=False, highlight=False, soft_wrap=True)
         if doc["script"]:
             out.print("job script (sbatch):", highlight=False)
-            out.print(doc["script"], markup=False, highlight=False)
+            out.print(doc["script"], markup=False, highlight=False, soft_wrap=True)
         return
     sweep_lock = ExclusiveLock(f"{out_dir}/.sweep.lock")
     if not sweep_lock.try_acquire():
