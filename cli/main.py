@@ -98,6 +98,9 @@ def _register() -> None:
     from cptsim.cli import sweep_cmd
 
     cli.add_command(sweep_cmd.sweep)
+    from cptsim.cli import sensitivity_cmd
+
+    cli.add_command(sensitivity_cmd.sensitivity)
 
 
 _register()

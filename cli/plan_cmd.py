@@ -25,6 +25,8 @@ Examples:
   cptsim plan --budget 60% --schedules cos-rep,rex-rep --cycles 8,32 --q-min 3-4 --q-max 8
   cptsim plan --budget 65% --min-bits auto --pilot 4     range test for q_min; pilot-train 4 different candidates
   cptsim plan --budget 65% --quality db                  rank by accuracy predicted from measured runs
+  cptsim plan --budget 50% --per-layer --sensitivity loss per-layer offsets of the best schedules (a MILP),
+                                                         weighted by measured one-layer loss increase
                                                          (cptsim sweep fills the database)
   cptsim train --plan plan.json                          train exactly what was planned
 
@@ -115,6 +117,16 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 @click.option("--plot", default=None, help="Write a PNG of the cost-vs-score Pareto frontier here.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
+@click.option("--per-layer", is_flag=True,
+              help="Also plan per-layer precision: each quantized layer takes an offset -2..+2 of the schedule's "
+                   "range (tied: a downsample conv and its block's first conv), chosen by a MILP "
+                   "(scipy.optimize.milp) to maximise the sensitivity-weighted score within the budget, around "
+                   "the best uniform schedules; kept only where it scores above the uniform choice. plan.json "
+                   "records the rules (train --plan runs them), the solver's gap and time and the comparison.")
+@click.option("--sensitivity", "sensitivity_src", default="none", show_default=True,
+              help="Layer weights for --per-layer: none (equal), hessian or loss (measured now: 'cptsim "
+                   "sensitivity' on this workload), db:hessian / db:loss (the newest in --db), or a JSON file "
+                   "from 'cptsim sensitivity --json'.")
 @click.option("--channels-last", is_flag=True,
               help="The run will train in NHWC memory format (train --channels-last follows the plan); a GPU prices "
                    "its convolutions and batch norms by it. Default NCHW, PyTorch's default.")
@@ -123,7 +135,7 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
 def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, epochs, steps, dataset_size, lr, momentum,
          weight_decay, lr_schedule, seed, optimizer, lr_min, quant_agg, fp_layers, no_augment, schedules, cycles, q_min, q_max, g_bits, min_bits,
          max_bits, range_steps, prefer_cyclic, quality, db, pilot, pilot_steps, pilot_dir, device, top, out_path,
-         force, plot, quiet, channels_last, as_json) -> None:
+         force, plot, quiet, per_layer, sensitivity_src, channels_last, as_json) -> None:
     """Search cyclic-precision schedules for the best one whose estimated cost on the target hardware fits the
     budget, show the top candidates, and write plan.json for 'cptsim train --plan'."""
     from cptsim.cost.hardware import load_profile
@@ -142,6 +154,12 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
             raise InputError(f"{flag} must be at least {low}, got {v}")
     if pilot == 1:
         raise InputError("--pilot K needs K >= 2 candidates to compare (0 = rank by the score)")
+    src = (sensitivity_src or "none").strip()
+    if src not in ("none", "hessian", "loss", "db:hessian", "db:loss") and not Path(src).is_file():
+        raise InputError(f"--sensitivity {src!r}: not none, hessian, loss, db:hessian, db:loss or a readable "
+                         "'cptsim sensitivity --json' file")
+    if src != "none" and not per_layer:
+        raise InputError("--sensitivity weighs the layers of --per-layer; add --per-layer")
     target = Path(out_path)
     if target.exists() and not force:
         raise InputError(f"{target} already exists; pass --force to overwrite it or pick another --out")
@@ -185,6 +203,18 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
                        on_pilot=on_pilot, quality=quality, db=db, evidence=LocalEvidence())
     doc = result.to_json()
     doc.update(plan_sureness(result))
+    if per_layer:
+        from cptsim.planner.perlayer import plan_doc_with_layers, refine
+
+        weights = _layer_weights(sensitivity_src, workload, db, show)
+        lp, rows = refine(result, weights)
+        doc = plan_doc_with_layers(doc, result, lp, rows, sensitivity_src)
+        if show:
+            pl = doc["per_layer"]
+            err.print(f"per-layer: {'chosen' if pl['chosen'] else 'not chosen'}; " + (
+                f"{pl['layers']['text'] or '(no offsets)'} score {pl['score']:.4f} vs uniform "
+                f"{pl['uniform_score']:.4f}, MILP {pl['solver']['status']} gap {pl['solver']['mip_gap']:.2g} in "
+                f"{pl['solver']['time_s']:.3f} s" if pl["chosen"] else pl["why"]), highlight=False)
     if target.exists() and not force:  # appeared while we searched
         raise InputError(f"{target} already exists; pass --force to overwrite it or pick another --out")
     write_plan(doc, target)
@@ -196,6 +226,43 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
     print_plan(result, doc)
     out.print(f"plan written to {target}" + (f", frontier plot to {plot}" if plot else "") +
               f"; train it with: cptsim train --plan {target}", highlight=False)
+
+
+def _layer_weights(src: str, workload, db, show: bool) -> dict | None:
+    """--sensitivity: None (equal weights), measured now, from the results database, or from a file."""
+    src = (src or "none").strip()
+    if src == "none":
+        return None
+    if src in ("hessian", "loss"):
+        from cptsim.study.sensitivity import Settings, measure
+
+        if show:
+            err.print(f"measuring per-layer sensitivity ({src}) ...")
+        doc = measure(Settings(model=workload.model, dataset=workload.dataset, data_dir=workload.data_dir,
+                               batch_size=workload.batch_size, fp_layers=workload.fp_layers or [],
+                               methods=(src,)))
+        return doc["methods"][src]["weights"]
+    if src.startswith("db:"):
+        from cptsim.study.results import ResultsDB, sensitivity_weights
+
+        method = src[3:]
+        got = sensitivity_weights(ResultsDB(db), workload.model, method)
+        if got is None:
+            raise InputError(f"--sensitivity {src}: the results database holds no {method} sensitivity of "
+                             f"{workload.model}; run 'cptsim sensitivity --model {workload.model} --db ...' first")
+        return got
+    import json
+
+    try:
+        doc = json.loads(Path(src).read_text())
+        methods = doc["methods"]
+        method = "hessian" if "hessian" in methods else next(iter(methods))
+        if doc.get("model") not in (None, workload.model):
+            raise InputError(f"--sensitivity {src} was measured on {doc.get('model')}, not {workload.model}")
+        return methods[method]["weights"]
+    except (OSError, ValueError, KeyError, StopIteration, TypeError):
+        raise InputError(f"--sensitivity {src!r}: not none, hessian, loss, db:METHOD or a readable "
+                         "'cptsim sensitivity --json' file") from None
 
 
 def plan_sureness(p) -> dict:

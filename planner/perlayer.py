@@ -189,7 +189,7 @@ class LayerPlan:
 
     def to_json(self) -> dict:
         return {"base": self.base.to_text(), "menu_offsets": list(self.menu), "score": self.score,
-                "uniform_score": self.uniform_score, "cost": self.cost, "solver": self.solution.to_json(),
+                "base_score": self.uniform_score, "cost": self.cost, "solver": self.solution.to_json(),
                 "offsets": self.offsets, "weights": self.weights, "ties": self.ties,
                 "layers": self.resolved.to_json()}
 
@@ -226,8 +226,7 @@ def plan_layers(workload, hardware, base, metric: str, budget: float, weights: d
     key = _COST_KEYS[metric]
     T = workload.steps
     opts = [option_schedule(base, k) for k in offsets]
-    ok = [s is not None and s.q_min >= min(min_bits, base.q_min) and s.q_max <= max(max_bits, base.q_max)
-          for s in opts]
+    ok = [s is not None and (s == base or (s.q_min >= min_bits and s.q_max <= max_bits)) for s in opts]
     L, M = len(qidx), len(offsets)
     cost = np.full((L, M), np.nan)
     sc = np.full(M, np.nan)
@@ -281,8 +280,11 @@ def refine(p, weights: dict | None = None, k: int = 3, offsets=DEFAULT_OFFSETS, 
     order = np.argsort(-score, kind="stable")
     inside = [int(i) for i in order if cost[i] <= limit][:k]
     above = [int(i) for i in order if limit < cost[i] <= 1.5 * limit][:k]
-    min_bits = p.space.min_bits if getattr(p.space, "min_bits", None) else 1
-    max_bits = p.space.max_bits if getattr(p.space, "max_bits", None) else 16
+    # the space's bounds hold per layer too: no layer below its lowest q_min (or --min-bits) nor above its highest
+    # q_max (or --max-bits)
+    space = p.space
+    min_bits = max(space.min_bits or 1, space.q_min_range[0])
+    max_bits = min(space.max_bits or 16, space.q_max_range[1])
     best, rows = None, []
     for i in dict.fromkeys(inside + above):
         base = cands.schedules[i]

@@ -381,3 +381,47 @@ def record_run(run_dir, db: ResultsDB, source: str = "train") -> dict:
     row = run_row(run_dir, source)
     row["id"] = db.add_run({k: v for k, v in row.items() if k != "id"})
     return row
+
+
+# ------------------------------------------------------------------------------------------------ sensitivity (issue 27)
+# Per-layer sensitivity measured by `cptsim sensitivity` (cptsim.study.sensitivity): one row per layer and method,
+# keyed by the workload. A table of its own beside ``runs``, created by the first sensitivity written (opening or
+# reading a database never changes it), so the runs schema and its version are untouched.
+_SENSITIVITY_SCHEMA = ("""
+CREATE TABLE IF NOT EXISTS sensitivity (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    workload_key TEXT NOT NULL, model TEXT NOT NULL, method TEXT NOT NULL, layer TEXT NOT NULL,
+    value REAL, weight REAL, q_min INTEGER, q_max INTEGER, seed INTEGER, time_s REAL, created TEXT,
+    UNIQUE (workload_key, method, layer, q_min, q_max, seed)
+)""", "CREATE INDEX IF NOT EXISTS sensitivity_workload ON sensitivity (workload_key, method)")
+
+
+def record_sensitivity(db: ResultsDB, doc: dict) -> int:
+    """Store a sensitivity document's per-layer values (replacing an earlier measurement of the same workload,
+    method, bits and seed). Returns the rows written."""
+    rows = []
+    for method, info in doc["methods"].items():
+        for r in doc["layers"]:
+            rows.append((doc["workload_key"], doc["model"], method, r["name"], r.get(method),
+                         info["weights"].get(r["name"]), doc["q_min"], doc["q_max"], doc["seed"], info["time_s"],
+                         time.strftime("%Y-%m-%dT%H:%M:%S%z")))
+    with db._write() as con:
+        for stmt in _SENSITIVITY_SCHEMA:
+            con.execute(stmt)
+        con.executemany("INSERT INTO sensitivity (workload_key, model, method, layer, value, weight, q_min, q_max, "
+                        "seed, time_s, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (workload_key, "
+                        "method, layer, q_min, q_max, seed) DO UPDATE SET value = excluded.value, weight = "
+                        "excluded.weight, time_s = excluded.time_s, created = excluded.created", rows)
+    return len(rows)
+
+
+def sensitivity_weights(db: ResultsDB, model: str, method: str) -> dict | None:
+    """{layer: weight} of the newest measurement of ``model`` by ``method`` (mean over seeds and workloads of that
+    newest q range), or None when the database holds none."""
+    if db._con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sensitivity'").fetchone() is None:
+        return None
+    cur = db._con.execute("SELECT layer, AVG(weight) FROM sensitivity WHERE model = ? AND method = ? AND "
+                          "(q_min, q_max) = (SELECT q_min, q_max FROM sensitivity WHERE model = ? AND method = ? "
+                          "ORDER BY created DESC, id DESC LIMIT 1) GROUP BY layer", (model, method, model, method))
+    got = {r[0]: float(r[1]) for r in cur.fetchall() if r[1] is not None}
+    return got or None
