@@ -132,6 +132,7 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
     settings = cfg.get("settings", {})
     sched = Schedule.from_json(plan["schedule"] if plan else cfg["schedule"])
     run_sched = Schedule.from_json(cfg["schedule"])
+    layers = _run_layers(cfg, run_sched)  # a per-layer run: every re-count below costs each layer at its own bits
     w = plan["workload"] if plan else {}
     planned_steps = int(w.get("steps") or cfg["total_steps"])
     batch = int(w.get("batch_size") or settings.get("batch_size"))
@@ -183,8 +184,9 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
         # what ran, so the plan's op list costs both sides and executed == planned stays a comparison of the runs.
         prof = dataclasses.replace(prof, ops=plan_prof.ops)
         arrays = prof.arrays()
-    models_ragged, plan_est = _planned_estimate(plan, plan_prof, sched, planned_steps, batch, train_size)
-    exe = estimate(prof, steps, None)
+    models_ragged, plan_est = _planned_estimate(plan, plan_prof, sched, planned_steps, batch, train_size,
+                                                layers if sched == run_sched else None)
+    exe = estimate(prof, steps, None, layers=layers, layer_steps=planned_steps)
     trace_sum = _trace_bitops(steps)
     planned = plan_est["bitops"]
     executed_b = exe.bitops
@@ -236,7 +238,8 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
         if (hw.name, hw.content_hash) in seen:  # the plan's hardware by path and again by name
             continue
         seen.add((hw.name, hw.content_hash))
-        c = estimate(prof, steps, hw, per_layer=False, static_bits=sched.q_max)
+        c = estimate(prof, steps, hw, per_layer=False, static_bits=sched.q_max, layers=layers,
+                     layer_steps=planned_steps)
         pl, src = None, None
         if plan and hw.name == plan["hardware"].get("name") and hw.content_hash == plan["hardware"].get("hash"):
             pl = {"energy_j": _total(plan["estimate"].get("energy_j")),
@@ -244,7 +247,8 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
             src = "plan.json estimate"
         else:
             pc = estimate(plan_prof, sched, hw, steps=planned_steps, batch_size=batch, per_layer=False,
-                          dataset_size=train_size if models_ragged else None)
+                          dataset_size=train_size if models_ragged else None,
+                          layers=layers if sched == run_sched else None)
             pl = {"energy_j": pc.energy_j["total"], "latency_s": pc.latency_s["total"]}
             src = "cost model estimate of the planned schedule" if plan else "schedule estimate (no plan)"
         ex = {"energy_j": c.energy_j["total"], "latency_s": c.latency_s["total"]}
@@ -293,12 +297,24 @@ def _trace_bitops(steps: list[dict]) -> dict | None:
     return out
 
 
-def _planned_estimate(plan, plan_prof, sched, steps, batch, train_size) -> tuple[bool, dict]:
+def _run_layers(cfg: dict, schedule):
+    """A per-layer run's plan (config.json "layers", resolved again on its recorded layers), or None."""
+    rec = cfg.get("layers")
+    if not isinstance(rec, dict):
+        return None
+    from cptsim.cost.layerplan import layer_schedule_from_json
+
+    return layer_schedule_from_json({k: rec[k] for k in ("format", "rules", "model") if rec.get(k) is not None}) \
+        .resolve(schedule, list(cfg.get("quantized_layers") or []), list(cfg.get("fp_layers") or []))
+
+
+def _planned_estimate(plan, plan_prof, sched, steps, batch, train_size, layers=None) -> tuple[bool, dict]:
     """(whether the plan modelled the ragged last batch, the planned BitOPs and where they come from)."""
     from cptsim.cost.model import estimate
 
     def est(ds):
-        return estimate(plan_prof, sched, None, steps=steps, batch_size=batch, dataset_size=ds, per_layer=False)
+        return estimate(plan_prof, sched, None, steps=steps, batch_size=batch, dataset_size=ds, per_layer=False,
+                        layers=layers)
 
     ragged = est(train_size) if train_size else None
     if not plan:
