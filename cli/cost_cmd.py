@@ -43,17 +43,26 @@ dataset, the epoch size is that of the data there (a subset costs what training 
                    "loaded), else the dataset's full train split]; contradicting the data found is an error.")
 @click.option("--hw", "--hardware", "hw", default=DEFAULT_HW, show_default=True,
               help="Comma-separated hardware profiles (names or .toml paths).")
+@click.option("--number-format", "number_format", default="int", show_default=True,
+              help="Format family the schedule's widths name: int (CPT's integers, today's cost), fp (4 fp4e2m1, "
+                   "6 fp6e3m2, 8 fp8e4m3), mx (4 mxfp4, 6 mxfp6, 8 mxfp8), nvfp (4 nvfp4, 8 fp8e4m3); a width the "
+                   "family lacks takes the next wider format, 9..16 bf16 (cptsim.numerics.families).")
+@click.option("--grad-format", "grad_format", default=None,
+              help="Format of every gradient operand (e.g. fp8e5m2, mxfp8); needs a float --number-format.")
 @wide_option
 @json_option
 def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_layers, channels_last, optimizer,
-         quant_agg, schedule, steps, epochs, batch_size, dataset_size, hw, as_json) -> None:
+         quant_agg, schedule, steps, epochs, batch_size, dataset_size, hw, number_format, grad_format,
+         as_json) -> None:
     """Cost one precision schedule over a training run on several hardware profiles: BitOPs, energy, latency,
     and the saving over the static q_max schedule on each."""
     from cptsim.cost.model import estimate
     from cptsim.data import epoch_size
     from cptsim.cost.hardware import load_profile
     from cptsim.cost.schedules import parse_schedule
+    from cptsim.numerics.families import format_map
 
+    fmap = format_map(number_format, grad_format)
     sched = parse_schedule(schedule)
     if steps is not None and epochs is not None:
         raise InputError("give --steps or --epochs, not both")
@@ -68,6 +77,8 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
     if not names:
         raise InputError("--hw needs at least one hardware profile")
     profiles = [load_profile(n) for n in names]
+    for p in profiles:
+        p.with_formats(fmap)  # an integer-only accelerator refuses float formats before any work
     shape, classes, info = resolve_workload(model, dataset, data_dir, input_shape, num_classes, image_size)
     size_from = "--dataset-size" if dataset_size is not None else None
     if info is not None:
@@ -82,12 +93,14 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
     with err.status(f"profiling {model}: one training step on input {tuple(shape)} ..."):
         prof = build_profile(model, shape, classes, fp_layers, channels_last, info, dataset, optimizer, quant_agg)
     costs = [estimate(prof, sched, p, steps=steps, epochs=epochs, batch_size=batch_size, dataset_size=dataset_size,
-                      per_layer=False) for p in profiles]
+                      per_layer=False, formats=fmap) for p in profiles]
     first = costs[0]
     workload = {"model": model, "dataset": info.name if info is not None else dataset, "input_shape": list(shape),
                 "num_classes": classes, "schedule": sched.to_text(), "steps": first.steps, "samples": first.samples,
                 "batch_size": batch_size, "dataset_size": dataset_size,
                 "dataset_size_from": size_from, "static_bits": sched.q_max}
+    if fmap is not None:
+        workload["number_format"], workload["grad_format"] = fmap.family, fmap.grad_format
 
     mix = prof.op_mix()
     sureness = {p.name: time_sureness(p, prof, mix, c) for p, c in zip(profiles, costs)}
@@ -129,6 +142,17 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
                   si(speed["epoch_s"], "s") if speed["epoch_s"] is not None else "-", si(t_run, "s"),
                   si(c.energy_j["total"] / t_run, "W") if t_run > 0 else "-")
     print_table(s, drop=("avg power", "run time", "time/step"))
+    if fmap is not None:
+        used = first.formats["run"]
+        out.print(f"formats ({fmap.family}): " + ", ".join(f"{w} bits {n}" for w, n in used["forward"].items())
+                  + "; gradients " + ", ".join(f"{w} bits {n}" for w, n in used["gradient"].items()),
+                  highlight=False, markup=False)
+        for p, c in zip(profiles, costs):
+            tiers = c.formats.get("tiers")
+            if tiers:
+                out.print(f"{p.name} tiers: " + "; ".join(f"q{r['bits']}/g{r['grad_bits']} fwd {r['fwd']}, dgrad "
+                                                          f"{r['dgrad']}, wgrad {r['wgrad']}" for r in tiers),
+                          highlight=False, markup=False)
     for p in profiles:
         for line in sureness_lines(p.name, sureness[p.name]):
             out.print(line, highlight=False, markup=False)  # [validation] is text, not markup

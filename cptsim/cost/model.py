@@ -168,7 +168,7 @@ def bytes_moved(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray, q, g
     numel = np.asarray(numel, dtype=np.float64)
     calls = np.ones(numel.shape[0]) if calls is None else np.asarray(calls, dtype=np.float64)
     b_w, b_a, b_g = layer_bits(quantized, q, g, fp)
-    s_w, s_a, s_g = store(b_w), store(b_a), store(b_g)
+    s_w, s_a, s_g = store(b_w), store(b_a), getattr(store, "grad", store)(b_g)
     n = _col(np.asarray(batch, dtype=np.float64))
     w = numel[:, 0] * calls
     i = numel[:, 1] * n
@@ -228,7 +228,7 @@ def aggregation_bytes(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray
     macs = np.asarray(macs, dtype=np.float64)
     n = _col(np.asarray(batch, dtype=np.float64))
     b_w, b_a, b_g = layer_bits(quantized, q, g, fp)
-    s_a, s_g = store(b_a), store(b_g)
+    s_a, s_g = store(b_a), getattr(store, "grad", store)(b_g)
     out = getattr(store, "output", None)
     m_f = FP if out is None else out(np.maximum(b_w, b_a))
     m_d = FP if out is None else out(np.maximum(b_g, b_w))
@@ -269,8 +269,15 @@ def quant_elems(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray, q, g
     return np.stack((fwd, dgrad, wgrad), axis=-1)
 
 
-def storage_bits(hardware) -> Any:
-    """The function bits -> stored bits for a hardware profile (see the module docstring); packed when None."""
+def storage_bits(hardware, formats=None) -> Any:
+    """The function bits -> stored bits for a hardware profile (see the module docstring); packed when None.
+
+    ``formats`` (a float family's ``cptsim.numerics.families.FormatMap``; None: integers, as always): an operand
+    of width b is its format's, stored at the format's storage bits (scales amortised: MXFP4 4.25, NVFP4 4.5)
+    without hardware, and on a GPU view (``GPUProfile.with_formats``) where its tier runs the format natively,
+    else at the tier's width; the function's ``.grad`` gives a gradient operand's (``--grad-format``)."""
+    if formats is not None and (hardware is None or getattr(hardware, "format_storage_bits", None) is not None):
+        return _format_store(hardware, formats)
     if hardware is None:
         return _identity_bits
     kind = hardware.kind
@@ -293,6 +300,25 @@ def storage_bits(hardware) -> Any:
     if kind == "host":
         return lambda b: np.full(np.shape(b), FP)
     return _with_output_bits(hardware, _identity_bits)
+
+
+def _format_store(hardware, fmap):
+    if hardware is None:
+        def fwd(b):
+            return fmap.fwd_storage_bits[np.asarray(b).astype(np.int64)]
+
+        def grad(b):
+            return fmap.grad_storage_bits[np.asarray(b).astype(np.int64)]
+    else:
+        def fwd(b):
+            return hardware.format_storage_bits(b)
+
+        def grad(b):
+            return hardware.format_storage_bits(b, grad=True)
+
+        fwd.output = lambda b: hardware.compute_bits(b)
+    fwd.grad = grad
+    return fwd
 
 
 def _with_output_bits(hardware, store):
@@ -500,7 +526,18 @@ class _Totals:
     latency: np.ndarray | None
 
 
-def _kind_costs(a: ProfileArrays, hw, q: np.ndarray, g: np.ndarray, samples: np.ndarray) -> tuple:
+def _format_bitops(macs_k, quantized, q, g, fmap):
+    """BitOPs with a float family: MACs x the operands' *element* bits (``FormatMap``; the MX / NVFP4 block
+    scales' and per-tensor scales' work is not counted -- one scale multiply per 16 or 32 MACs of a block's dot
+    product, done in the MMA's FP32 accumulate path -- nor their storage here: memory traffic counts it)."""
+    b_w, _, b_g = layer_bits(quantized, q, g)
+    e_w = fmap.fwd_element_bits[b_w.astype(np.int64)]
+    e_g = fmap.grad_element_bits[b_g.astype(np.int64)]
+    e1, e2 = np.stack((e_w, e_g, e_g), axis=-1), np.stack((e_w, e_w, e_w), axis=-1)
+    return macs_k * e1 * e2
+
+
+def _kind_costs(a: ProfileArrays, hw, q: np.ndarray, g: np.ndarray, samples: np.ndarray, fmap=None) -> tuple:
     """ONE step of each of K kinds (q, g, samples): MACs, BitOPs, time and energy per layer and phase (K, L, 3),
     and the step's other ops (time, energy), each (K, 3); the hardware's entries None without a hardware (or, for
     the other ops, where its kind does not model them). Every formula is element-wise over the kinds, so a kind's
@@ -508,7 +545,7 @@ def _kind_costs(a: ProfileArrays, hw, q: np.ndarray, g: np.ndarray, samples: np.
     s = samples.astype(np.float64)[:, None, None]
     macs_k = a.macs[None] * s                                          # (K, L, 3)
     b1, b2 = phase_operands(a.quantized, q, g)                         # (K, L, 3)
-    bops = macs_k * b1 * b2
+    bops = macs_k * b1 * b2 if fmap is None else _format_bitops(macs_k, a.quantized, q, g, fmap)
     t = e = xt = xe = None
     if hw is not None:
         # AMP means AMP: a GPU step that computes in FP16 runs its full-precision layers in FP16 too, as autocast
@@ -518,7 +555,7 @@ def _kind_costs(a: ProfileArrays, hw, q: np.ndarray, g: np.ndarray, samples: np.
         if full is not None:
             b1, b2 = phase_operands(a.quantized, q, g, fp)
         opnd = getattr(a, "operand", None)
-        store = storage_bits(hw)
+        store = storage_bits(hw, fmap)
         nbytes = bytes_moved(a.numel, a.macs, a.quantized, q, g, samples, a.calls, store, opnd, fp)
         agg = getattr(a, "aggregation", None)
         agg = agg[:, None] if agg is not None and np.any(agg) else None
@@ -570,10 +607,12 @@ class StepCosts:
     and hardware, whose steps are of a few dozen kinds in all. A kind's numbers are the same whichever kinds were
     computed with it (``_kind_costs`` is element-wise over kinds), so a shared StepCosts changes no result."""
 
-    def __init__(self, layer_profile, hardware=None):
+    def __init__(self, layer_profile, hardware=None, formats=None):
         self.source = layer_profile
         self.arrays = _arrays(layer_profile)
         self.hardware = _hardware(hardware)
+        self.formats = formats   # a float family's FormatMap (cptsim.numerics.families), None for integers
+        self.priced = None if self.hardware is None else self.hardware.with_formats(formats)
         self._row: dict[tuple[int, int, int], int] = {}
         self._data: list | None = None
 
@@ -583,7 +622,7 @@ class StepCosts:
         new = [k for k in dict.fromkeys(kinds) if k not in self._row]
         if new:
             nq, ng, ns = (np.array(col, dtype=np.int64) for col in zip(*new))
-            fresh = _kind_costs(self.arrays, self.hardware, nq, ng, ns)
+            fresh = _kind_costs(self.arrays, self.priced, nq, ng, ns, self.formats)
             self._data = list(fresh) if self._data is None else \
                 [None if d is None else np.concatenate((d, f)) for d, f in zip(self._data, fresh)]
             base = len(self._row)
@@ -600,7 +639,7 @@ def _aggregate(a: ProfileArrays, h: _Hist, hw, costs: StepCosts | None = None) -
     """Sum over step kinds of count x (one step's cost), per layer and phase."""
     c = h.count.astype(np.float64)
     if costs is None:
-        macs_k, bops, t, e, xt, xe = _kind_costs(a, hw, h.q, h.g, h.samples)
+        macs_k, bops, t, e, xt, xe = _kind_costs(a, hw, h.q, h.g, h.samples)  # integers (StepCosts for formats)
     else:
         macs_k, bops, t, e, xt, xe = costs.take(h.q, h.g, h.samples)
     L = len(a)
@@ -714,9 +753,11 @@ class Cost:
     hardware: str = ""
     hardware_hash: str = ""
     workload: str = ""
+    formats: dict | None = None   # a float family's formats and, on a GPU, the tiers they ran on (_formats_ran)
 
     def to_json(self) -> dict:
-        return {
+        extra = {} if self.formats is None else {"formats": self.formats}
+        return {**extra,
             "bitops": self.bitops, "macs": self.macs, "energy_j": self.energy_j, "latency_s": self.latency_s,
             "steps": self.steps, "samples": self.samples, "relative_to_fp32": self.relative_to_fp32,
             "relative_to_static": self.relative_to_static, "vs_static": self.vs_static, "baseline": self.baseline,
@@ -725,17 +766,35 @@ class Cost:
         }
 
 
+def _formats_ran(fmap, hw, hist: _Hist, based: _Hist) -> dict:
+    """What ``Cost.formats`` holds: the family, the gradient format, the formats each width of the run and of its
+    baseline named, and on a GPU the tier each step kind's quantized GEMMs ran on, per phase."""
+    out = {**fmap.to_json(), "run": fmap.used(hist.q, hist.g), "baseline": fmap.used(based.q, based.g)}
+    if hw is not None and hasattr(hw, "tier_index"):
+        names = hw._tier_names
+        kinds = sorted(set(zip(np.concatenate((hist.q, based.q)).tolist(), np.concatenate((hist.g, based.g)).tolist())))
+        rows = []
+        for q, g in kinds:
+            b1, b2 = phase_operands(np.array([True]), q, g)
+            tiers = hw.tier_index(b1[0], b2[0])
+            rows.append({"bits": q, "grad_bits": g, **{p: names[int(t)] for p, t in zip(PHASES, tiers)}})
+        out["tiers"] = rows
+    return out
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b else (1.0 if a == b else math.inf)
 
 
 def _prepare(layer_profile, schedule_or_trace, hardware, steps, batch_size, dataset_size, epochs, static_bits,
-             step_costs, step_kinds):
+             step_costs, step_kinds, formats=None):
     """``estimate``'s inputs checked: (arrays, hardware, histogram, static bits, workload text, StepCosts holding
     the kinds of the run and of its static baseline)."""
     if step_costs is not None:
         if step_costs.source is not layer_profile or step_costs.hardware is not _hardware(hardware):
             raise ValueError("step_costs belongs to another layer profile or hardware")
+        if step_costs.formats is not formats:
+            raise ValueError("step_costs was made for other number formats")
         arrays, hw = step_costs.arrays, step_costs.hardware
     else:
         arrays = _arrays(layer_profile)
@@ -772,7 +831,7 @@ def _prepare(layer_profile, schedule_or_trace, hardware, steps, batch_size, data
         workload = "trace"
     static = int(_check_bits_array(np.array([static]), "static bits")[0])
 
-    costs = step_costs if step_costs is not None else StepCosts(arrays, hw)
+    costs = step_costs if step_costs is not None else StepCosts(arrays, hw, formats)
     based = hist.with_q(static)
     costs.rows(np.concatenate((hist.q, based.q)), np.concatenate((hist.g, based.g)),
                np.concatenate((hist.samples, based.samples)))   # both runs' kinds in one batch
@@ -782,7 +841,8 @@ def _prepare(layer_profile, schedule_or_trace, hardware, steps, batch_size, data
 def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None = None,
              batch_size: int | None = None, dataset_size: int | None = None, per_layer: bool = True,
              epochs: int | None = None, static_bits: int | None = None, step_costs: StepCosts | None = None,
-             step_kinds: tuple | None = None, layers=None, layer_steps: int | None = None) -> Cost:
+             step_kinds: tuple | None = None, layers=None, layer_steps: int | None = None,
+             formats=None) -> Cost:
     """Cost of a whole run on ``hardware`` (a HardwareProfile, a profile name or path; None: BitOPs only).
 
     ``schedule_or_trace``: a ``Schedule`` run for ``steps`` steps of ``batch_size`` (or ``epochs`` epochs of
@@ -800,10 +860,14 @@ def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None 
     whole-model estimate at its own schedule, the step's other ops (a GPU's op list) those of the global schedule
     (``_layer_totals``); the baseline stays the whole model at static q_max. For a trace, ``layer_steps`` is the run's
     planned length T (a layer's bits at step t are its schedule's over T steps, t from the trace's "step").
+
+    ``formats``: a float family's ``FormatMap`` (``cptsim.numerics.families.format_map``): every width names a
+    format (BitOPs at element bits, bytes at storage bits, a GPU's tier by format: ``GPUProfile.with_formats``);
+    the Cost then names the formats that ran (``Cost.formats``). None: integers, today's numbers unchanged.
     """
     arrays, hw, hist, based, static, workload, costs = _prepare(
         layer_profile, schedule_or_trace, hardware, steps, batch_size, dataset_size, epochs, static_bits, step_costs,
-        step_kinds)
+        step_kinds, formats)
     if layers is not None:
         tot = _layer_totals(arrays, hw, costs, schedule_or_trace, hist, layers, layer_steps,
                              batch_size, dataset_size, step_kinds)
@@ -838,19 +902,19 @@ def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None 
         relative_to_fp32=_ratio(bitops_d["total"], macs_d["total"] * FP * FP),
         relative_to_static=vs_static["bitops"], vs_static=vs_static, baseline=baseline,
         hardware=hw.name if hw is not None else "", hardware_hash=getattr(hw, "content_hash", "") if hw else "",
-        workload=workload,
+        workload=workload, formats=None if formats is None else _formats_ran(formats, costs.priced, hist, based),
     )
 
 
 def estimate_totals(layer_profile, schedule_or_trace, hardware=None, steps: int | None = None,
                     batch_size: int | None = None, dataset_size: int | None = None, epochs: int | None = None,
                     step_costs: StepCosts | None = None, step_kinds: tuple | None = None, layers=None,
-                    layer_steps: int | None = None) -> dict:
+                    layer_steps: int | None = None, formats=None) -> dict:
     """{"bitops", "energy_j", "latency_s"}: the totals of ``estimate`` (the very numbers: the same sums), without
     its baseline, per-phase and per-layer parts (energy and latency None without a hardware). Arguments as for
     ``estimate``; the planner re-costs its alternatives with it."""
     arrays, hw, hist, _, _, _, costs = _prepare(layer_profile, schedule_or_trace, hardware, steps, batch_size,
-                                                dataset_size, epochs, None, step_costs, step_kinds)
+                                                dataset_size, epochs, None, step_costs, step_kinds, formats)
     if layers is not None:
         tot = _layer_totals(arrays, hw, costs, schedule_or_trace, hist, layers, layer_steps,
                              batch_size, dataset_size, step_kinds)

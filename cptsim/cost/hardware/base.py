@@ -242,6 +242,12 @@ class HardwareProfile:
         """How a (b1, b2) GEMM runs here, in a few words (the GPU tier, the passes...)."""
         return ""
 
+    def with_formats(self, fmap) -> "HardwareProfile":
+        """This profile pricing the float formats of ``fmap`` (``cptsim.numerics.families.FormatMap``; None: the
+        integer family, this very profile). Kinds that price formats (gpu) return a view; the host, which fake-
+        quantizes in FP32 whatever the format, prices them as it prices integers; integer-only kinds refuse."""
+        return self
+
     def time_validation(self, op_mix: list[str] | None = None) -> dict:
         """How sure this profile's times are: its [validation] (what they were checked on, median and worst
         |error|, held out or in-sample) and whether that set covered ``op_mix`` (``LayerProfile.op_mix``); a
@@ -345,6 +351,14 @@ class _AcceleratorProfile(HardwareProfile):
         Read by ``cptsim.cost.storage_bits``; weight gradients are written at 32 bits whatever this says."""
         return Field("output_bits", "store", 'width of activations / errors written to DRAM: bits, or "operand" '
                      f"(default {default}: {why})", default)
+
+    def with_formats(self, fmap) -> "HardwareProfile":
+        """Integer datapaths only (Bit Fusion's bricks, a bit-serial array, a fixed-width int array): a float
+        format family is refused, one line."""
+        if fmap is None:
+            return self
+        raise InputError(f"{self.name} ({self.kind}) computes integers only: --number-format {fmap.family} "
+                         "(float formats) cannot run on it; use --number-format int or a gpu profile")
 
     def _derive(self) -> None:
         self._freq = self.params["frequency_mhz"] * 1e6

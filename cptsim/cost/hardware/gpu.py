@@ -57,6 +57,45 @@ def gpu_tier_index(bmax, narrow_bits, narrow_index, fp32_index):
     return lookup[pos]
 
 
+# Widths up to this many bits name a float family's low-precision formats (fp4..fp8, MX, NVFP4); wider ones are
+# bf16/fp16 (the fp16 tier) or fp32, which run as they always have.
+FORMAT_TIER_MAX_BITS = 8
+
+
+def _float_tier(t: dict) -> bool:
+    """A tier that runs floats: it lists a float format, or lists none and its name does not begin with "int"."""
+    f = t.get("formats")
+    if f is None:
+        return not str(t["name"]).lower().startswith("int")
+    return any(not n.startswith("int") for n in f)
+
+
+def _width_tier(t: dict) -> bool:
+    """A tier that the integer width path (``gpu_tier_index``) may pick: every tier except those that list only
+    float formats (an FP8 tier beside an int8 tier must not move today's integer costs)."""
+    f = t.get("formats")
+    return f is None or any(n.startswith("int") for n in f)
+
+
+def _tier_formats(chk: _Checker, v, where: str, bits: int) -> list[str]:
+    """A tier's ``formats``: names of the format registry (``cptsim.numerics.formats``) no wider than the tier."""
+    from cptsim.errors import InputError
+    from cptsim.numerics.formats import parse_format
+
+    if not isinstance(v, list) or not v or not all(isinstance(n, str) for n in v):
+        chk.fail(f"{where} must be a non-empty list of format names, e.g. [\"fp8e4m3\", \"fp8e5m2\"], got {v!r}")
+    out = []
+    for n in v:
+        try:
+            f = parse_format(n)
+        except InputError as e:
+            chk.fail(f"{where}: {e}")
+        if f.element_bits > bits:
+            chk.fail(f"{where}: {f.name} has {f.element_bits}-bit elements, wider than the tier's {bits} bits")
+        out.append(f.name)
+    return out
+
+
 @register
 class GPUProfile(HardwareProfile):
     """``gpu``: precision tiers with published dense peak rates.
@@ -146,17 +185,20 @@ class GPUProfile(HardwareProfile):
             where = f"gpu.tiers[{i}]"
             if not isinstance(t, dict):
                 chk.fail(f"{where} must be a table {{name, bits, peak_ops, unit}}, got {t!r}")
-            tier = chk.fields(t, cls.TIER, where)
+            tier = chk.fields(t, cls.TIER, where, nested=("formats",))
             if tier["unit"] not in ("TOPS", "TFLOPS"):
                 chk.fail(f'{where}.unit must be "TOPS" or "TFLOPS" (1e12 ops/s), got {tier["unit"]!r}')
+            if "formats" in t:  # kept only where given, so a file without it reads back as it always did
+                tier["formats"] = _tier_formats(chk, t["formats"], f"{where}.formats", tier["bits"])
             tiers.append(tier)
         names = [t["name"] for t in tiers]
         for i, n in enumerate(names):
             if n in names[:i]:
                 chk.fail(f"gpu.tiers[{i}].name {n!r} is used twice")
-        narrow = [t["bits"] for t in tiers if t["bits"] < FULL_PRECISION_BITS]
+        narrow = [t["bits"] for t in tiers if t["bits"] < FULL_PRECISION_BITS and _width_tier(t)]
         if len(set(narrow)) != len(narrow):
-            chk.fail("gpu.tiers: two tiers narrower than 32 bits have the same width (which one would run?)")
+            chk.fail("gpu.tiers: two tiers narrower than 32 bits have the same width (which one would run?); "
+                     "a float-format tier (one whose formats list only float formats) may share a width")
         wide = [t["name"] for t in tiers if t["bits"] == FULL_PRECISION_BITS]
         fp32 = params["fp32_tier"]
         if fp32 is None:
@@ -186,21 +228,109 @@ class GPUProfile(HardwareProfile):
         self._tier_mac_rate = np.array([t["peak_ops"] * 1e12 / 2.0 for t in tiers])
         self._tier_eff = np.array([t.get("efficiency", 1.0) for t in tiers])
         self._tier_bits = np.array([t["bits"] for t in tiers], dtype=np.int64)
-        order = sorted((t["bits"], i) for i, t in enumerate(tiers) if t["bits"] < FULL_PRECISION_BITS)
+        order = sorted((t["bits"], i) for i, t in enumerate(tiers)
+                       if t["bits"] < FULL_PRECISION_BITS and _width_tier(t))
         self._narrow_bits = np.array([b for b, _ in order], dtype=np.int64)
         self._narrow_index = np.array([i for _, i in order], dtype=np.int64)
         self._fp32_index = self._tier_names.index(self.params["fp32_tier"])
         self._fp32_matmul_index = self._tier_names.index(self.params["fp32_matmul_tier"])
         self._tier_names_arr = np.array(self._tier_names)
+        # width order of the tiers (ties: the order in the file), for "the wider of two operands' tiers"
+        self._tier_rank = np.empty(len(tiers), dtype=np.int64)
+        self._tier_rank[[i for _, i in sorted((t["bits"], i) for i, t in enumerate(tiers))]] = np.arange(len(tiers))
         self._bandwidth = self.params["bandwidth_gb_s"] * 1e9
 
     def tier_index(self, b1, b2, matmul=None) -> np.ndarray:
         """The tier a GEMM with operands (b1, b2) runs on; an FP32 one on ``fp32_tier`` if a convolution,
-        on ``fp32_matmul_tier`` where ``matmul`` is true (a Linear layer or attention matmul)."""
+        on ``fp32_matmul_tier`` where ``matmul`` is true (a Linear layer or attention matmul). In a view for a
+        float format family (``with_formats``), widths up to 8 bits name formats: each operand's format tier
+        (``format_tier``), the pair on the wider of the two."""
         i = gpu_tier_index(np.maximum(b1, b2), self._narrow_bits, self._narrow_index, self._fp32_index)
+        fw = getattr(self, "_fmt_width_tier", None)
+        if fw is not None:
+            b1i = np.asarray(b1).astype(np.int64)
+            b2i = np.asarray(b2).astype(np.int64)
+            small = (b1i <= FORMAT_TIER_MAX_BITS) & (b2i <= FORMAT_TIER_MAX_BITS)
+            t1 = fw[np.minimum(b1i, FORMAT_TIER_MAX_BITS)]
+            t2 = fw[np.minimum(b2i, FORMAT_TIER_MAX_BITS)]
+            wider = np.where(self._tier_rank[t1] >= self._tier_rank[t2], t1, t2)
+            i = np.where(small, wider, i)
         if matmul is None:
             return i
         return np.where(np.asarray(matmul, dtype=bool) & (i == self._fp32_index), self._fp32_matmul_index, i)
+
+    # -- number formats (issue 26): tiers that list the formats they run ------------------------------------------
+
+    def tier_formats(self, i: int) -> tuple[str, ...] | None:
+        """The formats tier ``i`` lists (``formats`` in the file), or None where it lists none."""
+        f = self.params["tiers"][i].get("formats")
+        return None if f is None else tuple(f)
+
+    def format_tier(self, fmt) -> int:
+        """The tier a GEMM whose operands are both in ``fmt`` (a ``cptsim.numerics.formats.Format`` or name) runs on:
+        the narrowest tier that lists it; else (a format this GPU has no tier for: FP8 on an A100, MXFP4 on an
+        H100) the narrowest float tier at least as wide as its elements -- the next wider tier, as an int4 GEMM
+        runs on an H100's int8 tier. A float tier lists float formats, or lists none and is not named int*.
+        Integer formats take the width path (``tier_index``); 16- and 32-bit floats too (bf16/fp16 on the fp16
+        tier, fp32 on ``fp32_tier``), as today."""
+        from cptsim.numerics.formats import parse_format
+
+        f = parse_format(fmt)
+        base = f.name.split(":")[0]
+        if f.family == "int" or f.element_bits > FORMAT_TIER_MAX_BITS:
+            return int(gpu_tier_index(f.element_bits, self._narrow_bits, self._narrow_index, self._fp32_index))
+        tiers = self.params["tiers"]
+        listing = [i for i, t in enumerate(tiers) if base in (t.get("formats") or ())]
+        if listing:
+            return min(listing, key=lambda i: self._tier_rank[i])
+        wider = [i for i, t in enumerate(tiers) if _float_tier(t) and t["bits"] >= f.element_bits]
+        if not wider:
+            return self._fp32_index
+        return min(wider, key=lambda i: self._tier_rank[i])
+
+    def runs_natively(self, fmt) -> bool:
+        """Whether ``fmt``'s GEMMs run on a tier that lists it (so its operands stay in its storage bits)."""
+        from cptsim.numerics.formats import parse_format
+
+        f = parse_format(fmt)
+        return f.name.split(":")[0] in (self.tier_formats(self.format_tier(f)) or ())
+
+    def with_formats(self, fmap) -> "GPUProfile":
+        """A copy of this profile whose widths up to 8 bits name the formats of ``fmap``
+        (``cptsim.numerics.families.FormatMap``): a width's tier is its format's (``format_tier``), the wider of
+        the forward and the gradient format's where they differ at one width (conservative: one width, one tier),
+        and an operand is stored at its format's storage bits where that tier lists the format, else at the
+        tier's width (an upcast, as an int4 tensor on an H100 is stored in int8). None: this profile."""
+        if fmap is None:
+            return self
+        view = dataclasses.replace(self)
+        fw = np.zeros(FORMAT_TIER_MAX_BITS + 1, dtype=np.int64)
+        store_f = np.array(fmap.fwd_storage_bits[:FORMAT_TIER_MAX_BITS + 1], dtype=np.float64)
+        store_g = np.array(fmap.grad_storage_bits[:FORMAT_TIER_MAX_BITS + 1], dtype=np.float64)
+        for w in range(1, FORMAT_TIER_MAX_BITS + 1):
+            tf, tg = self.format_tier(fmap.fwd_names[w]), self.format_tier(fmap.grad_names[w])
+            fw[w] = tf if self._tier_rank[tf] >= self._tier_rank[tg] else tg
+            if not self.runs_natively(fmap.fwd_names[w]):
+                store_f[w] = self._tier_bits[tf]
+            if not self.runs_natively(fmap.grad_names[w]):
+                store_g[w] = self._tier_bits[tg]
+        fw[0] = fw[1]
+        view._fmt_width_tier = fw
+        view._fmt_storage = (store_f, store_g)
+        view._fmt_map = fmap
+        return view
+
+    def format_storage_bits(self, b, grad: bool = False) -> np.ndarray | None:
+        """In a format view: the bits an operand of width ``b`` is stored in (its format's storage bits where its
+        tier runs it natively, else the tier's width; wider than 8 bits: the tier's width, as today); None
+        outside a view."""
+        fs = getattr(self, "_fmt_storage", None)
+        if fs is None:
+            return None
+        b = np.asarray(b).astype(np.int64)
+        tier_bits = self._tier_bits[self.tier_index(b, b)].astype(np.float64)
+        s = fs[1 if grad else 0][np.minimum(b, FORMAT_TIER_MAX_BITS)]
+        return np.where(b <= FORMAT_TIER_MAX_BITS, s, tier_bits)
 
     def allow_tf32_matmul(self) -> "GPUProfile":
         """A copy of this profile for a run whose FP32 matmuls may use TF32
