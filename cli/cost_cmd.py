@@ -31,6 +31,10 @@ where the GPU has it (cuDNN's default), FP32 matmuls on strict FP32 (torch.backe
 False by default). "saving" = 1 - cost / cost of the static q_max run with the same gradient bits.
 With a known epoch size the ragged last batch of every epoch is costed exactly; with --data-dir holding the
 dataset, the epoch size is that of the data there (a subset costs what training on it costs).
+--number-format fp|mx|nvfp makes every width name a float format (mx: 4 MXFP4, 6 MXFP6, 8 MXFP8; a width the family
+lacks takes the next wider format): BitOPs count element bits, memory traffic storage bits (MXFP4 4.25, NVFP4 4.5),
+and a GPU runs each GEMM on the narrowest tier listing both operands' formats, a format it has no tier for on the
+next wider one (FP8 on an A100: FP16). Bit Fusion, Stripes and the int8 array compute integers only and refuse it.
 """
 
 

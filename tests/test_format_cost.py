@@ -120,3 +120,12 @@ def test_accelerators_refuse_a_format_map_directly():
         with pytest.raises(InputError):
             load_profile(name).with_formats(format_map("mx"))
         assert load_profile(name).with_formats(None) is not None
+
+
+@pytest.mark.parametrize("name,rate", [("h200", 1979 * 0.716), ("mi300x", 2614.9), ("l40s", 733), ("rtx4090", 330.3)])
+def test_fp8_tiers_of_the_fp8_gpus(name, rate):
+    hw = load_profile(name)
+    v = hw.with_formats(format_map("fp", "fp8e5m2"))
+    assert v._tier_names[int(v.tier_index(8, 8))] == "fp8"
+    assert float(v.gemm_cost(1e15, 8, 8, 0.0)[0]) == pytest.approx(1e15 / (rate * 1e12 / 2))
+    assert hw._tier_names[int(hw.tier_index(8, 8))] == "int8"  # integer widths keep their int8 tier
