@@ -192,6 +192,8 @@ def load_measurements(workload, db=None, evidence=None) -> Measurements:
     from .evidence import need_evidence
 
     rows, key, path = need_evidence(evidence, "--quality db").measurements(measured_workload(workload), db)
+    # a per-layer run (issue 27) is not a run of its global schedule: the uniform model cannot take it
+    rows = uniform_rows(rows)
     if _is_text(workload.dataset):
         measure = {"key": "val_loss", "name": "validation loss per token (log perplexity)",
                    "higher_is_better": False}
@@ -202,6 +204,12 @@ def load_measurements(workload, db=None, evidence=None) -> Measurements:
         used = [(r["schedule"], float(r["val_acc"])) for r in rows if _finite(r.get("val_acc"))]
     return Measurements(schedules=[s for s, _ in used], values=[v for _, v in used], measure=measure,
                         workload_key=key, db=path, without_validation=len(rows) - len(used))
+
+
+def uniform_rows(rows: list[dict]) -> list[dict]:
+    """The rows of runs whose every quantized layer followed the row's schedule (not a per-layer plan, whose rules
+    the row's ``extra["layers"]`` holds)."""
+    return [r for r in rows if not (r.get("extra") or {}).get("layers")]
 
 
 def _finite(v) -> bool:

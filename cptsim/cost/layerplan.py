@@ -44,7 +44,7 @@ from cptsim.errors import InputError
 from .schedules import FULL_PRECISION, Schedule
 
 __all__ = ["LAYERS_FORMAT", "LayerRule", "LayerSchedule", "ResolvedLayers", "parse_rule", "parse_layer_text",
-           "read_layer_schedule", "layer_schedule_from_json"]
+           "read_layer_schedule", "layer_schedule_from_json", "layers_of_run"]
 
 LAYERS_FORMAT = "cptsim.layers/1"
 RULE_FORM = "PATTERN=QMIN-QMAX | PATTERN=+K | PATTERN=-K | PATTERN=Q"
@@ -256,3 +256,14 @@ class ResolvedLayers:
     def eval_bits(self, name: str, eval_bits: int | None) -> int:
         """The bits a layer is evaluated at: ``eval_bits`` when given, else its own schedule's q_max."""
         return self.schedule_of(name).q_max if eval_bits is None else eval_bits
+
+
+def layers_of_run(cfg: dict, schedule) -> "ResolvedLayers | None":
+    """A finished or running run's per-layer plan: config.json's ``layers`` resolved again on the run's recorded
+    quantized and full-precision layers over its global ``schedule``; None for a run without one. What the report
+    and the results database re-count a per-layer run's trace with (its layers at their own bits)."""
+    rec = cfg.get("layers")
+    if not isinstance(rec, dict):
+        return None
+    return layer_schedule_from_json({k: rec[k] for k in ("format", "rules", "model") if rec.get(k) is not None}) \
+        .resolve(schedule, list(cfg.get("quantized_layers") or []), list(cfg.get("fp_layers") or []))

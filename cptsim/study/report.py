@@ -299,13 +299,9 @@ def _trace_bitops(steps: list[dict]) -> dict | None:
 
 def _run_layers(cfg: dict, schedule):
     """A per-layer run's plan (config.json "layers", resolved again on its recorded layers), or None."""
-    rec = cfg.get("layers")
-    if not isinstance(rec, dict):
-        return None
-    from cptsim.cost.layerplan import layer_schedule_from_json
+    from cptsim.cost.layerplan import layers_of_run
 
-    return layer_schedule_from_json({k: rec[k] for k in ("format", "rules", "model") if rec.get(k) is not None}) \
-        .resolve(schedule, list(cfg.get("quantized_layers") or []), list(cfg.get("fp_layers") or []))
+    return layers_of_run(cfg, schedule)
 
 
 def _planned_estimate(plan, plan_prof, sched, steps, batch, train_size, layers=None) -> tuple[bool, dict]:

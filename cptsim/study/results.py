@@ -339,11 +339,16 @@ def run_row(run_dir, source: str = "train") -> dict:
     metrics = [m for m in run.read_metrics().records if isinstance(m.get("test_acc"), (int, float))]
     last = [m for m in metrics if m.get("step") == total][-1]
     sched = Schedule.from_json(cfg["schedule"])
+    # a per-layer run: its layers re-counted at the bits each held (the trace's bits are the global schedule's)
+    from cptsim.cost.layerplan import layers_of_run
+
+    layers = layers_of_run(cfg, sched)
     executed = run.read_executed()
     prof = run.read_profile()
     bitops = static = rel = None
     if executed.records and prof is not None:
-        c = estimate(prof, executed.records, None, static_bits=sched.q_max)
+        c = estimate(prof, executed.records, None, static_bits=sched.q_max, layers=layers,
+                     layer_steps=total if layers is not None else None)
         bitops = float(c.bitops["total"])
         static = float(c.baseline["bitops"]["total"]) if c.baseline else None
         rel = c.relative_to_static
@@ -367,6 +372,8 @@ def run_row(run_dir, source: str = "train") -> dict:
                   "train_loss": last.get("train_loss"), "train_acc": last.get("train_acc"),
                   "train_time_s": round(sum(r.get("time_s", 0.0) for r in executed.records), 3),
                   "data_dir": cfg["settings"].get("data_dir")}
+                 # a per-layer run's rules: its schedule column is the global schedule alone
+                 | ({"layers": layers.rules.to_text()} if layers is not None else {})
                  # language models: perplexity (lower is better) is their measure; test_acc is next-token accuracy
                  | {k: last[k] for k in ("test_ppl", "val_ppl", "test_bpc", "val_loss") if k in last},
     }
