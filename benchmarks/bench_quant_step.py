@@ -63,6 +63,9 @@ class _CopyQuantizers:
             return out.copy_(x)
 
         self.saved = {n: getattr(ckernels, n) for n in self.NAMES}
+        # the floor is the fake-quant path's: the exact integer GEMMs (cptsim.numerics.exact_gemm) need real codes
+        self.exact_env = os.environ.get("CPTSIM_EXACT_GEMM")
+        os.environ["CPTSIM_EXACT_GEMM"] = "0"
         ckernels.fake_quant_rtn_tracked = lambda x, lo, hi, count, qmax, m, slot=None: (copy(x, slot), 0.0, 1.0)
         ckernels.fake_quant_rtn = lambda x, lo, hi, qmax, slot=None: copy(x, slot)
         ckernels.fake_quant_sr = lambda x, qmax, generator=None, slot=None: copy(x, slot)
@@ -73,6 +76,10 @@ class _CopyQuantizers:
     def __exit__(self, *exc):
         for n, f in self.saved.items():
             setattr(self.module, n, f)
+        if self.exact_env is None:
+            os.environ.pop("CPTSIM_EXACT_GEMM", None)
+        else:
+            os.environ["CPTSIM_EXACT_GEMM"] = self.exact_env
 
 
 def _self_times(model, opt, x, y) -> dict[str, float]:

@@ -256,7 +256,7 @@ def test_min_max_is_torch_aminmax(n):
 
 
 @pytest.mark.parametrize("kind", ["conv", "conv-strided-grouped", "linear-3d"])
-def test_training_forward_in_one_call_matches_the_torch_ops(kind):
+def test_training_forward_in_one_call_matches_the_torch_ops(kind, monkeypatch):
     """A quantized layer in training with the kernels -- one autograd node (layers._QuantLayerCPU): range, running
     range and quantization in one C call, the op's backward called directly -- against the same layer with
     CPTSIM_CKERNELS=0 (torch.aminmax, torch's running-average ops, the eager quantizer, autograd's own nodes):
@@ -270,6 +270,8 @@ def test_training_forward_in_one_call_matches_the_torch_ops(kind):
 
     from cptsim.numerics.layers import quantize_model
 
+    # the one-node FP32 fake-quant path (a linear layer would take the exact int8 path otherwise: test_exact_gemm)
+    monkeypatch.setenv("CPTSIM_EXACT_GEMM", "0")
     torch.manual_seed(0)
     fast, shape = {
         "conv": (torch.nn.Conv2d(4, 6, 3, padding=1), (8, 4, 16, 16)),

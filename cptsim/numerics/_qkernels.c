@@ -328,3 +328,34 @@ void cpt_fq_sr_auto(const float *x, float *out, int64_t n, float qmax, uint32_t 
 
 /* The range alone (for the tests: the same as torch.aminmax). */
 void cpt_minmax(const float *x, int64_t n, float *lohi, int threads) { minmax(x, n, threads, lohi, lohi + 1); }
+
+/* Exact integer GEMMs (cptsim.numerics.exact_gemm). The int8 codes k - 128 of a fake-quantized q = (k - zp) * s,
+ * b <= 8 bits, rows x cols dense: q * inv + (zp + 0.5) is within 1e-4 of k + 0.5 > 0, so truncation gives k. One
+ * (inv, zpa = zp + 0.5) for all rows (per_row = 0) or one per row. */
+void cpt_codes(const float *q, int8_t *out, int64_t rows, int64_t cols, const float *inv, const float *zpa,
+               int per_row, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows * cols >= PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float iv = inv[per_row ? r : 0], za = zpa[per_row ? r : 0];
+        const float *restrict s = q + r * cols;
+        int8_t *restrict d = out + r * cols;
+        for (int64_t c = 0; c < cols; c++) d[c] = (int8_t)((int32_t)(s[c] * iv + za) - 128);
+    }
+}
+
+/* The epilogue of an exact integer GEMM: y[i, c] = (float)(p[i, c] + r[i] * o[c] + u[c]) * s[c] (+ b[c]), the
+ * bracket in int32 (exact: the caller bounds it), then one rounding to float32, one scaling, one bias add. */
+void cpt_int_epilogue(const int32_t *p, float *y, int64_t rows, int64_t cols, const int32_t *r, const int32_t *o,
+                      const int32_t *u, const float *s, const float *b, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows * cols >= PAR_MIN)
+    for (int64_t i = 0; i < rows; i++) {
+        const int32_t ri = r[i];
+        const int32_t *restrict pi = p + i * cols;
+        float *restrict yi = y + i * cols;
+        if (b) {
+            for (int64_t c = 0; c < cols; c++) yi[c] = (float)(pi[c] + ri * o[c] + u[c]) * s[c] + b[c];
+        } else {
+            for (int64_t c = 0; c < cols; c++) yi[c] = (float)(pi[c] + ri * o[c] + u[c]) * s[c];
+        }
+    }
+}

@@ -106,8 +106,10 @@ def _build() -> ctypes.CDLL:
     lib.cpt_minmax.argtypes = [p, i64, p, i32]
     lib.cpt_uniform_bytes.argtypes = [p, i64, u32, u32, u32]
     lib.cpt_philox4x32_10.argtypes = [p, p, p]
+    lib.cpt_codes.argtypes = [p, p, i64, i64, p, p, i32, i32]
+    lib.cpt_int_epilogue.argtypes = [p, p, i64, i64, p, p, p, p, p, i32]
     for fn in (lib.cpt_fq_rtn, lib.cpt_fq_rtn_rows, lib.cpt_fq_sr_auto, lib.cpt_fq_rtn_tracked,
-               lib.cpt_minmax, lib.cpt_uniform_bytes, lib.cpt_philox4x32_10):
+               lib.cpt_minmax, lib.cpt_uniform_bytes, lib.cpt_philox4x32_10, lib.cpt_codes, lib.cpt_int_epilogue):
         fn.restype = None
     return lib
 
@@ -253,6 +255,25 @@ def fake_quant_sr(x: torch.Tensor, qmax: int, generator: torch.Generator | None 
     (k0, k1), stream = _key_and_stream(generator)
     x, out = _dense_in_out(x, slot)  # last: no small tensor is born above the output on the heap
     _lib.cpt_fq_sr_auto(x.data_ptr(), out.data_ptr(), x.numel(), float(qmax), k0, k1, stream, torch.get_num_threads())
+    return out
+
+
+def codes(q: torch.Tensor, inv: torch.Tensor, zpa: torch.Tensor) -> torch.Tensor:
+    """int8 ``k - 128`` of a fake-quantized 2-D ``q`` (cptsim.numerics.exact_gemm.codes in one pass): ``inv`` and
+    ``zpa`` (= zp + 0.5) float32, one element or one per row."""
+    q = q if q.is_contiguous() else q.contiguous()
+    out = torch.empty(q.shape, dtype=torch.int8)
+    inv, zpa = inv.float().contiguous(), zpa.float().contiguous()
+    _lib.cpt_codes(q.data_ptr(), out.data_ptr(), q.shape[0], q.shape[1], inv.data_ptr(), zpa.data_ptr(),
+                   int(inv.numel() > 1), torch.get_num_threads())
+    return out
+
+
+def int_epilogue(p: torch.Tensor, r: torch.Tensor, o: torch.Tensor, u: torch.Tensor, s: torch.Tensor,
+                 b: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    """out = float(p + r o^T + u) * s (+ b): p (M, N) int32 dense, r (M,), o, u (N,) int32, s, b (N,) float32."""
+    _lib.cpt_int_epilogue(p.data_ptr(), out.data_ptr(), p.shape[0], p.shape[1], r.data_ptr(), o.data_ptr(),
+                          u.data_ptr(), s.data_ptr(), None if b is None else b.data_ptr(), torch.get_num_threads())
     return out
 
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from cptsim.errors import InputError
 from cptsim.numerics import ckernels
+from . import exact_gemm
 from .graph_layers import AggregationQuantizer, check_has_aggregation, quantize_aggregations, unquantized_parameters
 from .quant import FULL_PRECISION, check_bits, qrange, quantize_activation, quantize_error, quantize_weight
 from .quant import QuantActivationSTE as _QuantInput  # per-tensor fake quantization, straight-through gradient
@@ -97,6 +98,58 @@ class _QuantLayerCPU(torch.autograd.Function):
         xq = quantize_activation(x, *ctx.range, ctx.bits, scratch="act")  # forward's Qa(x), bit for bit
         need = ctx.needs_input_grad
         gx, gw, gb = ctx.layer._op_backward(grad, xq, ctx.wq, (need[0], need[1], ctx.has_bias and need[2]))
+        return gx, gw, gb, None, None, None
+
+
+class _ExactLinearCPU(torch.autograd.Function):
+    """_QuantLayerCPU for a linear layer with the exact integer GEMMs of cptsim.numerics.exact_gemm: the same
+    quantizer calls in the same order (so the same random stream), the forward GEMM and (at gradient bits <= 8)
+    wgrad as int8 ``torch._int_mm`` with the scales and offsets factored out, dgrad on the fake-quantized values as
+    today. Used only when ``_QuantLinearMixin._exact`` says so (CPU training, bits <= 8, CPTSIM_EXACT_GEMM not 0)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer, bits, grad_bits):
+        xq, lo, hi = layer._quantize_tracked(x, bits, slot="act")
+        sx, zx = exact_gemm.per_tensor_qparams(lo, hi, bits)
+        fin = x.shape[-1]
+        ax = exact_gemm.codes(xq.reshape(-1, fin), sx, zx)
+        ox = exact_gemm.offset(zx)
+        wq, aw, sw, ow = layer._exact_weight(weight, bits)
+        y = exact_gemm.int_linear(ax, aw.t(), ox, ow, sx * sw, bias, (*x.shape[:-1], aw.shape[0]))
+        tokens = ax.shape[0]
+        wpath = exact_gemm.wgrad_path(bits, grad_bits, tokens)
+        ctx.save_for_backward(x)
+        ctx.ax = ax if wpath == exact_gemm.INT8 else None
+        ctx.wq, ctx.sx, ctx.ox, ctx.layer, ctx.range = wq, sx, ox, layer, (lo, hi)
+        ctx.bits, ctx.grad_bits, ctx.has_bias = bits, grad_bits, bias is not None
+        layer.gemm_path = {"forward": exact_gemm.INT8, "dgrad": exact_gemm.FAKE, "wgrad": wpath}
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        g2 = grad.reshape(-1, grad.shape[-1])
+        gw = None
+        if ctx.ax is not None:  # wgrad on the integers: the error's range first (quantize_error takes the same)
+            lo, hi = torch.aminmax(g2)
+            sg, zg = exact_gemm.per_tensor_qparams(lo, hi, ctx.grad_bits)
+            gq = quantize_error(grad, ctx.grad_bits, scratch="err")
+            gq2 = gq.reshape(-1, gq.shape[-1])
+            if need[1]:
+                ag = exact_gemm.codes(gq2, sg, zg)
+                gw = exact_gemm.int_linear(ag.t(), ctx.ax, exact_gemm.offset(zg), ctx.ox, sg * ctx.sx, None,
+                                           (ag.shape[1], ctx.ax.shape[1]))
+        else:
+            gq = grad if ctx.grad_bits == FULL_PRECISION else quantize_error(grad, ctx.grad_bits, scratch="err")
+            gq2 = gq.reshape(-1, gq.shape[-1])
+            if need[1]:
+                xq = quantize_activation(x, *ctx.range, ctx.bits, scratch="act")
+                gw = gq2.t().mm(xq.reshape(-1, xq.shape[-1]))
+        gx = gq.matmul(ctx.wq) if need[0] else None
+        gb = gq2.sum(0) if ctx.has_bias and need[2] else None
+        ctx.ax = None
         return gx, gw, gb, None, None, None
 
 
@@ -211,6 +264,8 @@ class _QuantMixin:
         if bits == FULL_PRECISION:
             return self._quantize_error(op(x, self.weight))
         kernel_input = self._kernel_input(x)
+        if kernel_input and self._exact(x, bits):
+            return _ExactLinearCPU.apply(x, self.weight, self.bias, self, bits, self.precision.grad_bits)
         if kernel_input and self._one_node(x):
             return _QuantLayerCPU.apply(x, self.weight, self.bias, self, bits, self.precision.grad_bits)
         if kernel_input:
@@ -244,6 +299,10 @@ class _QuantMixin:
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             y = op(xq, w)
         return self._quantize_error(y)
+
+    def _exact(self, x: torch.Tensor, bits: int) -> bool:
+        """The exact integer path (cptsim.numerics.exact_gemm): a linear layer only (see _QuantLinearMixin)."""
+        return False
 
     def _quantized_weight(self, bits: int) -> torch.Tensor:
         # Inside reuse_quantized_weights (an LSTM's hidden-to-hidden layer, called once per time step of one
@@ -297,8 +356,34 @@ class _QuantLinearMixin(_QuantMixin):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._quantized_call(lambda a, w: F.linear(a, w, self.bias), x)
 
+    _exact_capable = True  # exact_gemm.gemm_paths: this layer can take the int8 path
+
     def _op(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, w, b)
+
+    def _exact(self, x: torch.Tensor, bits: int) -> bool:
+        """Training on a CPU with the C kernels (the caller checked), bits <= 8, CPTSIM_EXACT_GEMM not 0, float32
+        weight and bias on the CPU, a K the int32 bracket holds. Otherwise today's path (``gemm_path`` says so)."""
+        w, b = self.weight, self.bias
+        ok = (bits <= exact_gemm.MAX_BITS and exact_gemm.enabled() and w.dim() == 2 and x.dim() >= 2
+              and w.shape[1] <= exact_gemm.MAX_K and ckernels.usable(w.detach())
+              and (b is None or (b.dtype == torch.float32 and b.device.type == "cpu")))
+        if not ok:
+            self.__dict__["gemm_path"] = {k: exact_gemm.FAKE for k in ("forward", "dgrad", "wgrad")}
+        return ok
+
+    def _exact_weight(self, weight: torch.Tensor, bits: int):
+        """(Qw(W) float32, its int8 codes, scale, offset): made once per weight version and bits inside
+        reuse_quantized_weights (the LSTM's hidden-to-hidden layer), else once per call."""
+        cache = self.__dict__.get("_wq_cache")
+        key = (weight._version, bits)
+        if cache is not None and cache.get("exact_key") == key:
+            return cache["exact"]
+        wq = quantize_weight(weight, bits)
+        out = (wq, *exact_gemm.quantized_weight_codes(wq, weight, bits))
+        if cache is not None:
+            cache["exact_key"], cache["exact"] = key, out
+        return out
 
     def _op_backward(self, grad, x, w, mask):
         """y = x W^T + b over any leading dims: dgrad = g W, wgrad = g^T x, bias grad = sum of g (2-D GEMMs)."""

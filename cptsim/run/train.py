@@ -345,6 +345,7 @@ def tf32_flags() -> dict:
 
 def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
     """What config.json records: the settings, what they resolved to, and the versions that ran them."""
+    from cptsim.numerics.exact_gemm import gemm_paths
     from cptsim.numerics.layers import unquantized_layers
 
     config = {
@@ -371,7 +372,9 @@ def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
         "world_size": world,
         "versions": {"cptsim": __version__, "torch": torch.__version__, "python": platform.python_version()},
         "host": {"machine": platform.machine(), "threads": torch.get_num_threads(),
-                 "quantizers": quantizer_path(cfg.device), **tf32_flags()},
+                 "quantizers": quantizer_path(cfg.device), **tf32_flags(),
+                 # which GEMMs of each quantized layer run exact int8 (issue 28) and which the FP32 fake-quant path
+                 "gemm_paths": gemm_paths(w.model, cfg.device)},
         "argv": sys.argv,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
