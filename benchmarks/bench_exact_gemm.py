@@ -4,7 +4,7 @@
                                           [--bits 8] [--grad-bits 8] [--threads N] [--json]
 
 Three copies of each model with the same weights -- FP32, quantized with CPTSIM_EXACT_GEMM=0 (today's fake-quant
-GEMMs), quantized with the exact int8 GEMMs (cptsim.numerics.exact_gemm) -- take alternating SGD steps on the same
+GEMMs), quantized with CPTSIM_EXACT_GEMM=1 (the exact int8 GEMMs of cptsim.numerics.exact_gemm) -- take alternating SGD steps on the same
 batch, in an order that reverses every round; figures are medians over the rounds (3 warm-up rounds dropped) and
 the ratios are to the FP32 step measured in the same rounds. Issue 28's target: exact <= 0.8x FP32 at 8 bits.
 

@@ -51,8 +51,9 @@ def test_codes_recover_the_integers(bits):
         ((n.double() * s.double() - q.double()).abs() <= U * q.double().abs()).all()
     w = torch.randn(24, 37)
     wq = layers.quantize_weight(w, bits)
-    aw, sw, ow = exact_gemm.quantized_weight_codes(wq, w, bits)
-    nw = aw.long() + ow.long().unsqueeze(1)
+    aw, sw, ow, cw = exact_gemm.quantized_weight_codes(wq, w, bits)
+    assert torch.equal(cw, aw.sum(0, dtype=torch.int32))
+    nw = aw.t().long() + ow.long().unsqueeze(1)
     assert ((nw.double() * sw.double().unsqueeze(1) - wq.double()).abs() <= U * wq.double().abs()).all()
 
 
@@ -93,7 +94,7 @@ def _run(layer, x, G, env, monkeypatch, bits=8, grad_bits=8):
     return layer, y.detach(), xx.grad, layer.weight.grad, layer.bias.grad, rec.seen, torch.get_rng_state()
 
 
-@pytest.mark.parametrize("bits,shape", [(8, (6, 5, 40)), (4, (70, 96)), (8, (3, 33, 650))])
+@pytest.mark.parametrize("bits,shape", [(8, (6, 50, 40)), (4, (300, 96)), (8, (3, 133, 650))])
 def test_linear_forward_and_grads_equal_integer_reference(bits, shape, monkeypatch):
     fin, fout = shape[-1], 48
     q = _pair(fin, fout)
@@ -136,7 +137,9 @@ def test_linear_forward_and_grads_equal_integer_reference(bits, shape, monkeypat
 
 def test_fallbacks_per_layer(monkeypatch):
     q = _pair(16, 8)
-    x, G = torch.randn(20, 16), torch.randn(20, 8)
+    x, G = torch.randn(300, 16), torch.randn(300, 8)
+    le, *_ = _run(q, x[:20], G[:20], "1", monkeypatch)
+    assert (le.gemm_path["forward"], le.gemm_path["wgrad"]) == ("int8-exact", "fp32-fake-quant")  # 20 tokens
     for bits, grad_bits, want in [(9, 8, ("fp32-fake-quant", "fp32-fake-quant")),
                                   (8, 32, ("int8-exact", "fp32-fake-quant")),
                                   (8, 12, ("int8-exact", "fp32-fake-quant"))]:
@@ -175,8 +178,19 @@ def test_gemm_paths_for_config(monkeypatch):
 
     m = create_model("transformer-lm:layers=1,width=32,heads=2,context=16", num_classes=30, input_shape=(16,))
     quantize_model(m)
+    assert exact_gemm.gemm_paths(m, "cpu")["layers"]["head"]["forward"] == "fp32-fake-quant"  # off by default
+    monkeypatch.setenv("CPTSIM_EXACT_GEMM", "1")
     paths = exact_gemm.gemm_paths(m, "cpu")
     assert paths["exact_gemm"] == "on" and paths["layers"]["head"]["forward"] == "int8-exact"
     assert paths["layers"]["blocks.0.attn.scores"]["forward"] == "fp32-fake-quant"  # QMatmul: not a Linear
-    monkeypatch.setenv("CPTSIM_EXACT_GEMM", "0")
-    assert exact_gemm.gemm_paths(m, "cpu")["layers"]["head"]["forward"] == "fp32-fake-quant"
+    assert exact_gemm.gemm_paths(m, "cuda")["layers"]["head"]["forward"] == "fp32-fake-quant"
+
+
+def test_per_tensor_qparams_are_the_quantizers():
+    g = torch.Generator().manual_seed(1)
+    for bits in (1, 3, 5, 8):
+        for _ in range(300):
+            lo, hi = sorted((torch.randn(2, generator=g) * torch.rand(2, generator=g) * 10).tolist())
+            s, zp = exact_gemm.per_tensor_qparams(lo, hi, bits)
+            s2, zp2 = choose_qparams(torch.tensor(lo), torch.tensor(hi), bits)
+            assert torch.equal(s, s2) and torch.equal(zp, zp2)

@@ -17,8 +17,8 @@ Which GEMMs take it (``QLinear`` and every ``nn.Linear`` of the LM transforms, c
 
 * forward ``y = Qa(x) Qw(W)^T``: the activation's scale is per tensor and the weight's per output channel, i.e. per
   output column: both factor out. int8 when the forward bits are <= 8.
-* wgrad ``Qe(g)^T Qa(x)``: both per tensor. int8 when forward and gradient bits are both <= 8 and the tokens (the
-  GEMM's K) are <= 32767.
+* wgrad ``Qe(g)^T Qa(x)``: both per tensor. int8 when forward and gradient bits are both <= 8 and the call's tokens
+  (the GEMM's K) are 256..32767 (fewer measured slower than FP32 here: MIN_WGRAD_TOKENS).
 * dgrad ``Qe(g) Qw(W)``: the weight's per-output-channel scale varies along this GEMM's K, so it does not factor
   out of the sum: this GEMM stays on today's FP32 fake-quant path (exact only with one weight scale per tensor,
   which is not cptsim's quantizer).
@@ -29,8 +29,11 @@ per call. The quantizers are the same calls in the same order (the stochastic ro
 the random stream and kill/resume exactness within a path are unchanged; the integer codes are derived from the
 fake-quantized tensors (``codes``), never re-quantized.
 
-On by default on a CPU (measured faster: benchmarks/bench_exact_gemm.py); ``CPTSIM_EXACT_GEMM=0`` turns it off
-(today's FP32 fake-quant path everywhere). config.json records each layer's paths (``host.gemm_paths``,
+Off by default: ``CPTSIM_EXACT_GEMM=1`` turns it on (``0`` or unset: today's FP32 fake-quant path everywhere).
+It is exact, but not measured faster on this project's 2-core CPU (benchmarks/bench_exact_gemm.py, 1 thread, 8/8
+bits, medians of 7 alternating rounds: transformer-lm 1.03x the fake-quant step, lstm-lm 0.99x; both ~1.15x FP32):
+the int8 GEMMs save ~40% of the GEMM time, and the codes pass, the epilogue, the error's range pass and dgrad
+(still FP32) eat it. The default flips when a measurement shows a gain. config.json records each layer's paths (``host.gemm_paths``,
 ``gemm_paths`` below); a layer's last call's paths are on the layer (``layer.gemm_path``).
 
 Memory: the forward keeps the int8 codes of Qa(x) for wgrad (1 byte per input element) instead of re-quantizing x
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 from cptsim.numerics import ckernels
@@ -48,13 +52,17 @@ from .quant import FULL_PRECISION, choose_qparams
 
 MAX_BITS = 8  # int8 operands
 MAX_K = 32767  # the integer bracket stays inside int32 (|.| <= 65536 K)
+# wgrad's K is the tokens of the call. Below this many, torch._int_mm on this CPU measured slower than the FP32 GEMM
+# of the same values (an LSTM's per-time-step hidden-to-hidden call: 20 tokens, 5.8 ms vs 0.9 ms; 64-128: even):
+# such a call's wgrad takes the fake-quant path.
+MIN_WGRAD_TOKENS = 256
 FAKE = "fp32-fake-quant"
 INT8 = "int8-exact"
 
 
 def enabled() -> bool:
-    """The exact path is on unless CPTSIM_EXACT_GEMM=0."""
-    return os.environ.get("CPTSIM_EXACT_GEMM", "1") != "0" and hasattr(torch, "_int_mm")
+    """The exact path is on with CPTSIM_EXACT_GEMM=1 (off by default: see the module docstring)."""
+    return os.environ.get("CPTSIM_EXACT_GEMM", "0") == "1" and hasattr(torch, "_int_mm")
 
 
 def codes(q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor) -> torch.Tensor:
@@ -70,24 +78,37 @@ def codes(q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor) -> torch.Tenso
     return u.bitwise_xor_(128).view(torch.int8)
 
 
+_ONES: dict = {}
+
+
 def _ones(k: int, rows: bool) -> torch.Tensor:
-    return torch.ones((8, k) if rows else (k, 8), dtype=torch.int8)
+    key = (k, rows)
+    t = _ONES.get(key)
+    if t is None:
+        if len(_ONES) > 64:
+            _ONES.clear()
+        t = _ONES[key] = torch.ones((8, k) if rows else (k, 8), dtype=torch.int8)
+    return t
 
 
 def int_linear(a: torch.Tensor, b: torch.Tensor, oa: torch.Tensor, ob: torch.Tensor, scale: torch.Tensor,
-               bias: torch.Tensor | None, shape) -> torch.Tensor:
+               bias: torch.Tensor | None, shape, col_sums: torch.Tensor | None = None) -> torch.Tensor:
     """``float32(sum_j (a_ij + oa)(b_jc + ob_c)) * scale_c (+ bias_c)`` shaped ``shape`` (M rows of N): the int8
     GEMM, the row and column sums as int8 GEMMs against ones (VNNI too), and one C pass for the int32 bracket,
     its rounding to float32, the scale and the bias (``ckernels.int_epilogue``). K <= MAX_K."""
     K, N = b.shape
     p = torch._int_mm(a, b)
     r = torch._int_mm(a, _ones(K, False))[:, 0].contiguous()
-    c = torch._int_mm(_ones(K, True), b)[0]
+    c = torch._int_mm(_ones(K, True), b)[0] if col_sums is None else col_sums  # (a weight's: made with its codes)
     o = ob.to(torch.int32).expand(N).contiguous()
     u = (c * oa + o * (oa * K)).to(torch.int32).contiguous()
     s = scale.float().expand(N).contiguous()
     bias = None if bias is None else bias.detach().contiguous()
-    return ckernels.int_epilogue(p, r, o, u, s, bias, torch.empty(shape))
+    # the float32 result goes over the int32 bracket in place (each element read, then written): no fresh
+    # output-sized allocation (its page faults cost as much as the pass). A new tensor on p's storage, not a view.
+    # (shaped as the caller wants it, dense: p is dense (M, N); the kernel reads and writes by position)
+    out = torch.empty(0).set_(p.untyped_storage(), 0, tuple(shape))
+    return ckernels.int_epilogue(p, r, o, u, s, bias, out)
 
 
 def offset(zp: torch.Tensor) -> torch.Tensor:
@@ -111,17 +132,25 @@ def int_gemm(a: torch.Tensor, b: torch.Tensor, oa: torch.Tensor, ob: torch.Tenso
 
 
 def quantized_weight_codes(wq: torch.Tensor, w: torch.Tensor, bits: int):
-    """(codes, scale (out,), offset (out,)) of a per-output-channel fake-quantized weight ``wq = Qw(w)``."""
+    """(codes transposed, (in, out) row-major; scale (out,); offset (out,); the codes' column sums) of a per-output-channel fake-quantized
+    weight ``wq = Qw(w)``. Transposed once here: ``torch._int_mm`` on this CPU is up to 1.4x slower with a
+    column-major right operand."""
     lo, hi = torch.aminmax(w.detach().reshape(w.shape[0], -1), dim=1)
     s, zp = choose_qparams(lo, hi, bits)
-    return codes(wq, s.unsqueeze(1), zp.unsqueeze(1)), s, offset(zp)
+    a = codes(wq, s.unsqueeze(1), zp.unsqueeze(1)).t().contiguous()
+    return a, s, offset(zp), a.sum(0, dtype=torch.int32)
 
 
 def per_tensor_qparams(lo, hi, bits: int):
-    """(scale, zero point) as the quantizer computes them from a per-tensor range (floats or 0-d tensors)."""
-    lo = lo if isinstance(lo, torch.Tensor) else torch.tensor(lo, dtype=torch.float32)
-    hi = hi if isinstance(hi, torch.Tensor) else torch.tensor(hi, dtype=torch.float32)
-    return choose_qparams(lo, hi, bits)
+    """(scale, zero point), 0-d float32 tensors, as quant.choose_qparams computes them from a per-tensor range
+    (floats or 0-d tensors): the same float32 operations, here on numpy scalars (one small torch op costs ~10 us,
+    and an LSTM calls this twice per time step and layer)."""
+    f32 = np.float32
+    lo, hi = f32(float(lo)), f32(float(hi))
+    lo, hi = min(lo, f32(0.0)), max(hi, f32(0.0))
+    scale = max(f32(hi - lo) / f32((1 << bits) - 1), f32(1e-12))
+    zp = min(max(np.round(f32(-lo) / scale), f32(0.0)), f32((1 << bits) - 1))
+    return torch.tensor(scale, dtype=torch.float32), torch.tensor(zp, dtype=torch.float32)
 
 
 def forward_path(bits: int, in_features: int) -> str:
@@ -129,8 +158,8 @@ def forward_path(bits: int, in_features: int) -> str:
 
 
 def wgrad_path(bits: int, grad_bits: int, tokens: int) -> str:
-    return INT8 if bits <= MAX_BITS and grad_bits != FULL_PRECISION and grad_bits <= MAX_BITS and tokens <= MAX_K \
-        else FAKE
+    return INT8 if (bits <= MAX_BITS and grad_bits != FULL_PRECISION and grad_bits <= MAX_BITS
+                    and MIN_WGRAD_TOKENS <= tokens <= MAX_K) else FAKE
 
 
 def gemm_paths(model: torch.nn.Module, device: str) -> dict:
@@ -144,8 +173,8 @@ def gemm_paths(model: torch.nn.Module, device: str) -> dict:
         linear = getattr(m, "_exact_capable", False)
         fwd = INT8 if on and linear and m.weight.shape[-1] <= MAX_K else FAKE
         layers[name] = {"forward": fwd, "dgrad": FAKE, "wgrad": fwd}
-    return {"exact_gemm": "on" if on else ("off (CPTSIM_EXACT_GEMM=0)" if not enabled() else "off (not a CPU)"),
-            "rule": f"{INT8}: forward at bits <= {MAX_BITS}; wgrad at bits and grad bits <= {MAX_BITS} and <= "
-                    f"{MAX_K} tokens; dgrad stays {FAKE} (per-channel weight scales lie along its K); training "
+    return {"exact_gemm": "on" if on else ("off (default; CPTSIM_EXACT_GEMM=1 turns it on)" if not enabled() else "off (not a CPU)"),
+            "rule": f"{INT8}: forward at bits <= {MAX_BITS}; wgrad at bits and grad bits <= {MAX_BITS} and "
+                    f"{MIN_WGRAD_TOKENS}..{MAX_K} tokens per call (an LSTM's per-step calls: fewer); dgrad stays {FAKE} (per-channel weight scales lie along its K); training "
                     "only; anything else " + FAKE,
             "layers": layers}

@@ -105,7 +105,7 @@ class _ExactLinearCPU(torch.autograd.Function):
     """_QuantLayerCPU for a linear layer with the exact integer GEMMs of cptsim.numerics.exact_gemm: the same
     quantizer calls in the same order (so the same random stream), the forward GEMM and (at gradient bits <= 8)
     wgrad as int8 ``torch._int_mm`` with the scales and offsets factored out, dgrad on the fake-quantized values as
-    today. Used only when ``_QuantLinearMixin._exact`` says so (CPU training, bits <= 8, CPTSIM_EXACT_GEMM not 0)."""
+    today. Used only when ``_QuantLinearMixin._exact`` says so (CPU training, bits <= 8, CPTSIM_EXACT_GEMM=1)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, layer, bits, grad_bits):
@@ -114,8 +114,8 @@ class _ExactLinearCPU(torch.autograd.Function):
         fin = x.shape[-1]
         ax = exact_gemm.codes(xq.reshape(-1, fin), sx, zx)
         ox = exact_gemm.offset(zx)
-        wq, aw, sw, ow = layer._exact_weight(weight, bits)
-        y = exact_gemm.int_linear(ax, aw.t(), ox, ow, sx * sw, bias, (*x.shape[:-1], aw.shape[0]))
+        wq, aw, sw, ow, cw = layer._exact_weight(weight, bits)
+        y = exact_gemm.int_linear(ax, aw, ox, ow, sx * sw, bias, (*x.shape[:-1], aw.shape[1]), col_sums=cw)
         tokens = ax.shape[0]
         wpath = exact_gemm.wgrad_path(bits, grad_bits, tokens)
         ctx.save_for_backward(x)
@@ -130,10 +130,14 @@ class _ExactLinearCPU(torch.autograd.Function):
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
         need = ctx.needs_input_grad
-        g2 = grad.reshape(-1, grad.shape[-1])
+        # dense once, here: the quantizer would copy a strided error (an LM head's, from the logits' transpose)
+        # itself, and the range pass below would copy it again. The same values in the same storage order, so the
+        # quantizer draws the same random bytes for the same elements.
+        grad = grad if grad.is_contiguous() else grad.contiguous()
+        g2 = grad.view(-1, grad.shape[-1])
         gw = None
         if ctx.ax is not None:  # wgrad on the integers: the error's range first (quantize_error takes the same)
-            lo, hi = torch.aminmax(g2)
+            lo, hi = ckernels.minmax(g2)
             sg, zg = exact_gemm.per_tensor_qparams(lo, hi, ctx.grad_bits)
             gq = quantize_error(grad, ctx.grad_bits, scratch="err")
             gq2 = gq.reshape(-1, gq.shape[-1])
@@ -362,7 +366,7 @@ class _QuantLinearMixin(_QuantMixin):
         return F.linear(x, w, b)
 
     def _exact(self, x: torch.Tensor, bits: int) -> bool:
-        """Training on a CPU with the C kernels (the caller checked), bits <= 8, CPTSIM_EXACT_GEMM not 0, float32
+        """Training on a CPU with the C kernels (the caller checked), bits <= 8, CPTSIM_EXACT_GEMM=1, float32
         weight and bias on the CPU, a K the int32 bracket holds. Otherwise today's path (``gemm_path`` says so)."""
         w, b = self.weight, self.bias
         ok = (bits <= exact_gemm.MAX_BITS and exact_gemm.enabled() and w.dim() == 2 and x.dim() >= 2
