@@ -18,27 +18,25 @@ import argparse
 import json
 import os
 import statistics
-import time
+import sys
 
 import torch
-import torch.nn.functional as F
 
 from cptsim.models import create_model
 from cptsim.numerics.layers import quantize_model
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_quant_step import _step as timed_step  # noqa: E402  one timed step for both benchmarks
 
 SHAPES = {"lstm-lm": (20, 35), "transformer-lm": (16, 256)}
 
 
 def _step(model, opt, x, y, env: str | None) -> float:
+    """bench_quant_step's timed SGD step, with CPTSIM_EXACT_GEMM set to ``env`` during it."""
     if env is not None:
         os.environ["CPTSIM_EXACT_GEMM"] = env
     try:
-        t0 = time.perf_counter()
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return time.perf_counter() - t0
+        return timed_step(model, opt, x, y)
     finally:
         os.environ.pop("CPTSIM_EXACT_GEMM", None)
 

@@ -488,16 +488,7 @@ def run_resnet20(R, torch, dev, args, graphed, cudnn_bench):
                "optimizer": "SGD(lr=0.01, momentum=0.9, wd=5e-4), zero_grad(set_to_none=False)",
                "params": sum(p.numel() for p in net.parameters())}
         if graphed and dev.type == "cuda":
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(n_warm):
-                    step()
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                step()
-            run = g.replay
+            run = graph_replay(torch, step, n_warm)
         else:
             if graphed:
                 rec["note"] = "CUDA graphs need cuda: ran eager"
