@@ -1,0 +1,343 @@
+"""Per-op GPU time of whole training steps, for the networks the cost model misprices most (issue 23), and the
+quantized ResNet-50 step against AMP and FP32 with an exactness check of its convolutions (issue 28).
+
+    python benchmarks/gpu_optrace.py --out DIR [--budget 200] [--quick] [--sections trace,quant]
+
+trace: each workload (timm networks in NCHW/NHWC AMP as benchmarks/gpu_measure.py ran them held out -- SGD,
+  batch as there, cudnn.benchmark left at PyTorch's default -- and cptsim's LSTM/Transformer LMs under AMP) takes 3
+  warm-up steps, then 2 steps under torch.profiler (CUDA + CPU activities, shapes recorded). Written per workload
+  to DIR/trace-NAME.json.gz: the step's wall time (CUDA events, median of 5 unprofiled steps), the GPU-busy time,
+  and for every CPU op that launched kernels: the op, its input shapes, the kernels' names and summed device time
+  (aggregated over the 2 steps, divided by 2). benchmarks/bench_gpu_optrace.py compares them with the cost
+  model's per-op prediction offline.
+
+quant: torchvision ResNet-50, batch 128, 224x224, eager, NCHW: the step time of AMP (fp16 autocast + GradScaler),
+  FP32 (PyTorch defaults: TF32 convolutions, strict FP32 matmuls), and cptsim's quantized layers at 8/8 bits with
+  the defaults and with TF32 off; then one quantized 3x3 convolution of ResNet-50's shapes at 8 bits computed four
+  ways -- fake-quantized values with TF32 (what a quantized step runs today, cuDNN's default), fake-quantized values
+  in strict FP32, the integer codes with TF32 and the scales applied after (exact products: 8-bit codes fit TF32's
+  11-bit significand), and a float64 reference -- with each one's error against the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+T0 = time.perf_counter()
+
+TRACE_TIMM = [  # (model, batch, format): the held-out outliers (+ two that the model prices well, as controls)
+    ("ghostnet_130", 512, "nchw"), ("hrnet_w18", 256, "nchw"), ("mixnet_s", 512, "nchw"),
+    ("dla102", 256, "nchw"), ("gmlp_s16_224", 192, "nchw"), ("resnet50t", 384, "nchw"),
+    ("densenet169", 256, "nchw"), ("hrnet_w18", 256, "nhwc"), ("ghostnet_130", 512, "nhwc"),
+    ("mixnet_s", 512, "nhwc"),
+]
+TRACE_WORKLOADS = [("lstm-lm-2x650", "amp"), ("transformer-lm-6x512", "amp"), ("lstm-lm-2x650", "fp32"),
+                   ("transformer-lm-6x512", "fp32")]
+
+
+def say(msg=""):
+    print(f"[{time.perf_counter() - T0:6.1f}s] {msg}", flush=True)
+
+
+def left(args):
+    return args.budget - (time.perf_counter() - T0)
+
+
+def time_steps(torch, step, n):
+    ts = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return ts
+
+
+def profile_step(torch, step, steps=2):
+    """{ops: [...], gpu_busy_ms, kernels} of ``steps`` profiled steps, per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    agg: dict = {}
+    busy = 0.0
+    nk = 0
+    for e in prof.events():
+        ks = getattr(e, "kernels", None) or []
+        if not ks:
+            continue
+        names = sorted({k.name[:120] for k in ks})
+        dur = sum(k.duration for k in ks)  # us
+        busy += dur
+        nk += len(ks)
+        try:
+            shapes = [list(s) if isinstance(s, (list, tuple)) else s for s in (e.input_shapes or [])]
+        except Exception:
+            shapes = []
+        key = json.dumps([e.name, shapes, names])
+        a = agg.setdefault(key, {"op": e.name, "shapes": shapes, "kernels": names, "calls": 0, "us": 0.0,
+                                 "launches": 0})
+        a["calls"] += 1
+        a["us"] += dur
+        a["launches"] += len(ks)
+    ops = sorted(agg.values(), key=lambda a: -a["us"])
+    for a in ops:
+        a["calls"] /= steps
+        a["us"] = round(a["us"] / steps, 2)
+        a["launches"] /= steps
+    return {"ops": ops, "gpu_busy_ms": busy / steps / 1e3, "kernel_launches": nk / steps}
+
+
+def timm_step(torch, name, batch, fmt, dev):
+    import timm
+    import torch.nn.functional as F
+
+    m = timm.create_model(name, pretrained=False).to(dev).train()
+    mf = torch.channels_last if fmt == "nhwc" else torch.contiguous_format
+    m = m.to(memory_format=mf)
+    x = torch.randn(batch, 3, 224, 224, device=dev).contiguous(memory_format=mf)
+    y = torch.randint(0, 1000, (batch,), device=dev)
+    opt = torch.optim.SGD(m.parameters(), lr=1e-4, momentum=0.9, nesterov=True, weight_decay=0)
+    scaler = torch.amp.GradScaler("cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        with torch.autocast("cuda", dtype=torch.float16):
+            out = m(x)
+            out = out[0] if isinstance(out, (tuple, list)) else out
+            loss = F.cross_entropy(out, y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    return step
+
+
+def workload_step(torch, key, precision, dev):
+    import torch.nn.functional as F
+    import gpu_measure
+
+    w = next(w for w in gpu_measure.WORKLOADS if w[0] == key)
+    net, x, y, _ = gpu_measure._workload(torch, dev, w)
+    net.train()
+    optname = w[5]
+    opt = {"adam": lambda p: torch.optim.Adam(p, lr=1e-3), "adamw": lambda p: torch.optim.AdamW(p, lr=1e-4),
+           "sgd": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9)}[optname](net.parameters())
+    amp = precision == "amp"
+    scaler = torch.amp.GradScaler("cuda") if amp else None
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            out = net(x)
+            loss = F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.reshape(-1))
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+    return step
+
+
+def section_trace(torch, args, out: Path):
+    dev = torch.device("cuda")
+    items = [("timm", n, b, f) for n, b, f in TRACE_TIMM] + [("wl", k, p, None) for k, p in TRACE_WORKLOADS]
+    if args.quick:
+        items = [("timm", "resnet18", 8, "nchw"), ("wl", "lstm-lm-2x650", "amp", None)]
+    for kind, name, b, fmt in items:
+        if left(args) < 12:
+            say(f"skip {name} {fmt or b}: budget")
+            continue
+        tag = f"{name}-{fmt}" if kind == "timm" else f"{name}-{b}"
+        try:
+            t = time.perf_counter()
+            step = timm_step(torch, name, b, fmt, dev) if kind == "timm" else workload_step(torch, name, b, dev)
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            ts = time_steps(torch, step, 5)
+            rec = {"name": name, "format": fmt, "batch": b if kind == "timm" else None,
+                   "precision": "amp" if kind == "timm" else b, "step_ms_median": statistics.median(ts),
+                   "step_ms_all": ts, "torch": torch.__version__, "device": torch.cuda.get_device_name()}
+            rec.update(profile_step(torch, step))
+            with gzip.open(out / f"trace-{tag}.json.gz", "wt") as f:
+                json.dump(rec, f)
+            top = ", ".join(f"{o['op']} {o['us'] / 1e3:.1f}" for o in rec["ops"][:4])
+            say(f"{tag:28s} step {rec['step_ms_median']:8.2f} ms  gpu busy {rec['gpu_busy_ms']:8.2f} ms  "
+                f"launches {rec['kernel_launches']:.0f}  ({time.perf_counter() - t:.0f}s)  top: {top}")
+        except Exception as e:  # one network's failure must not stop the others
+            say(f"{tag}: FAILED {type(e).__name__}: {str(e)[:200]}")
+        finally:
+            step = None
+            torch.cuda.empty_cache()
+
+
+def conv_exactness(torch, dev):
+    """One quantized 3x3 conv (ResNet-50 layer3 shapes, 8 bits) four ways, errors against float64."""
+    import torch.nn.functional as F
+    from cptsim.numerics.quant import choose_qparams, quantize_weight
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.relu(torch.randn(64, 256, 14, 14, generator=g)).to(dev)
+    w = (torch.randn(256, 256, 3, 3, generator=g) * 0.05).to(dev)
+    bits = 8
+    lo, hi = torch.aminmax(x)
+    s, zp = choose_qparams(lo, hi, bits)
+    kx = torch.clamp(torch.round(x / s) + zp, 0, 2 ** bits - 1) - zp  # integer codes, centred: real = s * kx
+    xq = kx * s
+    wq = quantize_weight(w, bits)
+    lw, hw_ = torch.aminmax(w.reshape(w.shape[0], -1), dim=1)
+    sw, zw = choose_qparams(lw, hw_, bits)
+    kw = torch.round(wq / sw.view(-1, 1, 1, 1))  # weights: symmetric-or-not, codes recovered from Qw(W)
+    kw_back = kw * sw.view(-1, 1, 1, 1)
+    res = {"max_abs_code_x": float(kx.abs().max()), "max_abs_code_w": float(kw.abs().max()),
+           "weight_codes_roundtrip_max_abs": float((kw_back - wq).abs().max())}
+    ref = F.conv2d(xq.double().cpu(), wq.double().cpu(), padding=1).to(dev)
+    scale = float(s)
+    out = {}
+    old_c, old_m = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = True
+        out["fake_quant_tf32"] = F.conv2d(xq, wq, padding=1)
+        out["codes_tf32"] = F.conv2d(kx, kw, padding=1) * (scale * sw.view(1, -1, 1, 1))
+        torch.backends.cudnn.allow_tf32 = False
+        out["fake_quant_fp32"] = F.conv2d(xq, wq, padding=1)
+        out["codes_fp32"] = F.conv2d(kx, kw, padding=1) * (scale * sw.view(1, -1, 1, 1))
+        torch.backends.cudnn.allow_tf32 = True
+        ints = F.conv2d(kx, kw, padding=1)
+        ints_ref = F.conv2d(kx.double().cpu(), kw.double().cpu(), padding=1).to(dev)
+        res["codes_tf32_integer_sums_max_abs_error"] = float((ints.double() - ints_ref).abs().max())
+        res["codes_tf32_integer_sums_max"] = float(ints_ref.abs().max())
+        # timing: the same conv, fake-quant TF32 vs codes TF32 vs strict FP32 (ms, median of 20)
+        tm = {}
+        xh, wh = xq.half(), wq.half()
+        for nm, fn, tf32 in (("fake_quant_tf32", lambda: F.conv2d(xq, wq, padding=1), True),
+                             ("codes_tf32", lambda: F.conv2d(kx, kw, padding=1), True),
+                             ("fp32_strict", lambda: F.conv2d(xq, wq, padding=1), False),
+                             ("fp16", lambda: F.conv2d(xh, wh, padding=1), True)):
+            torch.backends.cudnn.allow_tf32 = tf32
+            for _ in range(3):
+                fn()
+            tm[nm] = statistics.median(time_steps(torch, fn, 20))
+        res["conv_ms"] = tm
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old_c, old_m
+    mag = float(ref.abs().max())
+    for k, v in out.items():
+        d = (v.double() - ref).abs()
+        res[f"{k}_max_abs_err_rel_to_max"] = float(d.max()) / mag
+        res[f"{k}_mean_abs_err_rel_to_max"] = float(d.mean()) / mag
+    return res
+
+
+def section_quant(torch, args, out: Path):
+    import torch.nn.functional as F
+    import torchvision
+
+    from cptsim.numerics.layers import quantize_model
+
+    dev = torch.device("cuda")
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    b = 16 if args.quick else 128
+    x = torch.randn(b, 3, 224, 224, device=dev)
+    y = torch.randint(0, 1000, (b,), device=dev)
+
+    def make(kind):
+        m = torchvision.models.resnet50().to(dev).train()
+        pre = None
+        if kind.startswith("quant"):
+            pre = quantize_model(m)
+            pre.set(8, 8)
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
+        scaler = torch.amp.GradScaler("cuda") if kind == "amp" else None
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            with torch.autocast("cuda", dtype=torch.float16, enabled=kind == "amp"):
+                loss = F.cross_entropy(m(x), y)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+        return step
+
+    steps = {}
+    for kind in ("amp", "fp32", "quant8", "quant8_notf32"):
+        if left(args) < 10:
+            say(f"skip quant {kind}: budget")
+            continue
+        try:
+            torch.backends.cudnn.allow_tf32 = kind != "quant8_notf32"
+            st = make(kind)
+            for _ in range(3):
+                st()
+            torch.cuda.synchronize()
+            steps[kind] = st
+        except Exception as e:
+            say(f"quant {kind}: FAILED {type(e).__name__}: {str(e)[:200]}")
+        finally:
+            torch.backends.cudnn.allow_tf32 = True
+    times: dict = {k: [] for k in steps}
+    for r in range(3 if args.quick else 7):  # alternating rounds, order reversed every round
+        order = list(steps) if r % 2 == 0 else list(steps)[::-1]
+        for k in order:
+            torch.backends.cudnn.allow_tf32 = k != "quant8_notf32"
+            times[k] += time_steps(torch, steps[k], 3)
+        torch.backends.cudnn.allow_tf32 = True
+    res["step_ms_median"] = {k: statistics.median(v) for k, v in times.items()}
+    med = res["step_ms_median"]
+    if "amp" in med and "quant8" in med:
+        res["quant8_over_amp"] = med["quant8"] / med["amp"]
+    if "fp32" in med and "quant8" in med:
+        res["quant8_over_fp32"] = med["quant8"] / med["fp32"]
+    say("resnet50 b%d step ms: %s" % (b, ", ".join(f"{k} {v:.1f}" for k, v in med.items())))
+    steps.clear()
+    torch.cuda.empty_cache()
+    try:
+        res["conv_exactness"] = conv_exactness(torch, dev)
+        say("conv exactness: " + json.dumps(res["conv_exactness"]))
+    except Exception as e:
+        say(f"conv exactness: FAILED {type(e).__name__}: {str(e)[:300]}")
+    (out / "quant-resnet50.json").write_text(json.dumps(res, indent=1))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget", type=float, default=200.0)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sections", default="quant,trace")
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to trace")
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    say(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
+    for s in args.sections.split(","):
+        {"trace": section_trace, "quant": section_quant}[s](torch, args, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The fourth session's device check, one call on a lent GPU (about 6 minutes): run from the repo root as
+#   OUT=/some/dir bash benchmarks/gpu_session24.sh
+# 1. the CUDA tests (pytest -m cuda tests/test_cuda.py), which no CPU session can run;
+# 2. `cptsim hw calibrate --device cuda` as the code stands now (the per-op dispatch microbenchmark had never run on a
+#    GPU) -> $OUT/cal/host-gpu.toml, $OUT/calibrate.json;
+# 3. benchmarks/gpu_optrace.py: ResNet-50 quantized 8/8 vs AMP vs FP32 and a quantized conv's exactness four ways
+#    (issue 28); per-op GPU time of the held-out outliers and the LMs under AMP (issue 23) -> $OUT/trace-*.json.gz.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu24}
+mkdir -p "$OUT/cal"
+PY=${PY:-python3}
+export PYTHONUNBUFFERED=1 CPTSIM_HOME=$(mktemp -d)
+if ! "$PY" -c 'import cptsim.cli.main' >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/pip.log" 2>&1 || {
+        rm -rf /tmp/cptsim_site build
+        "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/cptsim_site . >>"$OUT/pip.log" 2>&1
+        export PYTHONPATH=/tmp/cptsim_site${PYTHONPATH:+:$PYTHONPATH}; }
+fi
+"$PY" -c 'import cptsim.cli.main, torch; print("cptsim ok; torch", torch.__version__, torch.cuda.get_device_name())'
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader
+echo "== 1/3 CUDA tests"
+t0=$(date +%s)
+timeout ${T_TESTS:-100} "$PY" -m pytest -q -m cuda tests/test_cuda.py -p no:cacheprovider 2>&1 | tail -15
+echo "cuda tests in $(( $(date +%s) - t0 )) s"
+echo "== 2/3 cptsim hw calibrate --device cuda"
+t0=$(date +%s)
+timeout ${T_CAL:-110} "$PY" -c 'import sys; from cptsim.cli.main import main; sys.argv[0] = "cptsim"; main()' \
+    hw calibrate --device cuda --seconds 10 --out "$OUT/cal/host.toml" --json >"$OUT/calibrate.json" 2>"$OUT/calibrate.err"
+echo "calibrate rc=$? in $(( $(date +%s) - t0 )) s"; tail -5 "$OUT/calibrate.err"; cat "$OUT/cal/host-gpu.toml" 2>/dev/null
+echo "== 3/3 quantized ResNet-50 and per-op traces"
+timeout ${T_TRACE:-230} "$PY" benchmarks/gpu_optrace.py --out "$OUT" --budget ${BUDGET:-215}
+echo "gpu_optrace rc=$?"
