@@ -10,8 +10,8 @@ from rich.table import Table
 
 from cptsim.errors import InputError, RunFailed
 
-from .common import (check_output_file, emit_json, err, json_option, out, parse_fp_layers,
-                     print_table, si, wide_option, workload_options)
+from .common import (check_output_file, emit_json, err, json_option, layer_schedule_options, out,
+                     parse_fp_layers, parse_layer_options, print_table, si, wide_option, workload_options)
 
 _EPILOG = """\b
 Examples:
@@ -19,6 +19,11 @@ Examples:
   cptsim sweep --top 4 --budget 60%,80% --hw bitfusion --seeds 0-2 --epochs 3 --out runs/sw2
   cptsim sweep --report --out runs/sw1 --plot sw1.png      accuracy vs cost, table, rank correlation
   cptsim sweep --report --db results.db --workload KEY --json
+  cptsim sweep --schedules cpt:2-4:g8:n8,static:3 --layer-plan plan.json --seeds 0-2 --out runs/sw4
+                                          uniform schedules beside a plan from 'cptsim plan --per-layer'
+  cptsim sweep --schedules 'static:3@features.0=4;features.3=2,static:3' --seeds 0-2 --out runs/sw5
+  cptsim sweep --schedules cpt:2-4 --layer 'features.0=+1' --seeds 0-2 --dry-run --out runs/sw6
+                                          show each run's 'cptsim train' command; train nothing
 
 \b
 On a Slurm cluster (submitit; pip install 'cptsim[cluster]'), one job per run, as one job array:
@@ -49,6 +54,14 @@ their last checkpoint. A job nearing --slurm-time checkpoints and is requeued (u
 --nproc N: each run data-parallel over N workers (torchrun inside the job's allocation; with
 --device cuda a job asks for N GPUs unless --slurm-gpus-per-node says otherwise).
 --executor submitit-local runs the same jobs through submitit on this machine, all at once.
+
+\b
+Per-layer plans (issue 27): an entry of --schedules may carry layer rules, SCHEDULE@GLOB=SPEC;GLOB=SPEC
+(the 'cptsim train --layer' forms), and --layer-plan PLAN.json (repeatable) adds a plan's schedule with
+its rules. --layer GLOB=SPEC (repeatable) and --layer-schedule FILE give the entries that carry no
+rules of their own these rules, as 'cptsim train --layer' does. Such a run is OUT/<schedule>-L<hash>-s<seed>;
+its row keeps the rules (extra.layers) and the report lists it as its own entry.
+--number-format F / --grad-format G are passed to every run's 'cptsim train'.
 
 \b
 --top K --budget B1[,B2...]: the planner's top K schedules at each budget ('cptsim plan' semantics,
@@ -90,6 +103,14 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 @click.option("--weight-decay", type=float, default=5e-4, show_default=True)
 @click.option("--lr-schedule", type=click.Choice(["step", "cosine", "constant"]), default="cosine", show_default=True)
 @workload_options("optimizer", "lr_min", "quant_agg", "fp_layers")
+@layer_schedule_options
+@click.option("--layer-plan", "layer_plans", multiple=True, metavar="PLAN.json",
+              help="Also train a plan from 'cptsim plan --per-layer': its schedule with its layer rules "
+                   "(repeatable; the plan must be of this workload).")
+@click.option("--number-format", "number_format", default=None, metavar="F",
+              help="Number format family of every run ('cptsim train --number-format': int, fp, mx, nvfp).")
+@click.option("--grad-format", "grad_format", default=None, metavar="G",
+              help="Gradient format of every run ('cptsim train --grad-format', e.g. fp8e5m2).")
 @click.option("--no-augment", is_flag=True, help="Turn off random crop / flip.")
 @click.option("--val-split", type=float, default=0.2, show_default=True,
               help="Fraction of the training data held out as a validation split (what 'plan --quality db' fits "
@@ -120,8 +141,8 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 @click.option("--wait", is_flag=True,
               help="With --executor slurm | submitit-local: wait for the jobs to end, then index and report.")
 @click.option("--dry-run", is_flag=True,
-              help="With --executor slurm | submitit-local: show the runs to submit and the job script; submit "
-                   "nothing, write nothing.")
+              help="Show the runs and the 'cptsim train' command each would run (with --executor slurm: the job "
+                   "script too); train nothing, submit nothing, write nothing.")
 # the report
 @click.option("--status", "status_mode", is_flag=True,
               help="Show each run of sweep --out DIR: done, running, queued, failed, unfinished, not started "
@@ -138,7 +159,8 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 @json_option
 def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, hw, families, cycles, q_min, q_max,
           g_bits, model, dataset, data_dir, image_size, epochs, steps, batch_size, lr, momentum, weight_decay, lr_schedule,
-          optimizer, lr_min, quant_agg, fp_layers, no_augment, val_split, device, workers, threads, checkpoint_every,
+          optimizer, lr_min, quant_agg, fp_layers, layer_schedule, layer_rules, layer_plans, number_format,
+          grad_format, no_augment, val_split, device, workers, threads, checkpoint_every,
           executor, slurm_partition, slurm_time, slurm_gpus_per_node, slurm_cpus_per_task, slurm_setup, slurm_option,
           nproc, wait, dry_run, status_mode, index_mode, report_mode, workload_key, plot, quiet,
           as_json) -> None:
@@ -172,16 +194,16 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
                                 setup=list(slurm_setup), options=C.parse_slurm_options(slurm_option),
                                 parallel=jobs if executor == "slurm" else None)
     cluster.validate(device, nproc)
-    if executor == "local" and (wait or dry_run):
-        raise InputError(f"{'--wait' if wait else '--dry-run'} goes with --executor slurm | submitit-local "
-                         "(a local sweep always waits for its runs)")
+    if executor == "local" and wait:
+        raise InputError("--wait goes with --executor slurm | submitit-local (a local sweep always waits for its "
+                         "runs)")
     if executor == "submitit-local" and jobs is not None:
         raise InputError("--jobs goes with --executor local | slurm (submitit's local executor starts every job "
                          "at once)")
     if top is None and (budget or families or cycles or q_min or q_max or g_bits or metric):
         raise InputError("--budget, --metric, --families, --cycles, --q-min, --q-max and --g-bits go with --top K")
-    if top is None and not schedules:
-        raise InputError("nothing to sweep: give --schedules and/or --top K --budget B")
+    if top is None and not schedules and not layer_plans:
+        raise InputError("nothing to sweep: give --schedules, --layer-plan and/or --top K --budget B")
     settings = SW.SweepSettings(model=model, dataset=dataset, data_dir=data_dir, image_size=image_size,
                                 epochs=epochs, steps=steps,
                                 batch_size=batch_size, lr=lr,
@@ -189,7 +211,8 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
                                 quant_agg=quant_agg,
                                 lr_schedule=lr_schedule, fp_layers=parse_fp_layers(fp_layers),
                                 augment=not no_augment, val_split=val_split, device=device, workers=workers, threads=threads,
-                                checkpoint_every=checkpoint_every, nproc=nproc)
+                                checkpoint_every=checkpoint_every, nproc=nproc, number_format=number_format,
+                                grad_format=grad_format)
     settings.validate(device_here=executor != "slurm")
     seed_list = SW.parse_seeds(seeds)
     texts = SW.parse_schedule_list(schedules)
@@ -207,12 +230,25 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
             for p in picked:
                 err.print(f"planner, budget {p['budget']}: #{p['rank']} {p['schedule']} "
                           f"({100 * p['vs_baseline']:.1f}% of static, score {p['score']:.4f})", highlight=False)
+    rules = parse_layer_options(layer_schedule, layer_rules)
+    if rules is not None:
+        if rules.get("model") and rules["model"] != settings.model:
+            raise InputError(f"--layer-schedule {layer_schedule}: written for model {rules['model']!r}, not "
+                             f"{settings.model!r}")
+        texts = SW.with_layers(texts, ";".join(rules["rules"]))
+    for path in layer_plans:
+        e = SW.layer_plan_entry(path, settings)
+        if e not in texts:
+            texts.append(e)
+    SW.check_layers(settings, texts)
     if executor != "local":
         from pathlib import Path
 
         cluster.job_name = f"cptsim-{Path(out_dir).resolve().name}"
         return _submit(SW, C, out_dir, settings, texts, seed_list, cluster, picked, wait, dry_run, db_path, no_db,
                        plot, show, as_json)
+    if dry_run:
+        return _dry_run_local(SW, out_dir, settings, texts, seed_list, as_json)
     jobs = jobs or 1
     db = None
     if not no_db:
@@ -251,6 +287,23 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
         r = failed[0]
         raise RunFailed(f"{len(failed)} of {len(runs)} runs did not finish; first: {r.name}: {r.error} "
                         f"(log {r.log}); rerun the same command to retry them")
+
+
+def _dry_run_local(SW, out_dir, settings, texts, seeds, as_json) -> None:
+    """--dry-run of a local sweep: the runs and the `cptsim train` command each would run; nothing written."""
+    import shlex
+
+    runs = SW.prepare(out_dir, settings, texts, seeds, write=False)
+    todo = [r for r in runs if r.action in ("new", "resume")]
+    doc = {"executor": "local", "out": out_dir, "workload": settings.workload(), "runs": [r.to_json() for r in runs],
+           "train": {r.name: shlex.join(SW.train_command(settings, r)) for r in todo}}
+    if as_json:
+        emit_json(doc)
+        return
+    _print_runs(runs)
+    out.print(f"would train {len(todo)} of {len(runs)} runs; their commands:", highlight=False)
+    for name, cmd in doc["train"].items():  # unwrapped, so that each can be copied and run
+        out.print(f"{name}: {cmd}", markup=False, highlight=False, soft_wrap=True)
 
 
 class _nothing:
@@ -508,7 +561,8 @@ def _print_report(rep: dict) -> None:
         figs = (f"{s['ppl_mean']:.3f}", f"{s['ppl_std']:.3f}") if lm else \
             (f"{100 * s['acc_mean']:.2f}%", f"{100 * s['acc_std']:.2f}")
         t.add_row(s["schedule"], s["family"], str(s["n"]), *figs,
-                  "-" if s["cost_rel"] is None else f"{100 * s['cost_rel']:.1f}%", f"{s['score']:.4f}")
+                  "-" if s["cost_rel"] is None else f"{100 * s['cost_rel']:.1f}%",
+                  "-" if s.get("score") is None else f"{s['score']:.4f}")
     print_table(t, drop=("family", "seeds", "score", f"{m} std"))
     sp = rep["spearman"]
     vs = "minus mean perplexity" if lm else "mean accuracy"

@@ -168,7 +168,8 @@ def _ignore_usr2() -> None:  # pragma: no cover - runs in the child before exec
 class TrainJob:
     """One run of a sweep as a submitit job (picklable: ``spec`` is plain data).
 
-    ``spec``: run (path), log (path), schedule, seed, train_flags (the workload's `cptsim train` flags), nproc."""
+    ``spec``: run (path), log (path), schedule (the global one), seed, train_flags (the workload's `cptsim train`
+    flags), nproc, layers (a per-layer plan's rules ``GLOB=SPEC``, each a ``--layer`` flag; absent or None: none)."""
 
     STOP_WAIT_S = 60.0  # how long a training asked to stop gets to write its checkpoint
 
@@ -188,7 +189,8 @@ class TrainJob:
         nproc = ["--nproc", str(s["nproc"])] if s.get("nproc") else []
         if resume:
             return base + ["--resume", s["run"], *nproc, "--quiet", "--json"]
-        return base + list(s["train_flags"]) + ["--schedule", s["schedule"], "--seed", str(s["seed"]),
+        layers = [a for rule in s.get("layers") or () for a in ("--layer", rule)]
+        return base + list(s["train_flags"]) + ["--schedule", s["schedule"], *layers, "--seed", str(s["seed"]),
                                                 "--out", s["run"], *nproc, "--quiet", "--json"]
 
     def __call__(self) -> dict:
@@ -359,8 +361,9 @@ def sbatch_script(out: str | os.PathLike, cluster: ClusterSettings, n_runs: int)
 
 def run_spec(settings, run) -> dict:
     """The plain data a TrainJob needs (``settings``: SweepSettings; ``run``: SweepRun)."""
-    return {"run": str(Path(run.path).resolve()), "log": str(Path(run.log).resolve()), "schedule": run.schedule,
-            "seed": run.seed, "train_flags": settings.train_flags(), "nproc": settings.nproc}
+    return {"run": str(Path(run.path).resolve()), "log": str(Path(run.log).resolve()),
+            "schedule": run.global_schedule, "layers": run.layer_rules, "seed": run.seed,
+            "train_flags": settings.train_flags(), "nproc": settings.nproc}
 
 
 def submit(out: str | os.PathLike, runs: list, settings, cluster: ClusterSettings, executor=None) -> list:

@@ -28,6 +28,13 @@ validation accuracy and loss beside the test ones: the planner's ``--quality db`
 never to the test split. ``--val-split 0`` trains on all the training data (and leaves ``--quality db`` nothing to
 fit). A sweep directory written before the split existed held nothing out: it continues only with ``--val-split 0``.
 
+A run may be a per-layer plan (issue 27): an entry of the sweep is a schedule text, or a schedule text with layer
+rules, ``SCHEDULE@RULES`` (``cos-rep:2-4:g8:n8@features.0=4;features.3=+1``, the rules in the compact form of
+``cptsim.cost.layerplan``). sweep.json lists the entries; the run is ``OUT/<schedule-slug>-L<hash of the
+rules>-s<seed>`` and its training gets the rules as ``--layer`` flags. Its results row keeps the global schedule in
+``schedule`` and names the rules in ``extra["layers"]`` (``cptsim.study.results.run_row``); the report shows it as
+its own entry beside the uniform runs of the same schedule.
+
 ``sweep_report(rows)`` summarises rows of one workload: per schedule the mean and spread of accuracy over seeds,
 its cost relative to static q_max, the planner's proxy score, and the Spearman rank correlation between score and
 measured mean accuracy over schedules, with its seed spread (the correlation computed per seed). For a language
@@ -37,6 +44,7 @@ correlation is with minus the perplexity - and the report's ``measure`` says whi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -87,6 +95,9 @@ class SweepSettings:
     checkpoint_every: int | None = None
     image_size: int | None = None  # imagefolder's N x N input (cptsim.data.resolve_image_size); None: its default
     nproc: int | None = None  # data-parallel workers per run (`cptsim train --nproc`: torchrun inside the job)
+    # number formats (issue 26: `cptsim train --number-format F --grad-format G`); None: train's default (integers)
+    number_format: str | None = None
+    grad_format: str | None = None
 
     RUNTIME = ("device", "workers", "threads", "checkpoint_every", "nproc")
     # recipe settings added after sweeps were first written: in the workload only away from their defaults, so
@@ -109,6 +120,9 @@ class SweepSettings:
             w["epochs"] = None  # --steps overrides --epochs: an unused --epochs does not make another workload
         if self.image_size is None:
             del w["image_size"]  # the workloads of sweeps made before --image-size existed stay the same
+        for k in ("number_format", "grad_format"):  # likewise: in the workload only when given
+            if w[k] is None:
+                del w[k]
         for k, default in self.RECIPE.items():
             if w[k] == default:
                 del w[k]
@@ -135,6 +149,10 @@ class SweepSettings:
                              image_size=self.image_size))
         if self.nproc is not None and self.nproc < 1:
             raise InputError(f"--nproc must be at least 1, got {self.nproc}")
+        if self.number_format is not None or self.grad_format is not None:
+            from cptsim.numerics.families import format_map
+
+            format_map(self.number_format or "int", self.grad_format)  # the names, and the pairing, checked once
         info = dataset_info(self.dataset, self.data_dir, self.image_size)
         shape = tuple(int(d) for d in info.input_shape)
         create_model(self.model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape,
@@ -161,6 +179,10 @@ class SweepSettings:
             f += ["--lr-min", repr(float(self.lr_min))]
         if self.quant_agg:
             f.append("--quant-agg")
+        if self.number_format is not None:
+            f += ["--number-format", self.number_format]
+        if self.grad_format is not None:
+            f += ["--grad-format", self.grad_format]
         f += ["--val-split", repr(float(self.val_split))]
         if self.threads is not None:
             f += ["--threads", str(self.threads)]
@@ -170,21 +192,107 @@ class SweepSettings:
 
 
 def parse_schedule_list(text: str | None) -> list[str]:
-    """--schedules "cpt:3-8:g8:n32,static:5": canonical texts, in order, each once."""
-    from cptsim.cost.schedules import parse_schedule
-
+    """--schedules "cpt:3-8:g8:n32,static:5,static:3@features.0=4;features.3=-1": canonical entries (schedule texts,
+    each with its layer rules if it has any: ``split_entry``), in order, each once."""
     if text is None:
         return []
     out: list[str] = []
     for part in text.split(","):
         if not part.strip():
             continue
-        t = parse_schedule(part.strip()).to_text()
+        t = canonical_entry(part.strip())
         if t not in out:
             out.append(t)
     if not out:
         raise InputError(f"--schedules {text!r} names no schedule; e.g. --schedules cpt:3-8:g8:n32,static:5")
     return out
+
+
+# ------------------------------------------------------------------------------------------------ per-layer entries
+ENTRY_SEP = "@"
+
+
+def split_entry(entry: str) -> tuple[str, str | None]:
+    """A sweep entry ``SCHEDULE`` or ``SCHEDULE@RULES`` -> (schedule text, compact rules text or None)."""
+    sched, sep, rules = str(entry).partition(ENTRY_SEP)
+    return sched, (rules if sep else None)
+
+
+def canonical_entry(text: str, rules: str | None = None) -> str:
+    """The canonical entry of ``SCHEDULE[@RULES]`` (``rules``: rules for a text that carries none). An entry whose
+    rules are empty is the uniform schedule."""
+    from cptsim.cost.layerplan import parse_layer_text
+    from cptsim.cost.schedules import parse_schedule
+
+    sched, own = split_entry(text)
+    s = parse_schedule(sched.strip()).to_text()
+    own = own if own is not None else rules
+    if own is None or not own.strip():
+        return s
+    return f"{s}{ENTRY_SEP}{parse_layer_text(own).to_text()}"
+
+
+def with_layers(entries: list[str], rules: str | None) -> list[str]:
+    """``--layer`` / ``--layer-schedule`` of a sweep: every entry without rules of its own gets ``rules`` (as
+    `cptsim train --layer` makes every run per-layer); entries with rules keep theirs. Order kept, each once."""
+    if not rules:
+        return list(entries)
+    return list(dict.fromkeys(canonical_entry(e, rules) for e in entries))
+
+
+def layer_plan_entry(path: str, settings: "SweepSettings") -> str:
+    """``--layer-plan plan.json``: the entry of a plan from `cptsim plan --per-layer` -- its schedule and, when the
+    planner kept a per-layer plan, its rules. InputError for a plan made for another workload than the sweep's (its
+    rules and its costs would not hold)."""
+    from cptsim.planner.planfile import read_plan
+    from cptsim.cost.schedules import Schedule
+    from cptsim.run.config import canonical_dataset
+
+    plan = read_plan(path)
+    w = plan.get("workload") or {}
+    wrong = []
+    for key, mine in (("model", settings.model), ("batch_size", settings.batch_size)):
+        if w.get(key) is not None and w.get(key) != mine:
+            wrong.append(f"{key} {w.get(key)!r} (the sweep's: {mine!r})")
+    if w.get("dataset") is not None and canonical_dataset(w["dataset"]) != canonical_dataset(settings.dataset):
+        wrong.append(f"dataset {w['dataset']!r} (the sweep's: {settings.dataset!r})")
+    if settings.steps is not None and w.get("steps") is not None and int(w["steps"]) != int(settings.steps):
+        wrong.append(f"steps {w['steps']} (the sweep's: {settings.steps})")
+    elif settings.steps is None and w.get("epochs") is not None and w["epochs"] != settings.epochs:
+        wrong.append(f"epochs {w['epochs']} (the sweep's: {settings.epochs})")
+    if wrong:
+        raise InputError(f"--layer-plan {path}: planned for another workload: {'; '.join(wrong)}; plan with the "
+                         "sweep's workload flags or give the sweep the plan's")
+    sched = Schedule.from_json(plan["schedule"]).to_text()
+    layers = plan.get("layers")
+    rules = ";".join(layers["rules"]) if isinstance(layers, dict) and layers.get("rules") else None
+    return canonical_entry(sched, rules)
+
+
+def check_layers(settings: "SweepSettings", entries: list[str]) -> None:
+    """Every entry's layer rules resolved on the workload's model (built on the meta device), before any run
+    starts: a glob that matches no quantized layer, bits out of range, a range on a static schedule -- one
+    InputError here rather than one failed run per seed."""
+    ruled = [(s, r) for s, r in map(split_entry, entries) if r]
+    if not ruled:
+        return
+    import torch
+
+    from cptsim.cost.layerplan import parse_layer_text
+    from cptsim.cost.schedules import parse_schedule
+    from cptsim.data import dataset_info
+    from cptsim.models import create_model, default_fp_layers
+    from cptsim.numerics.layers import quantizable_layers, resolve_fp_layers
+
+    info = dataset_info(settings.dataset, settings.data_dir, settings.image_size)
+    shape = tuple(int(d) for d in info.input_shape)
+    with torch.device("meta"):
+        meta = create_model(settings.model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape,
+                            graph=info.graph_edges is not None)
+    keep = default_fp_layers(meta) if settings.fp_layers is None else resolve_fp_layers(meta, settings.fp_layers)
+    names = [n for n in quantizable_layers(meta) if n not in keep]
+    for sched, rules in ruled:
+        parse_layer_text(rules).resolve(parse_schedule(sched), names, list(keep), settings.model)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -211,8 +319,12 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def run_name(schedule_text: str, seed: int) -> str:
-    """OUT/<slug>-s<seed>: the schedule text with ':' as '_' (cos-rep:3-8:g8:n32 -> cos-rep_3-8_g8_n32-s0)."""
-    return f"{schedule_text.replace(':', '_')}-s{seed}"
+    """OUT/<slug>-s<seed>: the schedule text with ':' as '_' (cos-rep:3-8:g8:n32 -> cos-rep_3-8_g8_n32-s0); an entry
+    with layer rules adds -L and 8 hex digits of their SHA-256 (globs make poor file names; sweep.json, config.json
+    and the results row spell the rules out)."""
+    sched, rules = split_entry(schedule_text)
+    tag = "" if rules is None else "-L" + hashlib.sha256(rules.encode()).hexdigest()[:8]
+    return f"{sched.replace(':', '_')}{tag}-s{seed}"
 
 
 def planner_schedules(settings: SweepSettings, budgets: list[str], hw: str, top: int, metric: str | None = None,
@@ -273,6 +385,17 @@ class SweepRun:
         return self.path.name
 
     @property
+    def global_schedule(self) -> str:
+        """The run's schedule (``schedule`` is the sweep entry: with ``@RULES`` for a per-layer plan)."""
+        return split_entry(self.schedule)[0]
+
+    @property
+    def layer_rules(self) -> list[str] | None:
+        """A per-layer run's rules, ``GLOB=SPEC`` each (its ``--layer`` flags); None for a uniform run."""
+        rules = split_entry(self.schedule)[1]
+        return None if rules is None else [r for r in rules.split(";") if r]
+
+    @property
     def lock_path(self) -> Path:
         from cptsim.run.rundir import lock_file
 
@@ -280,7 +403,8 @@ class SweepRun:
 
     def to_json(self) -> dict:
         r = self.row or {}
-        return {"name": self.name, "schedule": self.schedule, "seed": self.seed, "path": str(self.path),
+        return {"name": self.name, "schedule": self.schedule, "layers": split_entry(self.schedule)[1],
+                "seed": self.seed, "path": str(self.path),
                 "log": str(self.log), "action": self.action, "status": self.status, "returncode": self.returncode,
                 "steps_done": self.steps_done, "total_steps": self.total_steps, "time_s": round(self.time_s, 2),
                 "test_acc": r.get("test_acc"), "eval_bits": r.get("eval_bits"), "bitops": r.get("bitops"),
@@ -334,6 +458,9 @@ def run_state(run: SweepRun) -> str:
     from cptsim.cost.schedules import Schedule
 
     have = Schedule.from_json(cfg["schedule"]).to_text()
+    rec = cfg.get("layers")
+    if isinstance(rec, dict) and rec.get("rules"):  # a per-layer run: its entry names its rules
+        have = canonical_entry(have, ";".join(rec["rules"]))
     seed = cfg["settings"].get("seed")
     if have != run.schedule or seed != run.seed:
         raise InputError(f"{p} holds {have} seed {seed}, not {run.schedule} seed {run.seed}; move it away")
@@ -386,8 +513,8 @@ def train_command(settings: SweepSettings, run: SweepRun) -> list[str]:
     from .cluster import TrainJob
 
     # the one place that spells the command: a local sweep and a cluster job train a run alike
-    spec = {"run": str(run.path), "schedule": run.schedule, "seed": run.seed, "train_flags": settings.train_flags(),
-            "nproc": settings.nproc}
+    spec = {"run": str(run.path), "schedule": run.global_schedule, "layers": run.layer_rules, "seed": run.seed,
+            "train_flags": settings.train_flags(), "nproc": settings.nproc}
     return TrainJob(spec).command(resume=run.action == "resume")
 
 
@@ -761,6 +888,17 @@ def sweep_status(out: str | os.PathLike, query_scheduler: bool = True) -> dict:
             "runs": runs, "counts": counts, "warnings": warnings}
 
 
+def row_layers(row: dict) -> str | None:
+    """A results row's layer rules (a per-layer run; ``extra["layers"]``), None for a uniform run."""
+    return (row.get("extra") or {}).get("layers") or None
+
+
+def row_entry(row: dict) -> str:
+    """The sweep entry a results row ran: its schedule, with ``@RULES`` for a per-layer run."""
+    rules = row_layers(row)
+    return row["schedule"] if rules is None else f"{row['schedule']}{ENTRY_SEP}{rules}"
+
+
 def _std(xs: list[float]) -> float:
     """Sample standard deviation (ddof 1); 0 for one value."""
     n = len(xs)
@@ -799,11 +937,12 @@ def sweep_report(rows: list[dict], score_fn: Callable[[str, int], float] | None 
     if score_fn is None:
         def score_fn(text, steps):
             return proxy_score(parse_schedule(text), steps)
-    statics = [(r["bitops_static"], r["q_max"], r["g_max"]) for r in rows if r.get("bitops_static")]
+    uniform = [r for r in rows if not row_layers(r)] or rows  # the cost axis: uniform statics where there are any
+    statics = [(r["bitops_static"], r["q_max"], r["g_max"]) for r in uniform if r.get("bitops_static")]
     ref = max(statics) if statics else None
     by_sched: dict[str, list[dict]] = {}
     for r in rows:
-        by_sched.setdefault(r["schedule"], []).append(r)
+        by_sched.setdefault(row_entry(r), []).append(r)
     # A language model's measure is its test perplexity (lower is better; test_acc is next-token accuracy)
     lm = all(isinstance((r.get("extra") or {}).get("test_ppl"), (int, float)) for r in rows)
     table = []
@@ -812,13 +951,16 @@ def sweep_report(rows: list[dict], score_fn: Callable[[str, int], float] | None 
         accs = [float(r["test_acc"]) for r in rs]
         costs = [r["bitops"] / ref[0] for r in rs if ref and r.get("bitops") is not None]
         steps = rs[0]["steps"]
+        rules = row_layers(rs[0])
         table.append({
-            "schedule": text, "family": rs[0]["family"], "n": len(rs), "seeds": [r["seed"] for r in rs],
+            "schedule": text, "family": rs[0]["family"] + (" per-layer" if rules else ""),
+            "layers": rules, "n": len(rs), "seeds": [r["seed"] for r in rs],
             "acc_mean": sum(accs) / len(accs), "acc_std": _std(accs), "accs": accs,
             "eval_bits": sorted({r.get("eval_bits") for r in rs if r.get("eval_bits") is not None}),
             "cost_rel": (sum(costs) / len(costs)) if costs else None,
             "bitops": sum(r["bitops"] for r in rs if r.get("bitops") is not None) / len(rs) if ref else None,
-            "score": float(score_fn(text, steps)),
+            # the proxy score rates a uniform schedule; a per-layer plan has none (left out of the correlation)
+            "score": None if rules else float(score_fn(text, steps)),
             "runs": [r.get("run_path") for r in rs],
         })
         if lm:
@@ -831,10 +973,11 @@ def sweep_report(rows: list[dict], score_fn: Callable[[str, int], float] | None 
 
     # the correlation is with "better": accuracy, or minus the perplexity
     mean_key, seeds_key, sign = ("ppl_mean", "ppls", -1.0) if lm else ("acc_mean", "accs", 1.0)
-    rho, p = _spearman([t["score"] for t in table], [sign * t[mean_key] for t in table])
+    scored = [t for t in table if t["score"] is not None]
+    rho, p = _spearman([t["score"] for t in scored], [sign * t[mean_key] for t in scored])
     per_seed = {}
-    for seed in sorted({s for t in table for s in t["seeds"]}):
-        pts = [(t["score"], sign * t[seeds_key][t["seeds"].index(seed)]) for t in table if seed in t["seeds"]]
+    for seed in sorted({s for t in scored for s in t["seeds"]}):
+        pts = [(t["score"], sign * t[seeds_key][t["seeds"].index(seed)]) for t in scored if seed in t["seeds"]]
         r_s, _ = _spearman([a for a, _ in pts], [b for _, b in pts])
         if r_s is not None:
             per_seed[str(seed)] = r_s
@@ -853,7 +996,7 @@ def sweep_report(rows: list[dict], score_fn: Callable[[str, int], float] | None 
         "score_name": score_name(),
         "measure": ({"key": "ppl", "name": "test perplexity", "higher_is_better": False} if lm else
                     {"key": "acc", "name": "test accuracy", "higher_is_better": True}),
-        "spearman": {"rho": rho, "p_value": p, "n_schedules": len(table),
+        "spearman": {"rho": rho, "p_value": p, "n_schedules": len(scored),
                      "per_seed": per_seed, "per_seed_mean": (sum(vals) / len(vals)) if vals else None,
                      "per_seed_std": _std(vals) if vals else None,
                      "what": "Spearman rank correlation between the proxy score and "
