@@ -63,7 +63,7 @@ from cptsim.errors import InputError
 from cptsim.numerics import quant
 
 __all__ = ["ElementFormat", "Format", "FORMATS", "ELEMENTS", "SCALE_RULES", "ROUNDINGS", "parse_format",
-           "format_names", "quantize", "round_element", "mx_scale_exponent"]
+           "format_names", "quantize", "round_element", "mx_scale_exponent", "quantize_error", "QuantFormatSTE"]
 
 ROUNDINGS = ("nearest", "stochastic")
 SCALE_RULES = ("floor", "rceil")
@@ -381,3 +381,36 @@ def quantize(x: torch.Tensor, fmt: str | Format, rounding: str = "nearest", gene
     if fmt.family == "nvfp":
         return _quantize_nvfp4(x, fmt, rounding, generator, dim)
     return _quantize_per_tensor(x, fmt, rounding, generator)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# What the quantized layers call at a step whose width names a float format (issue 26, item 4;
+# cptsim.numerics.layers, lm_layers, graph_layers). FP32 fake quantization, vectorised: ``quantize`` above.
+#
+# Rounding: forward operands (weights, activations) round to nearest even; the error (dL/d output) rounds
+# stochastically, as the integer path does and as the FP4 training recipes do for gradients (FP4 All the Way, NVIDIA's
+# NVFP4 report: SR on gradients). One rule for every gradient format, E5M2 and bf16 included (Transformer Engine
+# rounds its E5M2 gradients to nearest; cptsim keeps CPT's unbiased errors so that a format's effect is its grid's).
+#
+# Blocks (MX, NVFP4) run along ``dim``: a tensor's channel dimension -- a Linear's in-features for its input and weight
+# (its forward GEMM's reduction), a convolution's channels (the reduction of the NHWC implicit GEMM is (kh, kw, C):
+# 32 consecutive channels at one filter tap, the weight blocked along C_in likewise, so both operands' blocks cover the
+# same reduction indices), the error along the output channels (dgrad's reduction). Each tensor is quantized once and
+# that copy feeds every GEMM that reads it, as the integer path does; a hardware MX recipe (Transformer Engine) keeps
+# a second, column-wise copy for the backward GEMMs that reduce over tokens (wgrad) -- not modelled here.
+
+def quantize_error(g: torch.Tensor, fmt: Format, dim: int = -1) -> torch.Tensor:
+    """The error ``g`` in the gradient format ``fmt`` (stochastic rounding, the global generator), as g's dtype."""
+    return quantize(g, fmt, "stochastic", dim=dim).to(g.dtype)
+
+
+class QuantFormatSTE(torch.autograd.Function):
+    """``quantize(x, fmt, dim=dim)`` (round to nearest even) in forward, the gradient straight through."""
+
+    @staticmethod
+    def forward(ctx, x, fmt, dim):
+        return quantize(x, fmt, dim=dim).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None

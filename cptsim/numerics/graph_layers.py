@@ -47,6 +47,8 @@ import torch
 import torch.nn as nn
 
 from cptsim.errors import InputError
+from .formats import QuantFormatSTE
+from .formats import quantize_error as quantize_error_format
 from .quant import FULL_PRECISION, QuantActivationSTE, quantize_error
 
 __all__ = ["AggregationQuantizer", "AGG_CHILD", "AGG_FP_ARGS", "QUANT_AGG_ATTR", "quantize_aggregations",
@@ -151,12 +153,14 @@ def _pre_hook(module: nn.Module, inputs):
     targets = aggregation_inputs(module, kwargs)
     if not targets:
         return None
-    lo, hi = quant.ranges([t for _, _, t in targets])
+    fmt = quant.precision.forward_format() if hasattr(quant.precision, "forward_format") else None
+    # a float format: each input by its own amax (current scaling), MX / NVFP4 blocks along the features
+    lo, hi = quant.ranges([t for _, _, t in targets]) if fmt is None else (None, None)
     quant.slots = [name if side is None else f"{name}[{side}]" for name, side, _ in targets]
     bits = quant.precision.bits
     new = dict(kwargs)
     for k, (name, side, t) in enumerate(targets):
-        tq = QuantActivationSTE.apply(t, lo[k], hi[k], bits)
+        tq = QuantActivationSTE.apply(t, lo[k], hi[k], bits) if fmt is None else QuantFormatSTE.apply(t, fmt, -1)
         if side is None:
             new[name] = tq
         else:
@@ -173,7 +177,9 @@ def _post_hook(module: nn.Module, inputs, out):
         return None
     g = quant.precision.grad_bits
     if g != FULL_PRECISION and isinstance(out, torch.Tensor) and torch.is_grad_enabled() and out.requires_grad:
-        out.register_hook(partial(quantize_error, bits=g))
+        gfmt = quant.precision.gradient_format() if hasattr(quant.precision, "gradient_format") else None
+        out.register_hook(partial(quantize_error, bits=g) if gfmt is None
+                          else partial(quantize_error_format, fmt=gfmt, dim=-1))
     return None
 
 

@@ -11,6 +11,15 @@ What a quantized layer does at forward bits q and gradient bits g (CPT / SBM):
               backward, so both backward GEMMs (dgrad: error x W, wgrad: error x activation) consume it.
 32 bits means the layer runs exactly as the FP32 layer: no quantizer op at all.
 
+Number formats (issue 26): ``quantize_model(model, number_format="mx")`` gives the PrecisionState a format family's
+map (cptsim.numerics.families): at a step of width q the forward operands run in the format q names (mx: 4 MXFP4,
+6 MXFP6, 8 MXFP8), the error in the format g names (or ``--grad-format``), each fake-quantized in FP32 by
+``cptsim.numerics.formats.quantize`` with straight-through gradients: weights and activations round to nearest even,
+per tensor with an FP32 scale (fp8/fp6/fp4), in blocks of 32 with an E8M0 scale (MX) or of 16 with an E4M3 scale and
+an FP32 one (NVFP4) along the channel dimension; the error with stochastic rounding (see the note in formats.py).
+Activations are scaled by the batch's own amax in evaluation too (current scaling: no running range). The integer
+family (the default: no map) runs the code below exactly as before, C kernels and all.
+
 PyTorch Geometric's Linear (a graph convolution's dense transform) is swapped as nn.Linear is (``_FOREIGN``:
 known by its class path, PyG is never imported here); a message-passing layer's aggregation is quantized only on
 request (``quantize_model(..., quant_agg=True)``, cptsim.numerics.graph_layers).
@@ -20,7 +29,7 @@ from __future__ import annotations
 
 import fnmatch
 from contextlib import contextmanager
-from functools import partial
+from functools import lru_cache, partial
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +39,7 @@ import torch.nn.functional as F
 from cptsim.errors import InputError
 from cptsim.numerics import ckernels
 from . import exact_gemm
+from . import formats as _formats
 from .graph_layers import AggregationQuantizer, check_has_aggregation, quantize_aggregations, unquantized_parameters
 from .quant import FULL_PRECISION, check_bits, qrange, quantize_activation, quantize_error, quantize_weight
 from .quant import QuantActivationSTE as _QuantInput  # per-tensor fake quantization, straight-through gradient
@@ -39,14 +49,37 @@ ACT_MOMENTUM = 0.9  # running-range momentum for eval, as in the SBM/CPT code
 
 @dataclass
 class PrecisionState:
-    """The bits every quantized layer runs at right now; the training loop sets it each step."""
+    """The bits every quantized layer runs at right now; the training loop sets it each step.
+
+    ``formats``: a float family's ``cptsim.numerics.families.FormatMap`` (every width names a format); None: the
+    integer family, CPT's integers (today's path, untouched)."""
 
     bits: int = FULL_PRECISION
     grad_bits: int = FULL_PRECISION
+    formats: object = None
 
     def set(self, bits: int, grad_bits: int) -> None:
         self.bits = check_bits(int(bits), "forward bits")
         self.grad_bits = check_bits(int(grad_bits), "gradient bits")
+
+    def forward_format(self):
+        """The ``Format`` the forward operands run in now, or None (the integer family, or 32 bits)."""
+        f = self.formats
+        if f is None or self.bits == FULL_PRECISION:
+            return None
+        return _format(f.fwd_names[self.bits])
+
+    def gradient_format(self):
+        """The ``Format`` the error runs in now, or None (the integer family, or 32 gradient bits)."""
+        f = self.formats
+        if f is None or self.grad_bits == FULL_PRECISION:
+            return None
+        return _format(f.grad_names[self.grad_bits])
+
+
+@lru_cache(maxsize=None)
+def _format(name: str):
+    return _formats.parse_format(name)
 
 
 class _QuantInputTracked(torch.autograd.Function):
@@ -267,6 +300,9 @@ class _QuantMixin:
         bits = self.precision.bits
         if bits == FULL_PRECISION:
             return self._quantize_error(op(x, self.weight))
+        fmt = self.precision.forward_format()
+        if fmt is not None:  # a float format (number_format fp | mx | nvfp): its own path, below
+            return self._format_call(op, x, fmt)
         kernel_input = self._kernel_input(x)
         if kernel_input and self._exact(x, bits):
             return _ExactLinearCPU.apply(x, self.weight, self.bias, self, bits, self.precision.grad_bits)
@@ -304,6 +340,27 @@ class _QuantMixin:
             y = op(xq, w)
         return self._quantize_error(y)
 
+    # The dimension of the layer's input and output that holds its channels: MX / NVFP4 blocks run along it (a
+    # Linear's features, the last dimension; a convolution's channels, dimension 1). Weights block along dimension 1.
+    _channel_dim = -1
+
+    def _format_call(self, op, x: torch.Tensor, fmt) -> torch.Tensor:
+        """``op(Q(x), Q(W))`` in the float format ``fmt`` (round to nearest even, straight-through), the error in the
+        gradient format in backward (``_quantize_error``). The op keeps its quantized input for wgrad (the integer
+        path's recompute-in-backward trick is not worth it here: this is the FP32 emulation of a format)."""
+        xq = _formats.QuantFormatSTE.apply(x, fmt, self._channel_dim)
+        return self._quantize_error(op(xq, self._format_weight(fmt)))
+
+    def _format_weight(self, fmt) -> torch.Tensor:
+        # as _quantized_weight: once per forward inside reuse_quantized_weights (the LSTM's hidden-to-hidden layer)
+        cache = self.__dict__.get("_wq_cache")
+        if cache is None:
+            return _formats.QuantFormatSTE.apply(self.weight, fmt, 1)
+        key = (self.weight._version, fmt.name, torch.is_grad_enabled())
+        if cache.get("fkey") != key:
+            cache["fkey"], cache["fw"] = key, _formats.QuantFormatSTE.apply(self.weight, fmt, 1)
+        return cache["fw"]
+
     def _exact(self, x: torch.Tensor, bits: int) -> bool:
         """The exact integer path (cptsim.numerics.exact_gemm): a linear layer only (see _QuantLinearMixin)."""
         return False
@@ -324,6 +381,10 @@ class _QuantMixin:
         g = self.precision.grad_bits
         if g == FULL_PRECISION or not (torch.is_grad_enabled() and y.requires_grad):
             return y
+        gfmt = self.precision.gradient_format()
+        if gfmt is not None:  # a float gradient format (stochastic rounding), blocks along the output channels
+            y.register_hook(partial(_formats.quantize_error, fmt=gfmt, dim=self._channel_dim))
+            return y
         # A gradient hook on the output, not _QuantError: that identity Function has to return a copy (in-place ops
         # such as ReLU(inplace=True) follow a layer, and autograd forbids them on a custom Function's view output),
         # one more output-sized tensor per layer alive until backward (+20-57% peak memory on resnet20). A hook
@@ -335,6 +396,8 @@ class _QuantMixin:
 
 class QConv2d(_QuantMixin, nn.Conv2d):
     """nn.Conv2d that runs at the shared precision (see module docstring)."""
+
+    _channel_dim = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._quantized_call(lambda a, w: self._conv_forward(a, w, self.bias), x)
@@ -609,7 +672,7 @@ def resolve_fp_layers(model: nn.Module, patterns: list[str] | None) -> list[str]
 
 def quantize_model(
     model: nn.Module, precision: PrecisionState | None = None, fp_layers: list[str] | None = None,
-    quant_agg: bool = False,
+    quant_agg: bool = False, number_format: str = "int", grad_format: str | None = None,
 ) -> PrecisionState:
     """Swap every Conv2d/Linear except the full-precision ones for its quantized version, in place.
 
@@ -623,10 +686,21 @@ def quantize_model(
     as Wolfe's cpt_gnn ``--quant-agg``; see cptsim.numerics.graph_layers. By default it stays FP32. An InputError
     when the model has no message-passing layer.
 
+    ``number_format``: the format family the widths name (``int``, CPT's integers, the default; ``fp``, ``mx``,
+    ``nvfp``: cptsim.numerics.families), ``grad_format`` the gradient format (a float family only). A float family
+    makes every quantized layer run the format its step's width names (module docstring); it is set on the
+    returned PrecisionState (``precision.formats``), so a state passed in is given the map too. Bad names or
+    pairings raise a one-line InputError before anything is swapped.
+
     Parameters are kept (the same Parameter objects), so an optimizer built before or after sees the same
     weights. Returns the shared PrecisionState the training loop drives.
     """
+    from .families import format_map
+
+    fmap = format_map(number_format, grad_format)
     precision = precision or PrecisionState()
+    if fmap is not None:
+        precision.formats = fmap
     keep = set(resolve_fp_layers(model, fp_layers))
     nested = _nested_weight_user(model)
     lazy = [name for name, m in model.named_modules()

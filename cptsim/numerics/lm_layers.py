@@ -38,6 +38,7 @@ What they cost, and why:
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -45,6 +46,7 @@ import torch.nn.functional as F
 
 from .layers import (ACT_MOMENTUM, PrecisionState, _QuantError, _QuantInput, register_quantized,
                      reuse_quantized_weights)
+from .formats import QuantFormatSTE, quantize_error
 from .quant import FULL_PRECISION
 
 __all__ = ["LSTMLayer", "Matmul", "QMatmul", "CausalSelfAttention", "TransformerBlock", "matmul_macs"]
@@ -128,7 +130,13 @@ class QMatmul(Matmul):
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         bits = self.precision.bits
-        if bits != FULL_PRECISION:
+        fmt = self.precision.forward_format()
+        if fmt is not None:
+            # a float format: a's reduction is its last dimension, b's its second to last (MX / NVFP4 blocks run
+            # along them); scaled by each operand's own amax, in eval too (current scaling)
+            a = QuantFormatSTE.apply(a, fmt, -1)
+            b = QuantFormatSTE.apply(b, fmt, -2)
+        elif bits != FULL_PRECISION:
             first = self.act_count == 0
             a = _QuantInput.apply(a, *self._range(a, "act_lo", "act_hi", first), bits)
             b = _QuantInput.apply(b, *self._range(b, "b_lo", "b_hi", first), bits)
@@ -138,6 +146,10 @@ class QMatmul(Matmul):
         y = torch.matmul(a, b)
         g = self.precision.grad_bits
         if g == FULL_PRECISION or not (torch.is_grad_enabled() and y.requires_grad):
+            return y
+        gfmt = self.precision.gradient_format()
+        if gfmt is not None:  # the error of a @ b in the gradient format, blocks along its last dimension
+            y.register_hook(partial(quantize_error, fmt=gfmt, dim=-1))
             return y
         return _QuantError.apply(y, g)
 

