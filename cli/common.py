@@ -201,6 +201,16 @@ def _workload_option_defs() -> dict:
             help="Graph models: quantize the message passing's aggregation too -- its inputs at the step's bits, "
                  "the error flowing back into it at the gradient bits (cpt_gnn's quant_agg); counted at those "
                  "widths. [default: the aggregation in FP32, as cpt_gnn]"),
+        # number formats (issue 26; cptsim.numerics.families): what `cost` spells out in its own options
+        "number_format": click.option(
+            "--number-format", "number_format", default="int", show_default=True,
+            help="Format family the schedule's widths name: int (CPT's integers), fp (4 fp4e2m1, 6 fp6e3m2, "
+                 "8 fp8e4m3), mx (4 mxfp4, 6 mxfp6, 8 mxfp8), nvfp (4 nvfp4, 8 fp8e4m3); a width the family lacks "
+                 "takes the next wider format, 9..16 bf16. Float formats are fake-quantized in FP32."),
+        "grad_format": click.option(
+            "--grad-format", "grad_format", default=None,
+            help="Format of every gradient (error) operand, e.g. fp8e5m2 or mxfp8; needs a float --number-format "
+                 "[default: the gradient width through the family]."),
     }
 
 

@@ -89,6 +89,7 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
               show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @workload_options("optimizer", "lr_min", "quant_agg", "fp_layers")
+@workload_options("number_format", "grad_format")
 @click.option("--no-augment", is_flag=True, help="Turn off random crop / flip in training.")
 @click.option("--schedules", default=None, help="Schedules to search, comma-separated, or 'all' [default: all 11].")
 @click.option("--cycles", default=None, help="Cycle counts, e.g. 1,2,4 or 1-8 [default: 1,2,4,8,16,32,64].")
@@ -133,7 +134,8 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
 @wide_option
 @json_option
 def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, epochs, steps, dataset_size, lr, momentum,
-         weight_decay, lr_schedule, seed, optimizer, lr_min, quant_agg, fp_layers, no_augment, schedules, cycles, q_min, q_max, g_bits, min_bits,
+         weight_decay, lr_schedule, seed, optimizer, lr_min, quant_agg, fp_layers, number_format, grad_format,
+         no_augment, schedules, cycles, q_min, q_max, g_bits, min_bits,
          max_bits, range_steps, prefer_cyclic, quality, db, pilot, pilot_steps, pilot_dir, device, top, out_path,
          force, plot, quiet, per_layer, sensitivity_src, channels_last, as_json) -> None:
     """Search cyclic-precision schedules for the best one whose estimated cost on the target hardware fits the
@@ -169,6 +171,11 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
     if plot and target.resolve() == Path(plot).resolve():
         raise InputError("--plot and --out name the same file")
     hardware = load_profile(hw)
+    from cptsim.numerics.families import format_map
+
+    # unknown names, --grad-format without a float family, a float family on an integer-only accelerator: refused
+    # here, before the profiling step
+    hardware.with_formats(format_map(number_format, grad_format))
     show = not (quiet or as_json)
 
     with err.status(f"profiling {model}: one training step ...") if show else _nothing():
@@ -180,7 +187,8 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
                                   fp_layers=parse_fp_layers(fp_layers), lr=lr, lr_schedule=lr_schedule,
                                   momentum=momentum, weight_decay=weight_decay, seed=seed, augment=not no_augment,
                                   image_size=image_size, channels_last=channels_last, optimizer=optimizer,
-                                  lr_min=lr_min, quant_agg=quant_agg)
+                                  lr_min=lr_min, quant_agg=quant_agg, number_format=number_format,
+                                  grad_format=grad_format)
     rt = None
     if space.min_bits_auto:
         from .rangetest_cmd import print_result, run_with_progress
@@ -203,6 +211,8 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
                        on_pilot=on_pilot, quality=quality, db=db, evidence=LocalEvidence())
     doc = result.to_json()
     doc.update(plan_sureness(result))
+    if result.estimate.formats is not None:  # the formats the chosen schedule's widths name, and the GPU tiers
+        doc["number_format"] = result.estimate.formats
     if per_layer:
         from cptsim.planner.perlayer import plan_doc_with_layers, refine
 

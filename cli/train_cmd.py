@@ -175,7 +175,8 @@ _PLAN_OVERRIDABLE = {"seed": "--seed", "lr": "--lr", "momentum": "--momentum", "
 # These would change the planned workload and its cost: refused unless they equal the plan's value.
 _PLAN_FIXED_FLAGS = {"model": "--model", "dataset": "--dataset", "batch_size": "--batch-size", "steps": "--steps",
                      "epochs": "--epochs", "fp_layers": "--fp-layers", "image_size": "--image-size",
-                     "optimizer": "--optimizer", "quant_agg": "--quant-agg"}
+                     "optimizer": "--optimizer", "quant_agg": "--quant-agg",
+                     "number_format": "--number-format", "grad_format": "--grad-format"}
 _SCHEDULE_FLAGS = {"schedule": "--schedule", "q_min": "--q-min", "q_max": "--q-max", "g_bits": "--g-bits",
                    "cycles": "--cycles"}
 
@@ -194,6 +195,7 @@ def _plan_config(plan: dict, params: dict, **runtime):
              if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)}
     w = plan["workload"]
     planned = {k: w.get(k) for k in _PLAN_FIXED_FLAGS}
+    planned["number_format"] = planned["number_format"] or "int"  # a plan of integers names no format
     plan_sched = Schedule.from_json(plan["schedule"]).to_text()
     wrong = []
     for key, flag in _PLAN_FIXED_FLAGS.items():
@@ -308,6 +310,7 @@ def _tensorboard(cfg):
 @click.option("--lr-schedule", type=click.Choice(["step", "cosine", "constant"]), default="cosine", show_default=True,
               help="step: x0.1 at 50% and 75% of the steps (CPT's recipe); cosine: to --lr-min over the run.")
 @workload_options("optimizer", "lr_min", "quant_agg", "fp_layers")
+@workload_options("number_format", "grad_format")
 @layer_schedule_options
 @click.option("--no-augment", is_flag=True, help="Turn off random crop / flip for CIFAR and ImageFolder.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -357,7 +360,8 @@ def _tensorboard(cfg):
                    "in DIR (pip install 'cptsim[tensorboard]').")
 @json_option
 def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, cycles, epochs, steps, batch_size, lr, momentum,
-          weight_decay, lr_schedule, optimizer, lr_min, quant_agg, fp_layers, layer_schedule, layer_rules, no_augment, seed, device, workers, out, resume_dir, plan_path,
+          weight_decay, lr_schedule, optimizer, lr_min, quant_agg, fp_layers, number_format, grad_format,
+          layer_schedule, layer_rules, no_augment, seed, device, workers, out, resume_dir, plan_path,
           threads, eval_bits, recal_batches, val_split, checkpoint_every, nproc, max_restarts, keep_checkpoints,
           channels_last, list_models, quiet, as_json) -> None:
     """Run real quantized training with a cyclic precision schedule and record what ran."""
@@ -407,7 +411,8 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
                   "q_max": q_max, "g_bits": g_bits, "cycles": cycles, "epochs": epochs, "steps": steps,
                   "batch_size": batch_size, "lr": lr, "momentum": momentum, "weight_decay": weight_decay,
                   "lr_schedule": lr_schedule, "fp_layers": fp_layers, "no_augment": no_augment, "seed": seed,
-                  "image_size": image_size, "optimizer": optimizer, "lr_min": lr_min, "quant_agg": quant_agg}
+                  "image_size": image_size, "optimizer": optimizer, "lr_min": lr_min, "quant_agg": quant_agg,
+                  "number_format": number_format, "grad_format": grad_format}
         evaluation = {k: v for k, v in (("eval_bits", eval_bits), ("recal_batches", recal_batches),
                                         ("val_split", val_split)) if click.get_current_context().get_parameter_source(
             k) not in (None, click.core.ParameterSource.DEFAULT)}
@@ -442,7 +447,8 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
                             quant_agg=quant_agg, fp_layers=fp, seed=seed, device=device, workers=workers,
                             augment=not no_augment, checkpoint_every=checkpoint_every, threads=threads,
                             eval_bits=eval_bits, recal_batches=recal_batches, val_split=val_split,
-                            channels_last=channels_last, image_size=image_size, **keep)
+                            channels_last=channels_last, image_size=image_size, number_format=number_format,
+                            grad_format=grad_format, **keep)
         # Cheap checks first, so that a typo is the only line the user sees (the banner below would precede it).
         import torch
 

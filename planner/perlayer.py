@@ -316,7 +316,8 @@ def plan_doc_with_layers(doc: dict, p, lp, rows: list, weights_from: str) -> dic
     from cptsim.cost.model import estimate
 
     est = est or estimate(w.profile, lp.base, p.hardware, steps=w.steps, batch_size=w.batch_size,
-                          dataset_size=w.dataset_size, layers=lp.resolved, static_bits=p.baseline_schedule.q_max)
+                          dataset_size=w.dataset_size, layers=lp.resolved, static_bits=p.baseline_schedule.q_max,
+                          formats=getattr(w, "formats", None))
     base_total = p.baseline.bitops["total"]
     e = doc["estimate"]
     e.update({"bitops": est.bitops, "energy_j": est.energy_j and est.energy_j["total"],

@@ -137,7 +137,9 @@ def run_pilot(cands: Candidates, pool: list[int], pilot_steps: int | None, pilot
                                   steps=steps, batch_size=w.batch_size, lr=w.lr, momentum=w.momentum,
                                   weight_decay=w.weight_decay, lr_schedule=w.lr_schedule,
                                   fp_layers=list(w.fp_layers), seed=w.seed, device=device, augment=w.augment,
-                                  val_split=PILOT_VAL_SPLIT, image_size=getattr(w, "image_size", None))
+                                  val_split=PILOT_VAL_SPLIT, image_size=getattr(w, "image_size", None),
+                                  number_format=getattr(w, "number_format", "int"),
+                                  grad_format=getattr(w, "grad_format", None))
                 out, run = _run_dir(root, cfg, evidence)
                 if on_event:
                     on_event({"event": "start", "round": r, "steps": steps, "schedule": s.to_text()})

@@ -68,7 +68,8 @@ def metric_levels(cands: Candidates, metric: str) -> list[tuple[list[int], float
     traffic may still differ a little), for BitOPs every width on its own. [(bits, lowest and highest cost of
     one full-batch step at those bits and the baseline's gradient bits, how the hardware runs them)]."""
     key = COST_KEYS[metric]
-    space, hw = cands.space, cands.hardware
+    # with a float family (issue 26) a width's tier is its format's: describe the profile that prices them
+    space, hw = cands.space, cands.hardware.with_formats(getattr(cands.workload, "formats", None))
     top = baseline_schedule(space)
     lo = max(space.q_min_range[0], space.min_bits or 1)
     table = cands.tables[key][0]

@@ -48,6 +48,21 @@ class Workload:
     lr_min: float = 0.0  # the cosine's floor, recorded for training
     quant_agg: bool = False  # graph models: the aggregation quantized too (its BitOPs at the step's widths)
     graph_edges: int | None = None  # a graph dataset: the directed edges its model aggregates over (no self-loops)
+    # number formats (issue 26; cptsim.numerics.families): the family the widths name and the gradient format;
+    # every estimate of this workload prices them (``formats``), and the run trains in them
+    number_format: str = "int"
+    grad_format: str | None = None
+
+    @property
+    def formats(self):
+        """The ``FormatMap`` of ``number_format`` / ``grad_format`` (None: integers, today's costs)."""
+        from cptsim.numerics.families import format_map
+
+        key = (self.number_format, self.grad_format)
+        cached = self.__dict__.get("_formats")
+        if cached is None or cached[0] != key:
+            cached = self.__dict__["_formats"] = (key, format_map(*key))
+        return cached[1]
 
     @classmethod
     def build(cls, model: str = "digits-cnn", dataset: str | None = None, data_dir: str | None = None,
@@ -55,7 +70,8 @@ class Workload:
               dataset_size: int | None = None, fp_layers: list[str] | None = None, lr: float | None = None,
               lr_schedule: str = "cosine", momentum: float = 0.9, weight_decay: float = 5e-4, seed: int = 0,
               augment: bool = True, image_size: int | None = None, channels_last: bool = False,
-              optimizer: str | None = None, lr_min: float | None = None, quant_agg: bool = False) -> "Workload":
+              optimizer: str | None = None, lr_min: float | None = None, quant_agg: bool = False,
+              number_format: str = "int", grad_format: str | None = None) -> "Workload":
         """Resolve the workload without loading data (``dataset_info``), and profile one real training step of the
         model quantized as ``cptsim train`` will quantize it (``fp_layers``: None = the model's convention).
 
@@ -86,7 +102,7 @@ class Workload:
                 raise InputError(f"{flag} must be a positive integer, got {v!r}")
         validate(TrainConfig(model=model, dataset=dataset, batch_size=batch_size, lr=lr, lr_schedule=lr_schedule,
                              steps=steps, image_size=image_size, optimizer=optimizer, lr_min=lr_min,
-                             quant_agg=quant_agg))
+                             quant_agg=quant_agg, number_format=number_format, grad_format=grad_format))
         info = dataset_info(dataset, data_dir, image_size)
         n, n_from = epoch_size(dataset, data_dir, dataset_size)
         if steps is None:
@@ -110,7 +126,8 @@ class Workload:
                    weight_decay=weight_decay, seed=seed, augment=augment, profile_s=time.perf_counter() - t0,
                    dataset_size_from=n_from, image_size=shape[-1] if info.name == "imagefolder" else None,
                    channels_last=bool(channels_last), optimizer=optimizer, lr_min=float(lr_min),
-                   quant_agg=bool(quant_agg), graph_edges=edges)
+                   quant_agg=bool(quant_agg), graph_edges=edges,
+                   number_format=str(number_format).strip().lower(), grad_format=grad_format)
 
     @property
     def ragged(self) -> tuple[int, int] | None:
@@ -144,7 +161,9 @@ class Workload:
                 **({"channels_last": True} if self.channels_last else {}),
                 **({"optimizer": self.optimizer} if self.optimizer != "sgd" else {}),
                 **({"lr_min": self.lr_min} if self.lr_min else {}),
-                **({"quant_agg": True} if self.quant_agg else {})}
+                **({"quant_agg": True} if self.quant_agg else {}),
+                **({"number_format": self.number_format, "grad_format": self.grad_format}
+                   if self.formats is not None else {})}
 
     def step_costs(self, hardware):
         """The ``cptsim.cost.StepCosts`` of this workload's profile on ``hardware`` (a HardwareProfile object):
@@ -155,7 +174,7 @@ class Workload:
         cache = self.__dict__.setdefault("_step_costs", {})
         hit = cache.get(id(hardware))
         if hit is None or hit.hardware is not hardware or hit.source is not self.profile:
-            hit = cache[id(hardware)] = StepCosts(self.profile, hardware)
+            hit = cache[id(hardware)] = StepCosts(self.profile, hardware, formats=self.formats)
         return hit
 
     def estimate(self, schedule: Schedule, hardware, per_layer: bool = False, static_bits: int | None = None,
@@ -168,7 +187,7 @@ class Workload:
         shared = None if hardware is None or isinstance(hardware, str) else self.step_costs(hardware)
         return estimate(self.profile, schedule, hardware, steps=self.steps, batch_size=self.batch_size,
                         dataset_size=self.dataset_size, per_layer=per_layer, static_bits=static_bits,
-                        step_costs=shared, step_kinds=step_kinds)
+                        step_costs=shared, step_kinds=step_kinds, formats=self.formats)
 
     def estimate_totals(self, schedule: Schedule, hardware, step_kinds: tuple | None = None) -> dict:
         """``cptsim.cost.estimate_totals``: the totals ``estimate`` gives (bitops, energy_j, latency_s), alone."""
@@ -176,4 +195,5 @@ class Workload:
 
         shared = None if hardware is None or isinstance(hardware, str) else self.step_costs(hardware)
         return estimate_totals(self.profile, schedule, hardware, steps=self.steps, batch_size=self.batch_size,
-                               dataset_size=self.dataset_size, step_costs=shared, step_kinds=step_kinds)
+                               dataset_size=self.dataset_size, step_costs=shared, step_kinds=step_kinds,
+                               formats=self.formats)

@@ -242,6 +242,12 @@ class RunRecorder:
                 "host": {"machine": platform.machine(), "threads": torch.get_num_threads()},
                 "argv": sys.argv, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             }
+            fmap = scheduler.precision.formats  # quantize_model(model, number_format=...): a float family
+            if fmap is not None:
+                settings.update(number_format=fmap.family, grad_format=fmap.grad_format)
+                used = fmap.used(list(scheduler._bits) + [int(eval_bits)], scheduler._grad_bits)
+                self._config["number_format"] = {**fmap.to_json(), "formats": {
+                    k: {str(b): n for b, n in v.items()} for k, v in used.items()}}
             self._spe_given = steps_per_epoch is not None
             if plan_doc is not None:
                 from cptsim.planner.planfile import plan_digest
@@ -313,7 +319,12 @@ class RunRecorder:
             loss = float(loss)
         prec = self.scheduler.precision
         bits, gbits = prec.bits, prec.grad_bits
-        executed = step_cost(self.counter.step_arrays(), bits, gbits, batch=1)
+        fmap = prec.formats
+        if fmap is None:
+            executed = step_cost(self.counter.step_arrays(), bits, gbits, batch=1)
+        else:  # BitOPs at the formats' element bits, as cptsim train counts them
+            executed = step_cost(self.counter.step_arrays(), int(fmap.fwd_element_bits[bits]),
+                                 int(fmap.grad_element_bits[gbits]), batch=1)
         if not self._profiled:
             shape = self._config.get("input_shape") or (self._input[1] if self._input else None)
             if not shape:
@@ -334,6 +345,8 @@ class RunRecorder:
             lr = self._lr  # the optimizer's at sched.step(): the rate this step ran with
         line = {"step": t, "epoch": self._epoch, "batch_size": batch_size, "bits": bits, "grad_bits": gbits,
                 "macs": {p: executed["macs"][p] for p in PHASES}, "bitops": {p: executed["bitops"][p] for p in PHASES}}
+        if fmap is not None:
+            line["format"], line["grad_format"] = fmap.fwd_names[bits], fmap.grad_names[gbits]
         if lr is not None:
             line["lr"] = float(lr)
         line["time_s"] = round(dt, 6)

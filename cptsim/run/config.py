@@ -65,6 +65,11 @@ class TrainConfig:
     # a per-layer plan: the layer schedule's JSON (cptsim.cost.layerplan: {"format", "rules": ["GLOB=SPEC", ...]});
     # None: every quantized layer runs the schedule's bits
     layer_schedule: dict | None = None
+    # number formats (issue 26; cptsim.numerics.families): the family the schedule's widths name (int: CPT's
+    # integers, today's path; fp | mx | nvfp: float formats, fake-quantized in FP32) and the gradient format
+    # (a float family only; None: gradients map through the family like the forward operands)
+    number_format: str = "int"
+    grad_format: str | None = None
 
     def __post_init__(self) -> None:
         if self.dataset is None:
@@ -94,7 +99,7 @@ class TrainConfig:
         w = plan["workload"]
         keys = ("model", "dataset", "data_dir", "batch_size", "steps", "lr", "lr_schedule", "momentum",
                 "weight_decay", "seed", "fp_layers", "augment", "image_size", "channels_last", "optimizer",
-                "lr_min", "quant_agg")
+                "lr_min", "quant_agg", "number_format", "grad_format")
         settings = {k: w[k] for k in keys if k in w}
         settings["schedule"] = Schedule.from_json(plan["schedule"]).to_text()
         if isinstance(plan.get("layers"), dict):  # a per-layer plan: its rules, resolved again on the model
@@ -128,7 +133,9 @@ WORKLOAD_KEYS = ("model", "dataset", "dataset_size", "batch_size", "steps", "lr"
 EVAL_DEFAULTS = {"eval_bits": None, "recal_batches": 16}  # TrainConfig's: the schedule's q_max, 16 batches
 # the optimizer (Adam's update is counted work, and another recipe is another workload), the cosine floor and the
 # aggregation's quantization (graph models' BitOPs): keyed, like EVAL_DEFAULTS, only away from TrainConfig's default
-RECIPE_DEFAULTS = {"optimizer": "sgd", "lr_min": 0, "quant_agg": False}
+RECIPE_DEFAULTS = {"optimizer": "sgd", "lr_min": 0, "quant_agg": False,
+                   # number formats (issue 26): an integer run's key stays what it was
+                   "number_format": "int", "grad_format": None}
 FOLDER_DATASETS = ("imagefolder",)  # the data are the user's folder: its path and class count are the workload's
 
 
@@ -219,6 +226,7 @@ def run_workload(config: dict) -> dict:
         "image_size": s.get("image_size"), "data_dir": s.get("data_dir"), "num_classes": config.get("num_classes"),
         "eval_bits": s.get("eval_bits"), "recal_batches": config.get("recal_batches", s.get("recal_batches")),
         "optimizer": s.get("optimizer"), "lr_min": s.get("lr_min"), "quant_agg": s.get("quant_agg"),
+        "number_format": s.get("number_format"), "grad_format": s.get("grad_format"),
     })
 
 
@@ -255,7 +263,8 @@ def unpack_correct(text: str, n: int):
 # The settings a plan's cost depends on: TrainConfig.from_plan refuses to change them.
 PLAN_FIXED = ("model", "dataset", "schedule", "batch_size", "steps", "epochs", "fp_layers", "image_size",
               "channels_last",  # the memory format changes a GPU's time
-              "optimizer", "quant_agg", "layer_schedule")  # Adam's update is counted work; a quantized aggregation changes the BitOPs
+              "optimizer", "quant_agg", "layer_schedule",
+              "number_format", "grad_format")  # the formats price the GEMMs; Adam's update is counted work; a quantized aggregation changes the BitOPs
 
 
 # The recipe a workload gets where its flags are not given, by the kind of its data: CPT's (SGD with momentum 0.9,
@@ -381,6 +390,14 @@ def validate(cfg: TrainConfig) -> None:
     if isinstance(cfg.val_split, bool) or not isinstance(cfg.val_split, (int, float)) \
             or not 0 <= cfg.val_split < 0.5:
         raise InputError(f"--val-split must be a fraction in [0, 0.5), got {cfg.val_split!r}")
+    for name, v in (("number-format", cfg.number_format), ("grad-format", cfg.grad_format)):
+        if v is not None and not isinstance(v, str):
+            raise InputError(f"--{name} must be a name, got {v!r}")
+    if cfg.number_format is None:
+        raise InputError("--number-format must be a name (int, fp, mx, nvfp), got None")
+    from cptsim.numerics.families import format_map
+
+    format_map(cfg.number_format, cfg.grad_format)  # unknown names, --grad-format with the integer family
     if cfg.layer_schedule is not None:
         from cptsim.cost.layerplan import layer_schedule_from_json
 

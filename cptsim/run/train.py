@@ -205,7 +205,8 @@ def build(cfg: TrainConfig) -> Workload:
         bind_graph(model, train_set.graph.edge_index)
     # None: the model's own convention, resolved by the registry; else the user's globs, expanded
     fp_layers = default_fp_layers(model) if cfg.fp_layers is None else resolve_fp_layers(model, cfg.fp_layers)
-    precision = quantize_model(model, fp_layers=fp_layers, **({"quant_agg": True} if cfg.quant_agg else {}))
+    precision = quantize_model(model, fp_layers=fp_layers, **({"quant_agg": True} if cfg.quant_agg else {}),
+                               **_format_kwargs(cfg))
     layers, layer_states = _layer_plan(cfg, model, schedule, fp_layers)
     model.to(cfg.device)
     if not isinstance(cfg.channels_last, bool):
@@ -244,19 +245,39 @@ def build(cfg: TrainConfig) -> Workload:
     )
 
 
+def _format_kwargs(cfg: TrainConfig) -> dict:
+    """quantize_model's number-format arguments: none for the integer family without a gradient format (the call,
+    and the path, of every run before formats existed)."""
+    if cfg.number_format.strip().lower() == "int" and cfg.grad_format is None:
+        return {}
+    return {"number_format": cfg.number_format, "grad_format": cfg.grad_format}
+
+
+def run_formats(cfg: TrainConfig, w: "Workload") -> dict | None:
+    """What config.json records under "number_format": the family, the gradient format and the formats each width
+    of this run names ({"forward": {bits: name}, "gradient": {bits: name}}, the evaluation's bits included); None for
+    the integer family."""
+    fmap = w.precision.formats
+    if fmap is None:
+        return None
+    used = fmap.used(list(w.bits) + [w.eval_bits], w.grad_bits)
+    return {**fmap.to_json(), "formats": {k: {str(b): n for b, n in v.items()} for k, v in used.items()}}
+
+
 def _layer_plan(cfg: TrainConfig, model: nn.Module, schedule, fp_layers):
     """The run's per-layer plan resolved on its model (None without one), and per distinct layer schedule its
     own PrecisionState, bound to its layers: [(state, schedule, layer names)]."""
     if not cfg.layer_schedule:
         return None, []
     from cptsim.cost.layerplan import layer_schedule_from_json
+    from cptsim.numerics.families import format_map
     from cptsim.numerics.layers import PrecisionState, assign_precision, quantized_layer_names
 
     layers = layer_schedule_from_json(cfg.layer_schedule, "layer_schedule").resolve(
         schedule, quantized_layer_names(model), list(fp_layers), cfg.model)
     out = []
     for sched, names in layers.groups():
-        state = PrecisionState()
+        state = PrecisionState(formats=format_map(cfg.number_format, cfg.grad_format))
         assign_precision(model, {n: state for n in names})
         out.append((state, sched, names))
     return layers, out
@@ -369,6 +390,8 @@ def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
         # every Conv2d/Linear-like layer left in full precision and why: --fp-layers, a subclass with a forward of
         # its own (timm's Conv2dSame), a layer whose owner never calls its forward (issue 25)
         "unquantized_layers": unquantized_layers(w.model),
+        # the format each width named (issue 26); absent for integers (their runs' config.json stays as it was)
+        **({"number_format": run_formats(cfg, w)} if w.precision.formats is not None else {}),
         "world_size": world,
         "versions": {"cptsim": __version__, "torch": torch.__version__, "python": platform.python_version()},
         "host": {"machine": platform.machine(), "threads": torch.get_num_threads(),
@@ -741,6 +764,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
     if start_step >= T:
         return run  # already complete: nothing to run, nothing to append
     kill_at, nan_at, int_at = _fault("KILL"), _fault("NAN"), _fault("SIGINT")
+    fmap = w.precision.formats  # a float family's FormatMap; None: integers
     counter = MacCounter(model, cfg.model)  # forward hooks reading shapes: ~0.1% of a resnet20 step
     modules = dict(model.named_modules())
 
@@ -838,7 +862,13 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                         stats = forward_backward(x, y, n_loss, poison)
                     arrays = arrays if arrays is not None else counter.step_arrays()
                     # the cost model's formula, at the bits each layer ran at (a per-layer plan: its own)
-                    executed = step_cost(arrays, ran_bits(arrays, bits) if w.layer_states else bits, gbits, batch=1)
+                    qb = ran_bits(arrays, bits) if w.layer_states else bits
+                    if fmap is not None:  # BitOPs count the formats' element bits (cptsim.cost.model, issue 26)
+                        qb = [int(fmap.fwd_element_bits[b]) for b in qb] if w.layer_states \
+                            else int(fmap.fwd_element_bits[qb])
+                        executed = step_cost(arrays, qb, int(fmap.grad_element_bits[gbits]), batch=1)
+                    else:
+                        executed = step_cost(arrays, qb, gbits, batch=1)
                     counts = [executed[k][p] for k in ("macs", "bitops") for p in PHASES]
                 d.all_reduce_grads(params)
                 if clip is not None:
@@ -876,6 +906,8 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                             "grad_bits": gbits, "macs": dict(zip(PHASES, c[:3])),
                             "bitops": dict(zip(PHASES, c[3:])),
                             "lr": lr, "time_s": round(dt, 6), "loss": loss_v}
+                    if fmap is not None:  # the formats this step ran (the mapping: config.json "number_format")
+                        line["format"], line["grad_format"] = fmap.fwd_names[bits], fmap.grad_names[gbits]
                     if energy is not None:  # NVML: this GPU's energy counter over the step (see cptsim.measure.energy)
                         line["energy_j"], line["power_w"] = energy
                     if batch is not None and graphed:
