@@ -346,7 +346,7 @@ class RunRecorder:
         line = {"step": t, "epoch": self._epoch, "batch_size": batch_size, "bits": bits, "grad_bits": gbits,
                 "macs": {p: executed["macs"][p] for p in PHASES}, "bitops": {p: executed["bitops"][p] for p in PHASES}}
         if fmap is not None:
-            line["format"], line["grad_format"] = fmap.fwd_names[bits], fmap.grad_names[gbits]
+            line["formats"] = {"forward": fmap.fwd_names[bits], "gradient": fmap.grad_names[gbits]}
         if lr is not None:
             line["lr"] = float(lr)
         line["time_s"] = round(dt, 6)

@@ -906,8 +906,9 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                             "grad_bits": gbits, "macs": dict(zip(PHASES, c[:3])),
                             "bitops": dict(zip(PHASES, c[3:])),
                             "lr": lr, "time_s": round(dt, 6), "loss": loss_v}
-                    if fmap is not None:  # the formats this step ran (the mapping: config.json "number_format")
-                        line["format"], line["grad_format"] = fmap.fwd_names[bits], fmap.grad_names[gbits]
+                    if fmap is not None:  # the formats this step ran (the mapping: config.json "number_format";
+                        # not "format": a trace line's own format version has that key)
+                        line["formats"] = {"forward": fmap.fwd_names[bits], "gradient": fmap.grad_names[gbits]}
                     if energy is not None:  # NVML: this GPU's energy counter over the step (see cptsim.measure.energy)
                         line["energy_j"], line["power_w"] = energy
                     if batch is not None and graphed:

@@ -78,6 +78,11 @@ def run_figure(report) -> bytes:
         hi = max(int(np.max(s["bits"])), int(np.max(s["grad_bits"])), int(np.max(s["planned_bits"])))
         ax_bits.set_ylim(lo - 0.7, hi + 0.7)
         ax_bits.yaxis.set_major_locator(MaxNLocator(integer=True))
+        names = run_format_names(d)
+        if names is not None:  # a float family: each width's tick names its format, the legend the gradients'
+            name_widths(ax_bits, names["forward"], lo, hi)
+            ax_bits.lines[-1].set_label("executed gradient bits (" + ", ".join(sorted(set(
+                names["gradient"].values()))) + ")")
         ax_bits.legend(loc="lower right", fontsize=8, framealpha=0.9)
 
         b = d["bitops"]
@@ -274,10 +279,45 @@ def plot_frontier(p, path: str) -> None:
         plt.close(fig)
 
 
-def plot_schedules(scheds: list, total_steps: int, path) -> None:
-    """A PNG with one step plot of bits over training steps per schedule (gradient bits dashed when they vary)."""
+def run_format_names(data: dict) -> dict | None:
+    """{"forward": {bits: name}, "gradient": {bits: name}} of a run that ran a float family (config.json's
+    "number_format", issue 26), else None. From the report's data where it carries them, else the run's config."""
+    nf = data.get("number_format")
+    if nf is None:
+        path = (data.get("run") or {}).get("path")
+        if not path:
+            return None
+        try:
+            from cptsim.run.rundir import RunDir
+
+            nf = RunDir.open(path).read_config().get("number_format")
+        except Exception:  # noqa: BLE001 - a figure without format names rather than none
+            return None
+    if not isinstance(nf, dict) or not isinstance(nf.get("formats"), dict):
+        return None
+    return {k: {int(b): str(n) for b, n in (nf["formats"].get(k) or {}).items()} for k in ("forward", "gradient")}
+
+
+def name_widths(ax, names: dict, lo: int, hi: int) -> None:
+    """Label the y axis of a bits-over-steps panel with each width's format ("4 mxfp4") from ``lo`` to ``hi``."""
+    widths = [w for w in sorted(names) if lo <= w <= hi]
+    if widths:
+        ax.set_yticks(widths)
+        ax.set_yticklabels([f"{w} {names[w]}" for w in widths], fontsize=8)
+        ax.set_ylabel("bits (format)")
+
+
+def plot_schedules(scheds: list, total_steps: int, path, number_format: str = "int",
+                   grad_format: str | None = None) -> None:
+    """A PNG with one step plot of bits over training steps per schedule (gradient bits dashed when they vary).
+    ``number_format`` (a float family, issue 26): each width's tick names the format it runs in, and the legend
+    the gradient format."""
     plt = require_matplotlib()
     from matplotlib.ticker import MaxNLocator
+
+    from cptsim.numerics.families import format_map
+
+    fmap = format_map(number_format, grad_format)
 
     steps = range(total_steps)
     fig, axes = plt.subplots(len(scheds), 1, sharex=True, squeeze=False,
@@ -294,6 +334,10 @@ def plot_schedules(scheds: list, total_steps: int, path) -> None:
         ax.set_ylim(lo - pad, hi + pad)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("bits")
+        if fmap is not None:
+            name_widths(ax, {w: fmap.fwd_names[w] for w in range(lo, hi + 1)}, lo, hi)
+            gnames = sorted({fmap.grad_names[int(b)] for b in set(s.grad_bits(total_steps).tolist())})
+            ax.plot([], [], ls="none", label=f"{fmap.family} family; gradients {', '.join(gnames)}")
         ax.grid(alpha=0.3)
         # Outside the axes: cyclic schedules fill the whole panel, so a legend inside would hide data.
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
