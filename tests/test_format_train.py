@@ -91,3 +91,55 @@ def test_bad_format_input_is_an_input_error(kw, msg):
 
     with pytest.raises(InputError, match=msg):
         quantize_model(_net(), **kw)
+
+
+def test_digits_mx_run_trains_and_names_its_formats(tmp_path):
+    from shared_runs import cptsim_here
+
+    from cptsim.run.config import run_workload, workload_key
+    from cptsim.run.rundir import RunDir
+
+    out = tmp_path / "mx"
+    r = cptsim_here("train", "--number-format", "mx", "--schedule", "cpt:4-8:g8:n2", "--steps", "20",
+                    "--batch-size", "64", "--recal-batches", "2", "--quiet", "--out", out)
+    assert r.exit_code == 0, (r.output, r.exception)
+    run = RunDir.open(out)
+    cfg = run.read_config()
+    nf = cfg["number_format"]
+    assert nf["family"] == "mx" and nf["grad_format"] is None
+    assert nf["formats"]["forward"] == {"4": "mxfp4", "5": "mxfp6", "6": "mxfp6", "7": "mxfp8", "8": "mxfp8"}
+    assert nf["formats"]["gradient"] == {"8": "mxfp8"}
+    assert cfg["settings"]["number_format"] == "mx"
+    trace = run.read_trace().records
+    assert trace[0]["bits"] == 4 and trace[0]["formats"] == {"forward": "mxfp4", "gradient": "mxfp8"}
+    # BitOPs at element bits: a 5-bit step ran MXFP6, so it counts what a 6-bit step counts
+    five, six = (next(t for t in trace if t["bits"] == b) for b in (5, 6))
+    assert five["formats"]["forward"] == "mxfp6" and five["bitops"] == six["bitops"] and five["batch_size"] == 64
+    losses = [t["loss"] for t in trace]
+    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4 - 0.3  # it trains
+    # keyed apart from the same run in integers; an integer run's key ignores the new (default) settings
+    as_int = {**cfg, "settings": {**cfg["settings"], "number_format": "int"}}
+    old = {**cfg, "settings": {k: v for k, v in cfg["settings"].items() if k not in ("number_format", "grad_format")}}
+    assert workload_key(run_workload(cfg)) != workload_key(run_workload(as_int)) == workload_key(run_workload(old))
+
+
+def test_integer_default_run_records_no_formats(digits_uninterrupted):
+    cfg = digits_uninterrupted.read_config()
+    assert "number_format" not in cfg and cfg["settings"]["number_format"] == "int"
+    assert "formats" not in digits_uninterrupted.read_trace().records[0]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["train", "--number-format", "posit"], "unknown number format family"),
+    (["train", "--grad-format", "fp8e5m2"], "needs a float --number-format"),
+    (["train", "--number-format", "mx", "--grad-format", "int8"], "must be a float format"),
+    (["plan", "--budget", "50%", "--hw", "bitfusion", "--number-format", "mx"], "computes integers only"),
+    (["plan", "--budget", "50%", "--number-format", "fp", "--grad-format", "e9m9"], "unknown number format"),
+])
+def test_bad_format_flags_are_one_line_and_exit_2(tmp_path, args, needle):
+    from shared_runs import cptsim_here
+
+    r = cptsim_here(*args, "--out", tmp_path / ("r" if args[0] == "train" else "p.json"))
+    assert r.exit_code == 2, (r.output, r.exception)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
