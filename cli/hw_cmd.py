@@ -92,7 +92,7 @@ def show_cmd(name_or_path: str, as_json: bool) -> None:
     p = load_profile(name_or_path)
     rows = _by_bits(p)
     if as_json:
-        emit_json({**p.to_json(), "by_bits": rows})
+        emit_json({**p.to_json(), "by_bits": rows, **({"tiers": p.tiers()} if hasattr(p, "tiers") else {})})
         return
     out.print(f"[bold]{p.name}[/bold] ({p.kind}) - {p.description}", highlight=False)
     out.print(f"file {p.path}  hash {p.content_hash}", highlight=False)
@@ -112,6 +112,14 @@ def show_cmd(name_or_path: str, as_json: bool) -> None:
         nums.add_row(f"validation.{k}", ", ".join(v) if isinstance(v, list) else f"{v:g}" if isinstance(v, float)
                      else str(v))
     out.print(nums)
+    if hasattr(p, "tiers"):  # the host: the GEMM tiers it measured and which training GEMMs run on each (now)
+        tt = Table(title="host GEMM tiers (what runs there now)")
+        tt.add_column("tier")
+        tt.add_column("MAC/s", justify="right")
+        tt.add_column("runs")
+        for tier in p.tiers():
+            tt.add_row(tier["name"], si(tier["macs_per_s"]), tier["runs"])
+        out.print(tt)
     out.print("[bold]sources[/bold]")
     for s in p.sources:
         out.print(f"  - {s}", highlight=False)
@@ -145,7 +153,8 @@ def show_cmd(name_or_path: str, as_json: bool) -> None:
 def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bool) -> None:
     """Measure this machine and write it as a 'host' hardware profile.
 
-    Times FP32 matmuls (conv-as-GEMM shapes), a large tensor copy (memory bandwidth), cptsim's quantizers on 4M
+    Times FP32 matmuls (conv-as-GEMM shapes), on a CPU also int8 torch._int_mm and bf16 matmuls (the host's GEMM
+    tiers: int8 prices the GEMMs CPTSIM_EXACT_GEMM=1 runs as int8, bf16 is for reference), a large tensor copy (memory bandwidth), cptsim's quantizers on 4M
     elements, and the fixed cost of a layer-phase (a training step of tiny quantized layers) with torch; power from NVML on CUDA when pynvml is installed, from RAPL on a
     CPU when the OS exposes it, else unknown (energy 0). Afterwards the profile named 'host' (`cptsim hw show host`,
     and any command given that hardware) uses these numbers instead of the shipped placeholder.
@@ -196,6 +205,10 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
               si(measured["matmul_macs_per_s"], "MAC/s"))
     for s in measured["matmul_by_shape"]:
         t.add_row(f"  {'x'.join(map(str, s['shape']))}", si(s["macs_per_s"], "MAC/s"))
+    for tier, rec in (measured.get("tiers") or {}).items():  # a CPU: int8 _int_mm and bf16 (issue 28)
+        t.add_row(f"{tier} matmul", si(rec["macs_per_s"], "MAC/s") if rec["macs_per_s"] else rec["note"])
+        for s in rec["by_shape"]:
+            t.add_row(f"  {'x'.join(map(str, s['shape']))}", si(s["macs_per_s"], "MAC/s"))
     t.add_row("memory bandwidth (copy)", si(measured["bandwidth_bytes_per_s"], "B/s"))
     t.add_row("quantizer pass", si(measured["elementwise_elems_per_s"], "elem/s"))
     t.add_row("overhead per layer-phase", f"{measured['layer_overhead_s'] * 1e6:.0f} µs")

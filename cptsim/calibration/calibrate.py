@@ -5,7 +5,11 @@ Four figures, each the median of repeated timings within a fixed time budget, wi
 * FP32 matmul MAC rate over a few conv-as-GEMM shapes (the median across shapes);
 * memory bandwidth of a large tensor copy, counting bytes read + bytes written (how callers count ``bytes_moved``);
 * element-wise rate of cptsim's quantizers (``cptsim.numerics.quant``: one round-to-nearest and one stochastic pass, 4M elements);
-* the fixed cost of one layer-phase: a training step of tiny quantized conv + BN + ReLU layers, per layer-phase.
+* the fixed cost of one layer-phase: a training step of tiny quantized conv + BN + ReLU layers, per layer-phase;
+* on a CPU, the rate of every GEMM tier torch reaches here (issue 28): int8 ``torch._int_mm`` (VNNI / AMX: what the
+  exact path, CPTSIM_EXACT_GEMM=1, runs a quantized Linear layer's forward and wgrad on) and bf16 ``torch.mm``
+  (for reference: no training GEMM runs in bf16), each the median over INT_SHAPES of per-shape medians, beside the
+  FP32 rate. A tier this torch or CPU cannot run is recorded as 0 (not measured), with the reason.
 
 On CUDA the figures are those of the GPU executing a training step as ``cptsim train`` runs it there: one CUDA
 graph per step (``cptsim.run.cudagraph``), so the host's dispatch is hidden and every term is GPU time, which adds up.
@@ -36,6 +40,9 @@ MATMUL_SHAPES = ((512, 1152, 1024), (1024, 576, 256), (256, 2304, 512))
 # On CUDA: 3x3 convolutions (batch, channels in = out, height = width) of CIFAR and ImageNet ResNets, forward +
 # backward (dgrad, wgrad), which is what a training step's layer-phases run.
 CONV_SHAPES = ((128, 16, 32), (128, 64, 8), (64, 64, 56), (64, 128, 28), (64, 256, 14), (64, 512, 7))
+# (M, K, N) of the LM-sized GEMMs the exact path runs: tokens x width x width (transformer-lm's projections at
+# batch 16 x 256 tokens, an LSTM's gates), and the conv-as-GEMM shapes above; _int_mm needs M > 16, K and N multiples of 8
+INT_SHAPES = ((4096, 128, 384), (4096, 512, 512), (512, 1152, 1024))
 ELEMENTWISE_NUMEL = 4 * 1024 * 1024
 COPY_NUMEL = {"cpu": 16 * 1024 * 1024, "cuda": 64 * 1024 * 1024}  # 64 / 256 MB: well past the last-level cache
 _RAPL = Path("/sys/class/powercap/intel-rapl:0/energy_uj")
@@ -46,7 +53,9 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
 
     ``seconds`` is the total time budget (each measurement still runs at least a few repetitions).
     Keys: device, threads, cpu, gpu, torch_version, matmul_macs_per_s, matmul_by_shape, bandwidth_bytes_per_s,
-    elementwise_elems_per_s, layer_overhead_s, power_w (None when unknown), power_source, measured_at, elapsed_s.
+    elementwise_elems_per_s, layer_overhead_s, power_w (None when unknown), power_source, measured_at, elapsed_s,
+    and ``tiers`` (issue 28; a CPU only, else {}): {"int8": {...}, "bf16": {...}}, each with macs_per_s (0 when not
+    measured), by_shape and note.
     """
     import torch
 
@@ -61,8 +70,10 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     power = _PowerMeter(device)
 
-    # Half the budget for matmul (where power is sampled), a quarter each for bandwidth and the quantizer.
+    # Half the budget for matmul (where power is sampled; on a CPU 0.35 FP32 and 0.15 the int8 / bf16 tiers), a
+    # quarter each for bandwidth and the quantizer.
     by_shape = []
+    tiers: dict = {}
     power.start()
     if device == "cuda":
         by_shape = _conv_rates(0.5 * seconds, sync)
@@ -71,8 +82,9 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
             for m, k, n in MATMUL_SHAPES:
                 a = torch.randn(m, k, device=device)
                 b = torch.randn(k, n, device=device)
-                t = _median_time(lambda: torch.mm(a, b), 0.5 * seconds / len(MATMUL_SHAPES), sync)
+                t = _median_time(lambda: torch.mm(a, b), 0.35 * seconds / len(MATMUL_SHAPES), sync)
                 by_shape.append({"shape": [m, k, n], "macs_per_s": m * k * n / t})
+        tiers = cpu_tier_rates(0.15 * seconds, sync)
     power_w, power_source = power.stop()
     with torch.no_grad():
         x = torch.empty(COPY_NUMEL[device], device=device).uniform_()
@@ -110,11 +122,45 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
         "matmul_by_shape": by_shape,
         "bandwidth_bytes_per_s": bandwidth,
         "elementwise_elems_per_s": elementwise,
+        "tiers": tiers,
         "power_w": power_w,
         "power_source": power_source,
         "measured_at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "elapsed_s": time.perf_counter() - t_start,
     }
+
+
+def cpu_tier_rates(budget_s: float, sync=lambda: None, shapes=INT_SHAPES) -> dict:
+    """The CPU's int8 (``torch._int_mm``) and bf16 (``torch.mm``) GEMM rates over ``shapes`` (M, K, N): per tier
+    {"macs_per_s": median over shapes (0 when the tier cannot run here), "by_shape": [...], "note": how}."""
+    import torch
+
+    out = {}
+    per = budget_s / (2 * max(len(shapes), 1))
+    makers = {
+        "int8": (lambda m, k, n: (torch.randint(-128, 128, (m, k), dtype=torch.int8),
+                                  torch.randint(-128, 128, (k, n), dtype=torch.int8)),
+                 lambda a, b: torch._int_mm(a, b), "torch._int_mm int8 x int8 -> int32 (exact)"),
+        "bf16": (lambda m, k, n: (torch.randn(m, k).bfloat16(), torch.randn(k, n).bfloat16()),
+                 torch.mm, "torch.mm bf16 (for reference: no training GEMM runs in bf16)"),
+    }
+    for name, (make, op, how) in makers.items():
+        rows, note = [], how
+        if name == "int8" and not hasattr(torch, "_int_mm"):
+            out[name] = {"macs_per_s": 0.0, "by_shape": [], "note": "not measured: this torch has no _int_mm"}
+            continue
+        try:
+            with torch.no_grad():
+                for m, k, n in shapes:
+                    a, b = make(m, k, n)
+                    t = _median_time(lambda: op(a, b), per, sync)
+                    rows.append({"shape": [m, k, n], "macs_per_s": m * k * n / t})
+        except RuntimeError as e:  # no kernel for this dtype on this CPU / build
+            out[name] = {"macs_per_s": 0.0, "by_shape": [], "note": f"not measured: {str(e).splitlines()[0][:120]}"}
+            continue
+        out[name] = {"macs_per_s": statistics.median(r["macs_per_s"] for r in rows) if rows else 0.0,
+                     "by_shape": rows, "note": note}
+    return out
 
 
 def write_gpu_profile(records: dict, host_path: Path) -> tuple[Path, HardwareProfile]:
@@ -237,14 +283,25 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
         "layer_overhead_us": _sig(measured.get("layer_overhead_s", 0.0) * 1e6),
         "power_w": _sig(power or 0.0),
     }
+    tiers = measured.get("tiers") or {}
+    for tier in ("int8", "bf16"):  # issue 28: added keys (a file without them reads as FP32 only)
+        rate = float((tiers.get(tier) or {}).get("macs_per_s") or 0.0)
+        if rate > 0:
+            params[f"{tier}_gmac_s"] = _sig(rate / 1e9)
+            shapes = ", ".join("x".join(map(str, r["shape"])) for r in tiers[tier]["by_shape"])
+            source += f"; {tiers[tier]['note']} median over {shapes}"
     comments = {"matmul_gmac_s": "conv fwd+bwd, median over shapes" if dev == "cuda" else "fp32 matmul, median over shapes",
                 "bandwidth_gb_s": "copy: bytes read + written per s",
                 "elementwise_gelem_s": "quantizer elements per s",
-                "layer_overhead_us": "per layer-phase, tiny-layer training step", "power_w": power_note}
+                "layer_overhead_us": "per layer-phase, tiny-layer training step", "power_w": power_note,
+                "int8_gmac_s": "torch._int_mm int8, median over shapes: the exact path's tier (CPTSIM_EXACT_GEMM=1)",
+                "bf16_gmac_s": "bf16 torch.mm, median over shapes (reference only: no training GEMM runs in bf16)"}
     header = [f"Written by `cptsim hw calibrate` at {measured['measured_at']}. Re-run it to refresh; "
               "`cptsim report --fit` fits [calibration] to measured runs.",
               "time = macs / matmul rate + bytes / bandwidth + quantizer elements / rate "
-              "+ layer_overhead per executed layer-phase"]
+              "+ layer_overhead per executed layer-phase",
+              "int8 tier: only the GEMMs CPTSIM_EXACT_GEMM=1 routes to torch._int_mm (Linear fwd / wgrad at <= 8 "
+              "bits; cptsim.cost.hardware.host); everything else FP32"]
     if dev == "cuda":
         header.append("CUDA: the rates are GPU time of a step replayed as a CUDA graph (as cptsim train runs it), "
                       "so the terms add up; see cptsim.calibration.calibrate")

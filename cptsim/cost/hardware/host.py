@@ -1,6 +1,25 @@
-"""The ``host`` kind: the machine cptsim runs on, with rates measured by ``cptsim hw calibrate``."""
+"""The ``host`` kind: the machine cptsim runs on, with rates measured by ``cptsim hw calibrate``.
+
+Tiers (issue 28): the host measures its FP32 matmul rate and, where torch reaches them on this CPU, int8
+``torch._int_mm`` (VNNI / AMX) and bf16 matmul rates. Which tier a GEMM runs on is what really runs, not what could:
+
+* FP32 for every GEMM by default -- fake-quantized training computes in FP32 whatever the bits;
+* int8 only when the exact path is on (``CPTSIM_EXACT_GEMM=1``, cptsim.numerics.exact_gemm) on a CPU, and only for
+  the GEMMs that path routes to ``_int_mm``: a quantized Linear layer's forward at bits <= 8 (K = in_features <=
+  MAX_K) and its wgrad at bits and gradient bits <= 8 with MIN_WGRAD_TOKENS..MAX_K tokens per call. dgrad,
+  convolutions, attention's activation-by-activation products, graph aggregations and full-precision layers stay
+  FP32 (``host_gemm_tiers``; tests/test_host_tiers.py checks it against exact_gemm's own routing functions);
+* bf16 is measured and shown (``cptsim hw show host``), but no training GEMM runs on it: no GEMM is priced there.
+
+An int8 GEMM also costs the exact path's extra element-wise passes, priced at the quantizer rate: the int8 codes
+of the operand it quantized (forward: the input; wgrad: the error) and the int32 epilogue over its output (forward:
+the output; wgrad: the weight gradient). Its quantizer passes are those of the fake-quant path (the same calls).
+"""
 
 from __future__ import annotations
+
+import copy
+import os
 
 import numpy as np
 
@@ -57,6 +76,11 @@ class HostProfile(HardwareProfile):
         Field("cpu", "string", "processor model", "unknown"),
         Field("torch_version", "string", "torch version that measured", "unknown"),
         Field("measured_at", "string", "when it was measured (ISO 8601)", "never"),
+        # issue 28 (added, optional: a host.toml without them reads as before, FP32 only)
+        Field("int8_gmac_s", "nonneg", "int8 torch._int_mm rate in 1e9 MAC/s (VNNI/AMX; what the exact path "
+              "CPTSIM_EXACT_GEMM=1 runs its int8 GEMMs on); 0 = not measured", 0.0),
+        Field("bf16_gmac_s", "nonneg", "bf16 matmul rate in 1e9 MAC/s (measured for reference: no training GEMM "
+              "runs in bf16); 0 = not measured", 0.0),
     )
     CALIBRATION = (
         Field("compute_efficiency", "positive", "achieved / measured matmul rate, fitted from runs", 1.0),
@@ -73,9 +97,63 @@ class HostProfile(HardwareProfile):
             self.notes.append("power unknown (power_w = 0): energy is reported as 0 J")
         if not p["calibrated"]:
             self.notes.append("placeholder numbers, not measured here: run `cptsim hw calibrate`")
+        self._int8_rate = float(p.get("int8_gmac_s") or 0.0) * 1e9
+        # the exact path as this process would run it; a report sets the run's own (with_exact_gemm)
+        self.exact_gemm = os.environ.get("CPTSIM_EXACT_GEMM", "0") == "1"
+
+    # -- tiers (issue 28) ----------------------------------------------------------------------------------------------
+
+    def with_exact_gemm(self, on: bool) -> "HostProfile":
+        """This profile with the exact int8 path on or off (a run's config.json ``host.gemm_paths`` says which
+        ran); the default is this process's CPTSIM_EXACT_GEMM."""
+        other = copy.copy(self)
+        other.notes = list(self.notes)
+        other.exact_gemm = bool(on)
+        return other
+
+    @property
+    def int8_active(self) -> bool:
+        """Whether int8 GEMMs are priced: the exact path on, a CPU profile, and an int8 rate measured."""
+        return bool(self.exact_gemm) and self.params.get("device", "cpu") == "cpu" and self._int8_rate > 0
+
+    @property
+    def shape_model(self) -> bool:
+        """True while int8 tiers are priced: the cost model then hands over the profile arrays
+        (``shaped_gemm_cost``), which say which layers are Linear layers and how many tokens each call has."""
+        return self.int8_active
+
+    def tiers(self) -> list[dict]:
+        """The tiers this host measured: name, widths, rate in MAC/s, and which GEMMs run there (now)."""
+        p = self.params
+        out = [{"name": "fp32", "bits": 32, "macs_per_s": self._mac_rate,
+                "runs": "every GEMM of fake-quantized training" + (" not routed to int8" if self.int8_active else "")}]
+        if p.get("int8_gmac_s"):
+            out.append({"name": "int8", "bits": 8, "macs_per_s": self._int8_rate,
+                        "runs": ("Linear forward (bits <= 8) and wgrad (bits, grad bits <= 8, enough tokens)"
+                                 if self.int8_active else "nothing now: CPTSIM_EXACT_GEMM=1 routes Linear forward / "
+                                 "wgrad here")})
+        if p.get("bf16_gmac_s"):
+            out.append({"name": "bf16", "bits": 16, "macs_per_s": float(p["bf16_gmac_s"]) * 1e9,
+                        "runs": "nothing (measured for reference)"})
+        return out
+
+    def shaped_gemm_cost(self, a, macs, b1, b2, bytes_moved, samples):
+        """(time s, energy J), (K, L, 3), of profile arrays ``a``'s GEMMs with their tiers (``host_gemm_tiers``):
+        the FP32 terms of ``_cost`` with an int8 GEMM's compute at the int8 rate plus its extra element passes."""
+        from cptsim.cost.model import quant_elems
+
+        q, g = _step_bits(a, b1)
+        qe = quant_elems(a.numel, a.macs, a.quantized, q, g, samples, a.calls, getattr(a, "operand", None))
+        int8 = host_gemm_tiers(a, q, g, samples)
+        comp = self.time_components(macs, bytes_moved, qe + exact_extra_elems(a, int8, samples))
+        comp[..., 0] = np.where(int8, np.asarray(macs, dtype=np.float64) / self._int8_rate, comp[..., 0])
+        t = comp @ self.factors()
+        return t, self.params["power_w"] * t
 
     def _throughput(self, b1, b2):
-        return np.full(np.shape(b1), self._mac_rate * self._ceff)
+        # a bare GEMM at (b1, b2): int8 where the exact path would run a Linear layer's forward there
+        rate = np.where((np.maximum(b1, b2) <= 8) & self.int8_active, self._int8_rate, self._mac_rate)
+        return np.broadcast_to(rate * self._ceff, np.shape(b1)).astype(np.float64)
 
     def time_components(self, macs, bytes_moved, quant_elems) -> np.ndarray:
         """Uncalibrated seconds per term (..., 4): compute, memory, element-wise, overhead."""
@@ -91,4 +169,66 @@ class HostProfile(HardwareProfile):
         return t, self.params["power_w"] * t
 
     def describe_bits(self, b1: int, b2: int) -> str:
+        if self.int8_active and max(b1, b2) <= 8:
+            return "int8 _int_mm (exact path: Linear fwd/wgrad; else fp32)"
         return "fp32 (fake-quant)"
+
+
+def _step_bits(a, b1) -> tuple[np.ndarray, np.ndarray]:
+    """(q, g) per step kind, (K,), back from the fwd / dgrad operand widths the cost model passes: a quantized
+    layer's fwd b1 is q and its dgrad b1 is g (32 where no layer is quantized: nothing is routed then)."""
+    b1 = np.asarray(b1)
+    idx = np.flatnonzero(np.asarray(a.quantized, dtype=bool))
+    if b1.ndim < 2 or idx.size == 0:
+        lead = b1.shape[:-2] if b1.ndim >= 2 else ()
+        return np.full(lead, 32), np.full(lead, 32)
+    return b1[..., idx[0], 0], b1[..., idx[0], 1]
+
+
+def exact_linear_layers(a) -> np.ndarray:
+    """(L,) bool: the layers the exact path can route to int8 -- quantized Linear layers (a matmul with a weight:
+    QLinear, an LM's transforms, a graph layer's dense transform), not attention's activation-by-activation
+    products (a second operand) nor aggregations; with a GEMM shape on record."""
+    L = len(a.names)
+    mm = np.zeros(L, bool) if getattr(a, "matmul", None) is None else np.asarray(a.matmul, dtype=bool)
+    opnd = np.zeros(L) if getattr(a, "operand", None) is None else np.asarray(a.operand, dtype=np.float64)
+    agg = np.zeros(L, bool) if getattr(a, "aggregation", None) is None else np.asarray(a.aggregation, dtype=bool)
+    gemm = getattr(a, "gemm", None)
+    shaped = np.zeros(L, bool) if gemm is None else ~np.isnan(np.asarray(gemm, dtype=np.float64)[:, 2])
+    return np.asarray(a.quantized, dtype=bool) & mm & (opnd == 0) & ~agg & shaped
+
+
+def host_gemm_tiers(a, q, g, samples) -> np.ndarray:
+    """(K, L, 3) bool: True where the exact path runs the GEMM as int8 ``_int_mm`` (exact path on), per step kind
+    (q, g, samples) x layer x phase (fwd, dgrad, wgrad) -- cptsim.numerics.exact_gemm's routing, vectorized:
+    forward_path (bits <= MAX_BITS, K = in_features <= MAX_K) and wgrad_path (bits and grad bits <= MAX_BITS,
+    MIN_WGRAD_TOKENS <= tokens per call <= MAX_K); dgrad never."""
+    from cptsim.numerics import exact_gemm as X
+
+    q = np.atleast_1d(np.asarray(q))[:, None]
+    g = np.atleast_1d(np.asarray(g))[:, None]
+    n = np.atleast_1d(np.asarray(samples, dtype=np.float64))[:, None]
+    lin = exact_linear_layers(a)[None]
+    gemm = np.nan_to_num(np.asarray(a.gemm, dtype=np.float64)) if getattr(a, "gemm", None) is not None \
+        else np.zeros((len(a.names), 5))
+    k = gemm[:, 2][None]
+    calls = np.maximum(np.asarray(a.calls, dtype=np.float64), 1.0)[None]
+    tokens = gemm[:, 3][None] * n / calls                 # rows per sample, summed over calls -> rows per call
+    has = np.asarray(a.macs)[None] > 0
+    fwd = lin & (q <= X.MAX_BITS) & (k <= X.MAX_K) & has[..., 0]
+    wgrad = (lin & (q <= X.MAX_BITS) & (g <= X.MAX_BITS) & (tokens >= X.MIN_WGRAD_TOKENS)
+             & (tokens <= X.MAX_K) & has[..., 2])
+    return np.stack((fwd, np.zeros_like(fwd), wgrad), axis=-1)
+
+
+def exact_extra_elems(a, int8: np.ndarray, samples) -> np.ndarray:
+    """(K, L, 3) element passes the exact path adds to an int8 GEMM: fwd the input's codes (I x samples), the
+    epilogue over the output (O x samples) and the weight's codes (W x calls); wgrad the error's codes (O x samples)
+    and the epilogue over the weight gradient (W x calls)."""
+    numel = np.asarray(a.numel, dtype=np.float64)
+    n = np.atleast_1d(np.asarray(samples, dtype=np.float64))[:, None]
+    calls = np.asarray(a.calls, dtype=np.float64)[None]
+    fwd = numel[:, 1][None] * n + numel[:, 2][None] * n + numel[:, 0][None] * calls
+    wgrad = numel[:, 2][None] * n + numel[:, 0][None] * calls
+    extra = np.stack((fwd, np.zeros_like(fwd), wgrad), axis=-1)
+    return np.where(int8, extra, 0.0)
