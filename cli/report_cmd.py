@@ -63,9 +63,13 @@ def _pct(x, none="-") -> str:
 @click.option("--no-calibrate", is_flag=True,
               help="Model host time with the shipped placeholder host profile instead of measuring this machine "
                    "once (automatic when you have no host profile of your own; see cptsim.calibration.autocal).")
+@click.option("--measure-host", "measure_host", type=int, default=0, show_default=True, metavar="N",
+              help="Time N steps of the run's model at each of its schedule's widths, static 8 and static 32 "
+                   "(alternating, medians) for the measured side of the host-saving table (a CPU run).")
 @wide_option
 @json_option
-def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, force, no_calibrate, as_json) -> None:
+def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, force, no_calibrate, measure_host,
+           as_json) -> None:
     """Compare a run's executed cost with its plan, the host estimate with the measured time; plots and fit."""
     from cptsim.study import plots as P
     from cptsim.study import report as R
@@ -75,6 +79,8 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
 
     if top < 0:
         raise InputError(f"--top must be >= 0, got {top}")
+    if measure_host < 0:
+        raise InputError(f"--measure-host must be >= 0 steps per width, got {measure_host}")
     if (fit_out or holdout) and not fit:
         raise InputError("--fit-out and --holdout go with --fit")
     if fit and not fit_out:
@@ -92,7 +98,8 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
         from cptsim.calibration.fit import host_profile
 
         host_profile(host)
-    reports = [R.build_report(d, targets, host=_host(d, host, no_calibrate), top=top) for d in run_dirs]
+    reports = [R.build_report(d, targets, host=_host(d, host, no_calibrate), top=top, measure_host=measure_host)
+               for d in run_dirs]
     for r in reports:
         for w in r.warnings:
             err.print(f"[yellow]warning:[/] {w}", highlight=False)
@@ -308,6 +315,8 @@ def _print_run(r) -> None:
             for line in sureness_lines(x["name"], x):
                 out.print(f"  {line}", highlight=False, markup=False)  # [validation] is text, not markup
 
+    _print_saving(d.get("host_saving"))
+
     L = d["layers"]
     if L:
         t = Table(title=f"top {len(L['top'])} of {L['count']} layers by executed BitOPs", title_justify="left")
@@ -334,6 +343,41 @@ def _print_run(r) -> None:
     else:
         out.print("  accuracy: no evaluation recorded yet", highlight=False)
     out.print("")
+
+
+def _print_saving(s) -> None:
+    """The host-saving table (issue 28): modelled vs measured saving of the schedule over static 32 and static 8."""
+    if not s:
+        return
+    m = s.get("measured") or {}
+    ms = s.get("measured_saving") or {}
+    gap = s.get("gap_pts") or {}
+    t = Table(title=f"saving of the schedule on this machine: MODELLED ({s['profile']} profile, exact int8 GEMMs "
+                    f"{'on' if s['exact_gemm'] else 'off'}) vs MEASURED", title_justify="left")
+    for col in ("vs", "model t", "model sav.", "meas. t", "meas. sav.", "gap"):
+        t.add_column(col, justify="left" if col == "vs" else "right")
+    mo = s["modelled_s"]
+    t.add_row("schedule", f"{mo['schedule']:.3f} s", "", _f(m.get("schedule_s"), "{:.3f} s"), "", "")
+    for key, label in (("vs_static32", "static 32"), ("vs_static8", "static 8")):
+        base = key.split("_")[1]
+        t.add_row(label, f"{mo[base]:.3f} s", _f(s["modelled_saving"][key], "{:+.1%}"),
+                  _f(m.get(f"{base}_s"), "{:.3f} s"), _f(ms.get(key), "{:+.1%}"),
+                  _f(gap.get(key), "{:+.1f} pts"))
+    print_table(t)
+    if m:
+        steps = ", ".join(f"{w}: {v * 1e3:.1f} ms" for w, v in m["step_s"].items())
+        out.print(f"  measured per step (bits/grad bits, median of {m['steps_per_width']}): {steps}; the run's own "
+                  f"trace {s['measured_trace_s']:.3f} s = {_f(m.get('trace_over_pass'), '{:.2f}')}x the timing "
+                  "pass's schedule time", highlight=False)
+    gaps = [g for g in gap.values() if g is not None]
+    if gaps:
+        out.print(f"  gap (measured - modelled saving): {', '.join(f'{g:+.1f}' for g in gap.values() if g is not None)}"
+                  " points of %", highlight=False)
+    for n in s["notes"]:
+        out.print(f"  note: {n}", highlight=False)
+    out.print("  saving = 1 - schedule time / static time of the same steps; gap = measured - modelled; fake-quant "
+              "steps run every GEMM in FP32, so quantizing saves nothing here unless CPTSIM_EXACT_GEMM=1 runs Linear "
+              "layers as int8 (--json: host_saving.note says more)", highlight=False)
 
 
 def _print_comparison(rows) -> None:

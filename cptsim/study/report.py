@@ -15,6 +15,10 @@ Sections of ``.data`` (the keys scripts may rely on; extend freely, rename never
                  (``time_validation``: its [validation] against this network's op mix, as ``cost`` prints it)
     layers       the top layers by executed BitOPs, their share, and the bits they ran at
     accuracy     final and best test accuracy at q_max
+    host_saving  (a CPU run; issue 28) the saving of the run's schedule over static 32 and static 8 on this machine,
+                 MODELLED by the host profile (its GEMM tiers as the run's exact-GEMM setting routes them) next to
+                 the MEASURED one -- the run's own step times, and with ``measure_host`` N a side-by-side timing pass
+                 of the run's model at each width -- and the gap between them (``host_saving`` below)
 
 Everything measured comes from this machine's trace (``time_s``, accuracy); everything on other hardware is
 modelled. A CUDA run's trace carries the GPU's measured energy (NVML) per step; host_time then compares it, per
@@ -104,11 +108,13 @@ def planned_batches(steps: int, batch: int, dataset_size: int | None) -> np.ndar
 # ------------------------------------------------------------------------------------------------ the report
 
 
-def build_report(path, hardware: list[str] | None = None, host: str = "host", top: int = 10) -> RunReport:
+def build_report(path, hardware: list[str] | None = None, host: str = "host", top: int = 10,
+                 measure_host: int = 0) -> RunReport:
     """Read one run directory and compare what was planned, executed, modelled and measured.
 
     ``hardware``: target profiles (names or paths) to model the executed run on; default the plan's hardware (if
     any) plus h100 and bitfusion. ``host``: the profile that estimates this machine's wall time.
+    ``measure_host``: steps per width of a side-by-side timing pass for ``host_saving`` (0: none).
     """
     from cptsim.cost.model import estimate
     from cptsim.cost.hardware import load_profile
@@ -160,7 +166,7 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
     series["accuracy"] = accuracy
     if not steps or prof is None:
         warnings.append(f"{run.path}: no executed steps recorded yet; nothing to compare")
-        for k in ("bitops", "host_time", "hardware", "layers"):
+        for k in ("bitops", "host_time", "hardware", "layers", "host_saving"):
             data[k] = None
         return RunReport(data, series, warnings)
 
@@ -261,7 +267,178 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
     # ---- layers ---------------------------------------------------------------------------------------------
     data["layers"] = _layers(exe, prof, q, g, top)
     series["layers"] = data["layers"]
+
+    # ---- host saving: modelled vs measured (issue 28) -------------------------------------------------------
+    data["host_saving"] = host_saving(run.path, cfg, prof, steps, host, measure_host, warnings)
     return RunReport(data, series, warnings)
+
+
+# ------------------------------------------------------------------------------------------------ host saving
+
+SAVING_NOTE = (
+    "saving = 1 - time of the run's schedule / time of the same steps at a static width (static 32: full precision, "
+    "no quantizer; static 8: 8-bit forward at the run's gradient bits). Modelled: the host profile's estimate of the "
+    "executed steps (cost.estimate, its GEMM tiers as the run's CPTSIM_EXACT_GEMM routed them). Measured: a timing "
+    "pass of the run's own model on one batch, the widths alternating, medians (report --measure-host N), and the "
+    "run's own step times for its schedule. gap = measured - modelled saving, in points of %. What it means: with "
+    "the fake-quant path (the default) every GEMM runs in FP32 whatever the bits, so a quantized step costs its "
+    "quantizer passes on top of an FP32 step -- the saving over static 32 is negative, and over static 8 near 0, "
+    "modelled and measured alike; a gap there is the host model's error on the quantizer and per-layer overhead "
+    "terms. With CPTSIM_EXACT_GEMM=1 a Linear layer's forward and wgrad at <= 8 bits run as int8 _int_mm, the only "
+    "place bits change this machine's time: the modelled saving is what the int8 tier's measured rate promises, "
+    "and the gap says how much of it the exact path's extra passes (codes, epilogue) and the GEMM shapes the "
+    "calibration did not time keep from showing up.")
+
+
+def _exact_on(cfg: dict) -> bool:
+    """Whether the run trained with the exact int8 GEMMs (config.json host.gemm_paths, cptsim.numerics.exact_gemm)."""
+    paths = (cfg.get("host") or {}).get("gemm_paths") or {}
+    return paths.get("exact_gemm") == "on"
+
+
+def _at_width(steps: list[dict], bits: int, grad_bits: int | None) -> list[dict]:
+    """The trace's steps (batch sizes kept) at a static width; ``grad_bits`` None keeps each step's own."""
+    return [{"step": r["step"], "batch_size": r["batch_size"], "bits": bits,
+             "grad_bits": r["grad_bits"] if grad_bits is None else grad_bits} for r in steps]
+
+
+def _saving(t, base) -> float | None:
+    return None if t is None or not base else 1.0 - t / base
+
+
+def host_saving(run_path, cfg: dict, prof, steps: list[dict], host_name, measure: int = 0,
+                warnings: list[str] | None = None, timer=None) -> dict | None:
+    """The ``host_saving`` section: the run's schedule against static 32 and static 8 on this machine, modelled and
+    measured (SAVING_NOTE). None for a run on another device than a CPU, or without a host profile.
+
+    ``measure``: steps per width of the timing pass (``measure_host_steps``); 0 leaves the measured static sides
+    out. ``timer``: replaces ``measure_host_steps`` (tests)."""
+    from cptsim.calibration.fit import host_profile, measured_times, steady_steps
+    from cptsim.cost.model import estimate
+
+    warnings = warnings if warnings is not None else []
+    device = str((cfg.get("settings") or {}).get("device") or "cpu")
+    if not device.startswith("cpu"):
+        return None
+    try:
+        host = host_profile(host_name)
+        meas = measured_times(steps)
+    except InputError as e:
+        warnings.append(f"host saving not compared: {e}")
+        return None
+    exact = _exact_on(cfg)
+    host = host.with_exact_gemm(exact)
+    keep, _ = steady_steps(steps, device)
+    kept = [r for r, k in zip(steps, keep) if k]
+    meas = meas[keep]
+    gb = sorted({int(r["grad_bits"]) for r in kept})
+    g8 = min(gb[0], 8) if len(gb) == 1 else None   # static 8 keeps the run's gradient bits (<= 8)
+    cases = {"schedule": kept, "static32": _at_width(kept, 32, 32), "static8": _at_width(kept, 8, g8)}
+    modelled = {k: float(estimate(prof, v, host, per_layer=False).latency_s["total"]) for k, v in cases.items()}
+    widths = sorted({(int(r["bits"]), int(r["grad_bits"])) for r in kept})
+    counts = {w: sum(1 for r in kept if (int(r["bits"]), int(r["grad_bits"])) == w) for w in widths}
+    per_width_model = {f"{q}/{g}": float(estimate(prof, [r for r in kept if (int(r["bits"]), int(r["grad_bits"]))
+                                                         == (q, g)], host, per_layer=False).latency_s["total"])
+                       / counts[(q, g)] for q, g in widths}
+    notes = [f"exact int8 GEMMs: {'on' if exact else 'off'} in this run (config.json host.gemm_paths); the host "
+             f"profile prices int8 {'where the exact path routed it' if host.int8_active else 'nowhere'}"
+             + ("" if host.int8_active or not exact else " (the profile has no int8 rate: `cptsim hw calibrate`)")]
+    if cfg.get("settings", {}).get("layer_schedule"):
+        notes.append("a per-layer plan: the saving is modelled at the run's global bits per step")
+    doc = {
+        "profile": host.name, "calibrated": bool(host.params.get("calibrated")), "exact_gemm": exact,
+        "int8_priced": host.int8_active, "tiers": host.tiers(), "steps": len(kept),
+        "static8_grad_bits": g8 if g8 is not None else "the run's own",
+        "modelled_s": modelled,
+        "modelled_saving": {"vs_static32": _saving(modelled["schedule"], modelled["static32"]),
+                            "vs_static8": _saving(modelled["schedule"], modelled["static8"])},
+        "modelled_step_s": per_width_model,
+        "measured_trace_s": float(meas.sum()),
+        "measured": None, "measured_saving": None, "gap_pts": None, "note": SAVING_NOTE, "notes": notes,
+    }
+    if measure and measure > 0:
+        want = list(dict.fromkeys([*widths, (8, g8 if g8 is not None else widths[0][1]), (32, 32)]))
+        try:
+            med = (timer or measure_host_steps)(run_path, cfg, want, measure)
+        except InputError as e:
+            warnings.append(f"host saving: no timing pass: {e}")
+            med = None
+        if med:
+            sched = sum(counts[w] * med[w] for w in widths)
+            n = len(kept)
+            t32, t8 = n * med[(32, 32)], n * med[want[-2]]
+            doc["measured"] = {"steps_per_width": int(measure), "step_s": {f"{q}/{g}": med[(q, g)] for q, g in want},
+                               "schedule_s": sched, "static32_s": t32, "static8_s": t8,
+                               "trace_over_pass": float(meas.sum()) / sched if sched else None,
+                               "source": "timing pass: one batch of the run's data, the run's model, optimizer and "
+                                         "exact-GEMM setting, widths alternating (order reversed every round), "
+                                         "medians after 2 warm-up rounds"}
+            ms = {"vs_static32": _saving(sched, t32), "vs_static8": _saving(sched, t8)}
+            doc["measured_saving"] = ms
+            doc["gap_pts"] = {k: None if ms[k] is None or doc["modelled_saving"][k] is None
+                              else 100.0 * (ms[k] - doc["modelled_saving"][k]) for k in ms}
+    else:
+        notes.append("measured static sides need a timing pass: `cptsim report RUN --measure-host N`")
+    return doc
+
+
+def measure_host_steps(run_path, cfg: dict, widths, n: int, warmup: int = 2) -> dict:
+    """Median seconds of one training step of the run's model at each (bits, grad_bits) in ``widths``: the run's
+    config rebuilt (cptsim.run.train.build: model, data, quantizers, number format), one batch of its training data,
+    its optimizer, its thread count and its exact-GEMM setting; ``warmup`` + ``n`` rounds, each one step per width,
+    the order reversed every round. InputError for what it cannot time (a graph dataset, several processes)."""
+    import os
+    import statistics
+    import time
+
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+
+    from cptsim.measure.opcount import training_optimizer, zero_grad
+    from cptsim.run.config import TrainConfig
+    from cptsim.run.train import build, is_graph
+
+    settings = dict(cfg.get("settings") or {})
+    settings["device"] = "cpu"
+    settings.pop("tensorboard", None)
+    tc = TrainConfig.from_dict(settings)
+    threads = (cfg.get("host") or {}).get("threads")
+    before_threads, before_env = torch.get_num_threads(), os.environ.get("CPTSIM_EXACT_GEMM")
+    os.environ["CPTSIM_EXACT_GEMM"] = "1" if _exact_on(cfg) else "0"
+    try:
+        with torch.random.fork_rng(devices=[]):
+            w = build(tc)
+            if isinstance(threads, int) and threads >= 1:
+                torch.set_num_threads(threads)
+            if is_graph(w.train_set):
+                raise InputError("the timing pass does not time graph workloads (one graph per step)")
+            x, y = next(iter(DataLoader(w.train_set, batch_size=tc.batch_size, shuffle=False)))
+            model = w.model
+            model.train()
+            opt = training_optimizer([p for p in model.parameters() if p.requires_grad], lr=tc.lr * 1e-3,
+                                     momentum=tc.momentum, weight_decay=tc.weight_decay,
+                                     name=tc.optimizer.strip().lower())
+            times: dict = {tuple(wd): [] for wd in widths}
+            order = list(times)
+            for r in range(warmup + n):
+                for wd in (order if r % 2 == 0 else order[::-1]):
+                    w.set_all(*wd)
+                    t0 = time.perf_counter()
+                    zero_grad(opt)
+                    loss = F.cross_entropy(model(x), y)
+                    loss.backward()
+                    opt.step()
+                    dt = time.perf_counter() - t0
+                    if r >= warmup:
+                        times[wd].append(dt)
+    finally:
+        torch.set_num_threads(before_threads)
+        if before_env is None:
+            os.environ.pop("CPTSIM_EXACT_GEMM", None)
+        else:
+            os.environ["CPTSIM_EXACT_GEMM"] = before_env
+    return {wd: statistics.median(v) for wd, v in times.items()}
 
 
 def _accuracy(cfg: dict, metrics: list[dict]) -> dict:
