@@ -1,0 +1,137 @@
+"""The host's GEMM tiers (issue 28 item 2): which GEMM the host profile prices as int8 is exactly what
+cptsim.numerics.exact_gemm routes to torch._int_mm; `hw calibrate` writes the tier rates and reads them back; an old
+host.toml still reads; `report --json` carries the modelled-vs-measured host saving of a CPU run."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from cptsim.cost.hardware import load_profile
+from cptsim.cost.hardware.host import host_gemm_tiers
+from cptsim.measure.profiler import ProfileArrays
+from cptsim.numerics import exact_gemm as X
+
+# hand-built layers: (name, type, quantized, k = in features, rows per sample summed over calls, calls, operand)
+LAYERS = (
+    ("proj", "Linear", True, 128, 64, 1, 0),          # a transformer projection: 64 tokens per sample, one call
+    ("gate", "Linear", True, 650, 35, 35, 0),         # an LSTM's per-time-step call: one token per sample per call
+    ("wide", "Linear", True, X.MAX_K + 1, 4, 1, 0),   # K beyond the int32 bracket
+    ("head", "Linear", False, 128, 64, 1, 0),         # a full-precision classifier
+    ("conv", "Conv2d", True, 576, 64, 1, 0),          # convolutions never take the int8 path
+    ("scores", "Matmul", True, 32, 64, 1, 2048),      # attention's activation-by-activation product
+)
+
+
+def _arrays():
+    L = len(LAYERS)
+    gemm = np.array([[1, 64, k, rows, 0] for _, _, _, k, rows, _, _ in LAYERS], dtype=np.float64)
+    return ProfileArrays(
+        names=[x[0] for x in LAYERS], macs=np.ones((L, 3)), quantized=np.array([x[2] for x in LAYERS]),
+        numel=np.ones((L, 3)), calls=np.array([x[5] for x in LAYERS], dtype=np.float64), gemm=gemm,
+        is_conv=np.array([x[1] == "Conv2d" for x in LAYERS]), matmul=np.array([x[1] in ("Linear", "Matmul")
+                                                                              for x in LAYERS]),
+        operand=np.array([x[6] for x in LAYERS], dtype=np.float64), aggregation=np.zeros(L, bool))
+
+
+def test_tier_per_gemm_is_exact_gemms_routing():
+    a = _arrays()
+    kinds = [(q, g, n) for q in (2, 4, 8, 9, 16, 32) for g in (4, 8, 12, 32) for n in (1, 4, 8, 64, 600)]
+    q, g, n = (np.array(c) for c in zip(*kinds))
+    tiers = host_gemm_tiers(a, q, g, n)
+    for i, (qi, gi, ni) in enumerate(kinds):
+        for j, (_, typ, quant, k, rows, calls, _) in enumerate(LAYERS):
+            linear = typ == "Linear" and quant
+            fwd = X.forward_path(qi, k) if linear else X.FAKE
+            wgrad = X.wgrad_path(qi, gi, rows * ni // calls) if linear else X.FAKE
+            got = ["int8-exact" if t else X.FAKE for t in tiers[i, j]]
+            assert got == [fwd, X.FAKE, wgrad], (LAYERS[j][0], qi, gi, ni, got)
+
+
+def test_int8_is_priced_only_with_the_exact_path_on_and_a_measured_rate(tmp_path, monkeypatch):
+    monkeypatch.delenv("CPTSIM_EXACT_GEMM", raising=False)
+    old = load_profile("host")  # the shipped file, written before the tiers: reads, FP32 only
+    assert old.params["int8_gmac_s"] == 0 and not old.with_exact_gemm(True).int8_active
+    text = (tmp_path / "t.toml")
+    src = old.path
+    text.write_text(open(src).read().replace('name = "host"', 'name = "t"')
+                    .replace("power_w = 0.0", "power_w = 0.0\nint8_gmac_s = 1000.0"))
+    p = load_profile(str(text))
+    assert not p.int8_active and p.describe_bits(8, 8) == "fp32 (fake-quant)"
+    on = p.with_exact_gemm(True)
+    assert on.int8_active and on.shape_model and "int8" in on.describe_bits(8, 8)
+    assert on.describe_bits(9, 9) == "fp32 (fake-quant)"
+    monkeypatch.setenv("CPTSIM_EXACT_GEMM", "1")
+    assert load_profile(str(text)).int8_active  # this process's setting by default
+
+    # the Linear layer's forward and wgrad get cheaper at 8 bits, nothing else changes
+    a = _arrays()
+    macs = np.full((1, len(LAYERS), 3), 1e9)
+    zeros = np.zeros_like(macs)
+    b = np.full_like(macs, 8)
+    from cptsim.cost.model import quant_elems
+
+    b[:, :, 1] = 8  # dgrad's first operand: the gradient bits
+    qe = quant_elems(a.numel, a.macs, a.quantized, np.array([8]), np.array([8]), np.array([64]), a.calls, a.operand)
+    t_on, _ = on.shaped_gemm_cost(a, macs, b, b, zeros, np.array([64]))
+    t_off, _ = p.gemm_cost(macs, b, b, zeros, qe)
+    int8 = host_gemm_tiers(a, [8], [8], [64])
+    assert int8.sum() == 4 and (t_on[int8] < t_off[int8]).all()  # proj fwd + wgrad, gate fwd, wide wgrad
+    assert np.allclose(t_on[~int8], t_off[~int8])
+
+
+def test_calibrate_writes_the_tier_rates_and_reads_them_back(tmp_path, monkeypatch):
+    from cptsim.calibration import calibrate as C
+
+    monkeypatch.setattr(C, "_median_time", lambda fn, budget_s, sync, **kw: 1e-3)  # no timing: instant
+    monkeypatch.setattr(C, "COPY_NUMEL", {"cpu": 1024, "cuda": 1024})
+    monkeypatch.setattr(C, "ELEMENTWISE_NUMEL", 1024)
+    m = C.calibrate_host("cpu", seconds=0.05)
+    want = {t: float(np.median([mm * k * n / 1e-3 for mm, k, n in C.INT_SHAPES])) for t in ("int8", "bf16")}
+    assert {t: m["tiers"][t]["macs_per_s"] for t in want} == pytest.approx(want)
+    path, prof = C.write_host_profile(m, tmp_path / "mine.toml")
+    assert prof.params["int8_gmac_s"] == C._sig(want["int8"] / 1e9)
+    assert prof.params["bf16_gmac_s"] == C._sig(want["bf16"] / 1e9)
+    assert [t["name"] for t in prof.tiers()] == ["fp32", "int8", "bf16"]
+    assert "int8_gmac_s" in path.read_text()
+
+    # a torch without _int_mm: the tier is "not measured" (0), its key left out, the file still loads
+    import torch
+
+    monkeypatch.delattr(torch, "_int_mm")
+    tiers = C.cpu_tier_rates(0.01)
+    assert tiers["int8"]["macs_per_s"] == 0 and "not measured" in tiers["int8"]["note"]
+    m["tiers"] = tiers
+    path, prof = C.write_host_profile(m, tmp_path / "old.toml")
+    assert "int8_gmac_s" not in path.read_text() and prof.params["int8_gmac_s"] == 0
+
+
+def test_report_json_has_the_modelled_and_measured_host_saving(digits_uninterrupted, monkeypatch):
+    from shared_runs import cptsim_here
+
+    from cptsim.study import report as R
+
+    # the section itself, with a stand-in timing pass: saving and gap follow from the step times it returns
+    run = digits_uninterrupted.path
+    cfg = json.loads((run / "config.json").read_text())
+    steps = [json.loads(x) for x in (run / "trace.jsonl").read_text().splitlines()]
+    prof = digits_uninterrupted.read_profile()
+    timed = lambda path, c, widths, n: {w: (0.1 if w == (32, 32) else 0.12) for w in widths}  # noqa: E731
+    s = R.host_saving(run, cfg, prof, steps, "host", measure=3, timer=timed)
+    assert s["exact_gemm"] is False and s["int8_priced"] is False
+    assert s["measured_saving"]["vs_static32"] == pytest.approx(1 - 0.12 / 0.1)
+    assert s["measured_saving"]["vs_static8"] == pytest.approx(0.0)
+    assert s["modelled_saving"]["vs_static32"] < 0  # fake-quant: quantizer passes on top of FP32 GEMMs
+    assert s["gap_pts"]["vs_static32"] == pytest.approx(100 * (s["measured_saving"]["vs_static32"]
+                                                              - s["modelled_saving"]["vs_static32"]))
+
+    # the command: a real one-step-per-width timing pass, in --json
+    r = cptsim_here("report", run, "--json", "--no-save", "--hw", "h100", "--measure-host", "1")
+    assert r.exit_code == 0, r.output
+    hs = json.loads(r.stdout)["runs"][0]["host_saving"]
+    assert set(hs["modelled_saving"]) == {"vs_static32", "vs_static8"}
+    assert hs["measured"]["steps_per_width"] == 1 and "32/32" in hs["measured"]["step_s"]
+    assert set(hs["gap_pts"]) == {"vs_static32", "vs_static8"} and "gap" in hs["note"]
+    bad = cptsim_here("report", run, "--no-save", "--measure-host", "-1")
+    assert bad.exit_code == 2 and "--measure-host" in bad.output
