@@ -90,6 +90,7 @@ def test_number_and_gradient_formats_reach_the_runs_and_the_workload(tmp_path):
     assert s.workload()["number_format"] == "fp"
     plain = SW.SweepSettings(steps=4)  # without them: the workload (and an old sweep's) is unchanged
     assert "number_format" not in plain.workload() and "--number-format" not in plain.train_flags()
+    assert SW.SweepSettings(steps=4, number_format="int").workload() == plain.workload()  # train's default, named
     doc = _dry(tmp_path, "--schedules", "cpt:2-4", "--number-format", "fp", "--grad-format", "fp8e5m2")
     argv = next(iter(doc["train"].values())).split()
     assert _flag_values(argv, "--number-format") == ["fp"] and _flag_values(argv, "--grad-format") == ["fp8e5m2"]

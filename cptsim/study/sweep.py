@@ -109,6 +109,8 @@ class SweepSettings:
             from cptsim.data import default_dataset
 
             self.dataset = default_dataset(self.model)
+        if self.number_format == "int":  # train's default: named or not, one workload (and no flag to pass)
+            self.number_format = None
         from cptsim.run.config import fill_recipe
 
         fill_recipe(self)
