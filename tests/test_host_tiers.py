@@ -135,3 +135,23 @@ def test_report_json_has_the_modelled_and_measured_host_saving(digits_uninterrup
     assert set(hs["gap_pts"]) == {"vs_static32", "vs_static8"} and "gap" in hs["note"]
     bad = cptsim_here("report", run, "--no-save", "--measure-host", "-1")
     assert bad.exit_code == 2 and "--measure-host" in bad.output
+
+
+def test_an_automatic_cpu_measurement_without_tiers_is_measured_again_once(digits_uninterrupted, tmp_path,
+                                                                           monkeypatch):
+    from cptsim.calibration import autocal
+
+    monkeypatch.setenv("CPTSIM_HOME", str(tmp_path))
+    monkeypatch.delenv(autocal.NO_CALIBRATE_ENV, raising=False)
+    run = digits_uninterrupted.path
+    device, threads = autocal._run_conditions(run)
+    path = autocal.auto_profile_path(device, threads)
+    path.parent.mkdir(parents=True)
+    old = open(load_profile("host").path).read()
+    path.write_text(old)  # kept before the tiers: no int8 rate, no "tiers measured" line
+    calls = []
+    monkeypatch.setattr(autocal, "measure", lambda p, *a, **k: calls.append(p) or p)
+    assert autocal.report_host(run) == str(path) and calls == [path]
+    path.write_text("# GEMM tiers measured: int8 not measured: this torch has no _int_mm\n" + old)
+    assert autocal.report_host(run) == str(path) and len(calls) == 1
+    assert autocal.report_host(run, calibrate=False) == str(path) and len(calls) == 1

@@ -76,12 +76,24 @@ def report_host(run_dir, host: str = "host", calibrate: bool = True,
         if not torch.cuda.is_available():
             return host  # a CUDA run reported on a machine without its GPU: nothing here to measure
     path = auto_profile_path(device, threads)
-    if path.is_file():
+    if path.is_file() and not _lacks_tiers(path, device, calibrate):
         return str(path)
     if not calibrate or os.environ.get(NO_CALIBRATE_ENV, "") not in ("", "0"):
         return host
     measure(path, device, threads, seconds, say)
     return str(path)
+
+
+def _lacks_tiers(path: Path, device: str, calibrate: bool) -> bool:
+    """An automatic CPU measurement kept before the host had GEMM tiers (issue 28: no int8 rate), to be measured
+    again when measuring is allowed -- once: the new file has the rate, or says it could not measure it."""
+    if device != "cpu" or not calibrate or os.environ.get(NO_CALIBRATE_ENV, "") not in ("", "0"):
+        return False
+    try:
+        text = path.read_text()
+    except OSError:
+        return False
+    return "int8_gmac_s" not in text and "tiers measured" not in text
 
 
 def measure(path: Path, device: str, threads: int, seconds: float = AUTO_SECONDS,

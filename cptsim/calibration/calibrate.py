@@ -302,6 +302,9 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
               "+ layer_overhead per executed layer-phase",
               "int8 tier: only the GEMMs CPTSIM_EXACT_GEMM=1 routes to torch._int_mm (Linear fwd / wgrad at <= 8 "
               "bits; cptsim.cost.hardware.host); everything else FP32"]
+    if tiers:  # (autocal reads this line: a CPU file written before the tiers has none, and is measured again)
+        header.append("GEMM tiers measured: " + "; ".join(f"{t} {r.get('note', '')}" + (
+            f" {_sig(r['macs_per_s'] / 1e9)} GMAC/s" if r.get("macs_per_s") else "") for t, r in tiers.items()))
     if dev == "cuda":
         header.append("CUDA: the rates are GPU time of a step replayed as a CUDA graph (as cptsim train runs it), "
                       "so the terms add up; see cptsim.calibration.calibrate")

@@ -419,6 +419,8 @@ def measure_host_steps(run_path, cfg: dict, widths, n: int, warmup: int = 2) -> 
             opt = training_optimizer([p for p in model.parameters() if p.requires_grad], lr=tc.lr * 1e-3,
                                      momentum=tc.momentum, weight_decay=tc.weight_decay,
                                      name=tc.optimizer.strip().lower())
+            params = [p for p in model.parameters() if p.requires_grad]
+            clip = getattr(model, "cptsim_grad_clip", None)  # as the training loop: LMs clip the gradient norm
             times: dict = {tuple(wd): [] for wd in widths}
             order = list(times)
             for r in range(warmup + n):
@@ -428,6 +430,8 @@ def measure_host_steps(run_path, cfg: dict, widths, n: int, warmup: int = 2) -> 
                     zero_grad(opt)
                     loss = F.cross_entropy(model(x), y)
                     loss.backward()
+                    if clip:
+                        torch.nn.utils.clip_grad_norm_(params, clip)
                     opt.step()
                     dt = time.perf_counter() - t0
                     if r >= warmup:

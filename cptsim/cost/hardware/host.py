@@ -51,6 +51,11 @@ class HostProfile(HardwareProfile):
     of a CIFAR ResNet at batch 32 on a CPU is dominated by per-op costs, not by arithmetic.
     energy = power_w x time            (power_w = 0 means unknown: energy is reported as 0)
     Rates are measured by ``cptsim hw calibrate`` (cptsim.calibration.calibrate); the shipped host.toml is a placeholder.
+    GEMM tiers (issue 28, module docstring): with the exact path on (CPTSIM_EXACT_GEMM=1, or a run that recorded
+    it: ``with_exact_gemm``) and an int8 rate measured, the Linear GEMMs exact_gemm routes to ``_int_mm`` are priced
+    at ``int8_gmac_s`` plus the path's extra element passes; through ``shaped_gemm_cost``, which the cost model calls
+    while ``shape_model`` is true (it needs the layers' types and shapes). ``time_components`` -- what
+    ``report --fit`` fits -- stays the FP32 model.
 
     On a CUDA device (``device = "cuda"``) the same sum is the overlap model: ``cptsim train`` replays each step as a
     CUDA graph (cptsim.run.cudagraph), so the host's dispatch -- what adds to the GPU's time when ops launch one by one,
