@@ -353,7 +353,9 @@ def _print_saving(s) -> None:
     ms = s.get("measured_saving") or {}
     gap = s.get("gap_pts") or {}
     t = Table(title=f"saving of the schedule on this machine: MODELLED ({s['profile']} profile, exact int8 GEMMs "
-                    f"{'on' if s['exact_gemm'] else 'off'}) vs MEASURED", title_justify="left")
+                    f"{'on' if s['exact_gemm'] else 'off'}"
+                    + (f", {100 * s['int8_mac_share']:.0f}% of MACs int8" if s.get("int8_priced") else "")
+                    + ") vs MEASURED", title_justify="left")
     for col in ("vs", "model t", "model sav.", "meas. t", "meas. sav.", "gap"):
         t.add_column(col, justify="left" if col == "vs" else "right")
     mo = s["modelled_s"]

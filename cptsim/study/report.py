@@ -340,6 +340,16 @@ def host_saving(run_path, cfg: dict, prof, steps: list[dict], host_name, measure
     per_width_model = {f"{q}/{g}": float(estimate(prof, [r for r in kept if (int(r["bits"]), int(r["grad_bits"]))
                                                          == (q, g)], host, per_layer=False).latency_s["total"])
                        / counts[(q, g)] for q, g in widths}
+    int8_share = 0.0
+    if host.int8_active:
+        from cptsim.cost.hardware.host import host_gemm_tiers
+
+        a = prof.arrays()
+        kinds, count = np.unique(np.array([[int(r[k]) for k in ("bits", "grad_bits", "batch_size")] for r in kept]),
+                                 axis=0, return_counts=True)
+        macs = a.macs[None] * (kinds[:, 2] * count)[:, None, None]
+        int8_share = float((macs * host_gemm_tiers(a, kinds[:, 0], kinds[:, 1], kinds[:, 2])).sum()
+                           / max(macs.sum(), 1e-300))
     notes = [f"exact int8 GEMMs: {'on' if exact else 'off'} in this run (config.json host.gemm_paths); the host "
              f"profile prices int8 {'where the exact path routed it' if host.int8_active else 'nowhere'}"
              + ("" if host.int8_active or not exact else " (the profile has no int8 rate: `cptsim hw calibrate`)")]
@@ -347,7 +357,7 @@ def host_saving(run_path, cfg: dict, prof, steps: list[dict], host_name, measure
         notes.append("a per-layer plan: the saving is modelled at the run's global bits per step")
     doc = {
         "profile": host.name, "calibrated": bool(host.params.get("calibrated")), "exact_gemm": exact,
-        "int8_priced": host.int8_active, "tiers": host.tiers(), "steps": len(kept),
+        "int8_priced": host.int8_active, "int8_mac_share": int8_share, "tiers": host.tiers(), "steps": len(kept),
         "static8_grad_bits": g8 if g8 is not None else "the run's own",
         "modelled_s": modelled,
         "modelled_saving": {"vs_static32": _saving(modelled["schedule"], modelled["static32"]),
@@ -382,11 +392,13 @@ def host_saving(run_path, cfg: dict, prof, steps: list[dict], host_name, measure
     return doc
 
 
-def measure_host_steps(run_path, cfg: dict, widths, n: int, warmup: int = 2) -> dict:
+def measure_host_steps(run_path, cfg: dict, widths, n: int, warmup: int = 2, exact_modes=None) -> dict:
     """Median seconds of one training step of the run's model at each (bits, grad_bits) in ``widths``: the run's
     config rebuilt (cptsim.run.train.build: model, data, quantizers, number format), one batch of its training data,
     its optimizer, its thread count and its exact-GEMM setting; ``warmup`` + ``n`` rounds, each one step per width,
-    the order reversed every round. InputError for what it cannot time (a graph dataset, several processes)."""
+    the order reversed every round. ``exact_modes`` (e.g. (False, True)): time each width with CPTSIM_EXACT_GEMM
+    at each of these instead of the run's setting, in the same rounds; keys are then (bits, grad_bits, mode).
+    InputError for what it cannot time (a graph dataset)."""
     import os
     import statistics
     import time
@@ -421,11 +433,15 @@ def measure_host_steps(run_path, cfg: dict, widths, n: int, warmup: int = 2) -> 
                                      name=tc.optimizer.strip().lower())
             params = [p for p in model.parameters() if p.requires_grad]
             clip = getattr(model, "cptsim_grad_clip", None)  # as the training loop: LMs clip the gradient norm
-            times: dict = {tuple(wd): [] for wd in widths}
+            keys = [tuple(wd) for wd in widths] if exact_modes is None else \
+                [(*wd, bool(m)) for wd in widths for m in exact_modes]
+            times: dict = {k: [] for k in keys}
             order = list(times)
             for r in range(warmup + n):
                 for wd in (order if r % 2 == 0 else order[::-1]):
-                    w.set_all(*wd)
+                    if exact_modes is not None:
+                        os.environ["CPTSIM_EXACT_GEMM"] = "1" if wd[2] else "0"
+                    w.set_all(wd[0], wd[1])
                     t0 = time.perf_counter()
                     zero_grad(opt)
                     loss = F.cross_entropy(model(x), y)
@@ -575,7 +591,7 @@ def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> di
     from cptsim.calibration.fit import host_profile, measured_times, profile_factors, steady_steps, step_components
 
     try:
-        host = host_profile(host_name)
+        host = host_profile(host_name).with_exact_gemm(_exact_on(cfg))  # the tiers as this run routed its GEMMs
     except InputError as e:
         warnings.append(f"host time not modelled: {e}")
         return None
@@ -591,8 +607,11 @@ def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> di
                    "measured_energy_j": (float(sum(r["energy_j"] for r in steps))
                                          if steps and all(r.get("energy_j") is not None for r in steps) else None)}
     steps, meas = [r for r, k in zip(steps, keep) if k], meas[keep]
-    comp = step_components(prof, steps, host)
-    model_steps = comp @ profile_factors(host)
+    if host.int8_active:  # int8 tiers: step_components (what --fit fits) is the FP32 model; cost per step kind
+        model_steps = _step_estimates(prof, steps, host)
+    else:
+        comp = step_components(prof, steps, host)
+        model_steps = comp @ profile_factors(host)
     total_model = estimate(prof, steps, host, per_layer=False).latency_s["total"]  # the cost model's own sum
     epochs = np.array([r["epoch"] for r in steps])
     wall = {m.get("epoch"): m.get("epoch_time_s") for m in metrics}
@@ -634,6 +653,16 @@ def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> di
         **energy,
         "step_measured_s": meas.tolist(), "step_modelled_s": model_steps.tolist(),
     }
+
+
+def _step_estimates(prof, steps: list[dict], host) -> np.ndarray:
+    """The host profile's seconds for each step: ``cost.estimate`` of one step of each (bits, grad bits, batch)."""
+    from cptsim.cost.model import estimate
+
+    keys = [(int(r["bits"]), int(r["grad_bits"]), int(r["batch_size"])) for r in steps]
+    one = {k: float(estimate(prof, [{"step": 0, "bits": k[0], "grad_bits": k[1], "batch_size": k[2]}], host,
+                             per_layer=False).latency_s["total"]) for k in set(keys)}
+    return np.array([one[k] for k in keys], dtype=np.float64)
 
 
 def _measured_energy(steps, epochs, per_epoch, host, total_model_s: float) -> dict:
