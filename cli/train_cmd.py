@@ -23,6 +23,8 @@ Examples:
   cptsim train --schedule cpt:3-6 --layer 'features.0=8' --layer 'features.7=+1'
                                                  per-layer precision: features.0 static 8, features.7 at 4-7
   cptsim train --layer-schedule layers.toml      the same rules from a file ([layers] "features.*" = "2-6")
+  cptsim train --number-format mx --schedule cpt:4-8:g8:n8
+                                                 widths as MX formats: 4 MXFP4, 5-6 MXFP6, 7-8 MXFP8 (FP32 emulation)
 
 \b
 The run directory (--out) gets config.json, trace.jsonl (one line per step: bits, loss, time),
@@ -478,8 +480,10 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
         if out is None:
             out = _default_out(model, text)
         if progress:
-            err.print(f"training {model} on {dataset} with {text} -> {out}  (eval at "
-                      f"{f'{eval_bits} bits' if eval_bits else 'q_max'})")
+            fmt = "" if number_format == "int" and grad_format is None else \
+                f" in {number_format} formats" + (f", gradients {grad_format}" if grad_format else "")
+            err.print(f"training {model} on {dataset} with {text}{fmt} -> {out}  (eval at "
+                      f"{f'{eval_bits} bits' if eval_bits else 'q_max'})", highlight=False)
         run = T.train(_tensorboard(cfg), out, progress=progress)
     from cptsim.run import dist
 
