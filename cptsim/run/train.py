@@ -397,7 +397,8 @@ def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
         "host": {"machine": platform.machine(), "threads": torch.get_num_threads(),
                  "quantizers": quantizer_path(cfg.device), **tf32_flags(),
                  # which GEMMs of each quantized layer run exact int8 (issue 28) and which the FP32 fake-quant path
-                 "gemm_paths": gemm_paths(w.model, cfg.device)},
+                 "gemm_paths": gemm_paths(w.model, cfg.device) if w.precision.formats is None else
+                 {"exact_gemm": "off (float number formats run fake-quantized in FP32)", "layers": {}}},
         "argv": sys.argv,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
