@@ -103,7 +103,8 @@ def main() -> int:
             s = rep["runs"][0]["host_saving"]
             meas = s["measured"] or {}
             rows.append({
-                "model": name, "exact_gemm": exact == "1", "int8_priced": s["int8_priced"], "steps": s["steps"],
+                "model": name, "exact_gemm": exact == "1", "int8_priced": s["int8_priced"],
+                "int8_mac_share": s["int8_mac_share"], "steps": s["steps"],
                 "modelled_saving": s["modelled_saving"], "measured_saving": s["measured_saving"],
                 "gap_pts": s["gap_pts"], "modelled_s": s["modelled_s"],
                 "measured_s": {k: meas.get(f"{k}_s") for k in ("schedule", "static32", "static8")},
@@ -111,22 +112,24 @@ def main() -> int:
                 "trace_s": s["measured_trace_s"], "trace_over_pass": meas.get("trace_over_pass"),
             })
     paired = [_paired(work / f"{name}-exact0", a.measure, a.threads, env) for name, _ in CASES]
-    doc = {"threads": a.threads, "steps": a.steps, "measure": a.measure, "schedule": a.schedule,
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    doc = {"load_average_1min_at_end": load, "cpus": os.cpu_count(), "threads": a.threads, "steps": a.steps, "measure": a.measure, "schedule": a.schedule,
            "cpu": m["cpu"], "tier_macs_per_s": tiers, "cases": rows, "exact_path_at_8": paired}
     if a.json:
         print(json.dumps(doc, indent=2))
         return 0
     print(f"{m['cpu']}, {a.threads} thread(s); tiers measured: "
           + ", ".join(f"{k} {v / 1e9:.1f} GMAC/s" for k, v in tiers.items()))
-    print(f"schedule {a.schedule}, {a.steps} steps; timing pass {a.measure} steps per width (medians)")
-    hdr = (f"{'model':<16}{'exact':>6}{'int8':>6}  {'vs static 32: model':>20}{'meas.':>8}{'gap':>9}  "
+    print(f"schedule {a.schedule}, {a.steps} steps; timing pass {a.measure} steps per width (medians); "
+          f"load average at the end {load:.1f} on {os.cpu_count()} CPUs (other jobs share this machine)")
+    hdr = (f"{'model':<16}{'exact':>6}{'int8 MACs':>10}  {'vs static 32: model':>20}{'meas.':>8}{'gap':>9}  "
            f"{'vs static 8: model':>19}{'meas.':>8}{'gap':>9}  {'8/8 ms':>8}{'32/32 ms':>9}{'trace/pass':>11}")
     print(hdr)
     pc = lambda x: "-" if x is None else f"{100 * x:+.1f}%"  # noqa: E731
     pt = lambda x: "-" if x is None else f"{x:+.1f}pt"  # noqa: E731
     for r in rows:
         st = r["measured_step_s"] or {}
-        print(f"{r['model']:<16}{'on' if r['exact_gemm'] else 'off':>6}{'yes' if r['int8_priced'] else 'no':>6}  "
+        print(f"{r['model']:<16}{'on' if r['exact_gemm'] else 'off':>6}{100 * r['int8_mac_share']:>9.0f}%  "
               f"{pc(r['modelled_saving']['vs_static32']):>20}{pc((r['measured_saving'] or {}).get('vs_static32')):>8}"
               f"{pt((r['gap_pts'] or {}).get('vs_static32')):>9}  "
               f"{pc(r['modelled_saving']['vs_static8']):>19}{pc((r['measured_saving'] or {}).get('vs_static8')):>8}"

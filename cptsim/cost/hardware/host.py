@@ -11,9 +11,11 @@ Tiers (issue 28): the host measures its FP32 matmul rate and, where torch reache
   FP32 (``host_gemm_tiers``; tests/test_host_tiers.py checks it against exact_gemm's own routing functions);
 * bf16 is measured and shown (``cptsim hw show host``), but no training GEMM runs on it: no GEMM is priced there.
 
-An int8 GEMM also costs the exact path's extra element-wise passes, priced at the quantizer rate: the int8 codes
-of the operand it quantized (forward: the input; wgrad: the error) and the int32 epilogue over its output (forward:
-the output; wgrad: the weight gradient). Its quantizer passes are those of the fake-quant path (the same calls).
+An int8 GEMM also costs the exact path's extra passes, streaming C loops priced as memory traffic at the measured
+bandwidth (``exact_extra_bytes``): the int8 codes of the operands (read 4 B, write 1 B per element; forward: the
+input and the weight; wgrad: the error) and the int32 epilogue over its output (read 4 B, write 4 B in place;
+forward: the output; wgrad: the weight gradient). Its quantizer passes are those of the fake-quant path (the same
+calls), priced as before.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class HostProfile(HardwareProfile):
     Rates are measured by ``cptsim hw calibrate`` (cptsim.calibration.calibrate); the shipped host.toml is a placeholder.
     GEMM tiers (issue 28, module docstring): with the exact path on (CPTSIM_EXACT_GEMM=1, or a run that recorded
     it: ``with_exact_gemm``) and an int8 rate measured, the Linear GEMMs exact_gemm routes to ``_int_mm`` are priced
-    at ``int8_gmac_s`` plus the path's extra element passes; through ``shaped_gemm_cost``, which the cost model calls
+    at ``int8_gmac_s`` plus the bytes of the path's extra passes; through ``shaped_gemm_cost``, which the cost model calls
     while ``shape_model`` is true (it needs the layers' types and shapes). ``time_components`` -- what
     ``report --fit`` fits -- stays the FP32 model.
 
@@ -144,13 +146,13 @@ class HostProfile(HardwareProfile):
 
     def shaped_gemm_cost(self, a, macs, b1, b2, bytes_moved, samples):
         """(time s, energy J), (K, L, 3), of profile arrays ``a``'s GEMMs with their tiers (``host_gemm_tiers``):
-        the FP32 terms of ``_cost`` with an int8 GEMM's compute at the int8 rate plus its extra element passes."""
+        the FP32 terms of ``_cost`` with an int8 GEMM's compute at the int8 rate plus its extra passes' bytes."""
         from cptsim.cost.model import quant_elems
 
         q, g = _step_bits(a, b1)
         qe = quant_elems(a.numel, a.macs, a.quantized, q, g, samples, a.calls, getattr(a, "operand", None))
         int8 = host_gemm_tiers(a, q, g, samples)
-        comp = self.time_components(macs, bytes_moved, qe + exact_extra_elems(a, int8, samples))
+        comp = self.time_components(macs, np.asarray(bytes_moved) + exact_extra_bytes(a, int8, samples), qe)
         comp[..., 0] = np.where(int8, np.asarray(macs, dtype=np.float64) / self._int8_rate, comp[..., 0])
         t = comp @ self.factors()
         return t, self.params["power_w"] * t
@@ -226,14 +228,18 @@ def host_gemm_tiers(a, q, g, samples) -> np.ndarray:
     return np.stack((fwd, np.zeros_like(fwd), wgrad), axis=-1)
 
 
-def exact_extra_elems(a, int8: np.ndarray, samples) -> np.ndarray:
-    """(K, L, 3) element passes the exact path adds to an int8 GEMM: fwd the input's codes (I x samples), the
-    epilogue over the output (O x samples) and the weight's codes (W x calls); wgrad the error's codes (O x samples)
-    and the epilogue over the weight gradient (W x calls)."""
+CODES_BYTES, EPILOGUE_BYTES = 5.0, 8.0  # per element: float32 in, int8 out; int32 in, float32 out in place
+
+
+def exact_extra_bytes(a, int8: np.ndarray, samples) -> np.ndarray:
+    """(K, L, 3) bytes the exact path's extra passes move for an int8 GEMM: fwd the codes of the input
+    (I x samples) and of the weight (W x calls) and the epilogue over the output (O x samples); wgrad the codes of
+    the error (O x samples) and the epilogue over the weight gradient (W x calls)."""
     numel = np.asarray(a.numel, dtype=np.float64)
     n = np.atleast_1d(np.asarray(samples, dtype=np.float64))[:, None]
     calls = np.asarray(a.calls, dtype=np.float64)[None]
-    fwd = numel[:, 1][None] * n + numel[:, 2][None] * n + numel[:, 0][None] * calls
-    wgrad = numel[:, 2][None] * n + numel[:, 0][None] * calls
+    w, i, o = numel[:, 0][None] * calls, numel[:, 1][None] * n, numel[:, 2][None] * n
+    fwd = CODES_BYTES * (i + w) + EPILOGUE_BYTES * o
+    wgrad = CODES_BYTES * o + EPILOGUE_BYTES * w
     extra = np.stack((fwd, np.zeros_like(fwd), wgrad), axis=-1)
     return np.where(int8, extra, 0.0)
