@@ -120,6 +120,42 @@ def gpu_check(out: str | None) -> int:
     return 1 if bad else 0
 
 
+def step_time(reps: int = 30) -> int:
+    """One digits-cnn training step (forward + backward, batch 64, one thread) per family at 4/8 and 8/8 bits,
+    the families alternated rep by rep (so a busy neighbour slows each alike); median ms. What the FP32 emulation of
+    a format costs on this CPU against the integer path's C kernels."""
+    import torch
+    import torch.nn.functional as F
+
+    from cptsim.models import create_model
+    from cptsim.numerics.layers import quantize_model
+
+    torch.set_num_threads(1)
+    x, y = torch.randn(64, 1, 8, 8), torch.randint(0, 10, (64,))
+    cases = []
+    for family, grad in (("int", None), ("fp", None), ("fp", "fp8e5m2"), ("mx", None), ("nvfp", None)):
+        for q in (4, 8):
+            torch.manual_seed(0)
+            m = create_model("digits-cnn", num_classes=10, in_channels=1, input_shape=(1, 8, 8))
+            p = quantize_model(m, number_format=family, grad_format=grad)
+            cases.append((f"{family}{'+' + grad if grad else ''} {q}/8", m, p, q))
+    times = {c[0]: [] for c in cases}
+    for _ in range(reps):
+        for name, m, p, q in cases:
+            p.set(q, 8)
+            t0 = time.perf_counter()
+            F.cross_entropy(m(x), y).backward()
+            times[name].append(time.perf_counter() - t0)
+            m.zero_grad(set_to_none=True)
+    base = {q: statistics.median(times[f"int {q}/8"][3:]) for q in (4, 8)}
+    print(f"digits-cnn, one training step (fwd + bwd, batch 64, 1 thread), median of {reps - 3} alternated reps")
+    for name, ts in times.items():
+        med = statistics.median(ts[3:])
+        q = int(name.split()[-1].split("/")[0])
+        print(f"  {name:22} {1e3 * med:7.2f} ms  {med / base[q]:5.2f}x the int path")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2")
@@ -130,7 +166,10 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", default=None, help="keep the run directories here")
     ap.add_argument("--save-json", default=None, help="also write the JSON document to this file")
     ap.add_argument("--gpu-check", action="store_true", help="the CUDA check (gpu_check) instead of the table")
+    ap.add_argument("--step-time", action="store_true", help="time one training step per family (step_time)")
     a = ap.parse_args(argv)
+    if a.step_time:
+        return step_time()
     if a.gpu_check:
         return gpu_check(a.keep)
     seeds = [int(s) for s in a.seeds.split(",")]
