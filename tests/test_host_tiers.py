@@ -49,6 +49,18 @@ def test_tier_per_gemm_is_exact_gemms_routing():
             assert got == [fwd, X.FAKE, wgrad], (LAYERS[j][0], qi, gi, ni, got)
 
 
+def test_the_hosts_quantizer_elements_are_the_cost_models():
+    from cptsim.cost.hardware.host import quantizer_elems
+    from cptsim.cost.model import quant_elems
+
+    a = _arrays()
+    a.numel[:] = np.arange(3 * len(LAYERS)).reshape(-1, 3) + 1.0
+    a.macs[0, 1] = 0  # a first layer: its error pass in wgrad
+    q, g, n = np.array([3, 8, 32, 32]), np.array([8, 32, 8, 32]), np.array([5, 7, 9, 11])
+    assert np.array_equal(quantizer_elems(a, q, g, n),
+                          quant_elems(a.numel, a.macs, a.quantized, q, g, n, a.calls, a.operand))
+
+
 def test_int8_is_priced_only_with_the_exact_path_on_and_a_measured_rate(tmp_path, monkeypatch):
     monkeypatch.delenv("CPTSIM_EXACT_GEMM", raising=False)
     old = load_profile("host")  # the shipped file, written before the tiers: reads, FP32 only

@@ -147,10 +147,8 @@ class HostProfile(HardwareProfile):
     def shaped_gemm_cost(self, a, macs, b1, b2, bytes_moved, samples):
         """(time s, energy J), (K, L, 3), of profile arrays ``a``'s GEMMs with their tiers (``host_gemm_tiers``):
         the FP32 terms of ``_cost`` with an int8 GEMM's compute at the int8 rate plus its extra passes' bytes."""
-        from cptsim.cost.model import quant_elems
-
         q, g = _step_bits(a, b1)
-        qe = quant_elems(a.numel, a.macs, a.quantized, q, g, samples, a.calls, getattr(a, "operand", None))
+        qe = quantizer_elems(a, q, g, samples)
         int8 = host_gemm_tiers(a, q, g, samples)
         comp = self.time_components(macs, np.asarray(bytes_moved) + exact_extra_bytes(a, int8, samples), qe)
         comp[..., 0] = np.where(int8, np.asarray(macs, dtype=np.float64) / self._int8_rate, comp[..., 0])
@@ -190,6 +188,27 @@ def _step_bits(a, b1) -> tuple[np.ndarray, np.ndarray]:
         lead = b1.shape[:-2] if b1.ndim >= 2 else ()
         return np.full(lead, 32), np.full(lead, 32)
     return b1[..., idx[0], 0], b1[..., idx[0], 1]
+
+
+def quantizer_elems(a, q, g, samples) -> np.ndarray:
+    """(K, L, 3) quantizer element-passes of profile arrays ``a`` per step kind: ``cptsim.cost.model.quant_elems``
+    restated (that module imports this package: importing it back would make a cycle), tested equal to it in
+    tests/test_host_tiers.py. fwd: input (I x n) + weight (W x calls) + a Matmul's second operand (B x n) where
+    q < 32; the error (O x n) where g < 32, in dgrad, or in wgrad for a layer without dgrad."""
+    numel = np.asarray(a.numel, dtype=np.float64)
+    macs = np.asarray(a.macs)
+    quant = np.asarray(a.quantized, dtype=bool)
+    calls = np.asarray(a.calls, dtype=np.float64)
+    n = np.atleast_1d(np.asarray(samples, dtype=np.float64))[:, None]
+    q = np.atleast_1d(np.asarray(q))[:, None]
+    g = np.atleast_1d(np.asarray(g))[:, None]
+    opnd = getattr(a, "operand", None)
+    b = 0.0 if opnd is None else np.asarray(opnd, dtype=np.float64) * n
+    fwd = np.where(quant & (q < 32) & (macs[:, 0] > 0), numel[:, 1] * n + b + numel[:, 0] * calls, 0.0)
+    back = np.where(quant & (g < 32), numel[:, 2] * n, 0.0)
+    has_d, has_w = macs[:, 1] > 0, macs[:, 2] > 0
+    fwd, dgrad, wgrad = np.broadcast_arrays(fwd, np.where(has_d, back, 0.0), np.where(~has_d & has_w, back, 0.0))
+    return np.stack((fwd, dgrad, wgrad), axis=-1)
 
 
 def exact_linear_layers(a) -> np.ndarray:
