@@ -52,6 +52,11 @@ DATASHEET = ("a100", "v100", "t4", "rtx4090")
 # benchmarks/results/gpu23_H100.json), but a network's memory-bound ops -- small tensors, strided copies, reductions
 # -- reach less: memory_efficiency is fitted, from this start.
 STREAM_EFFICIENCY = 0.87
+# gpu_kernels.DEFAULTS' NCHW batch-norm constants are not fitted on throughput: measured per kernel on the lent H100
+# (benchmarks/bench_gpu_optrace.py --fit), the same cuDNN kernels per SM and clock on every generation; --write keeps
+# this comment above them
+ROWS_COMMENT = """    # NCHW batch norm by its shape (nchw_batch_norm_seconds): measured per kernel on the lent H100 (fourth session,
+    # benchmarks/results/gpu24_H100/trace-*-nchw, 366 cuDNN batch-norm calls of 7 networks; bench_gpu_optrace.py)"""
 # measured resnet20 (CIFAR), batch 128, FP32 steps: (GPU, graphed ms, eager ms, where)
 RESNET20 = [("h100", 5.03, 11.08, "benchmarks/results/gpu23_H100.json (cudnn.benchmark on)"),
             ("h200", 5.72, 8.88, "benchmarks/results/gpu_check_H200_run3.txt")]
@@ -176,11 +181,13 @@ def write(doc: dict) -> None:
     import re
 
     keys = ("gemm_n0", "gemm_k0", "nchw_conv_factor", "nchw_depthwise_factor", "depthwise_efficiency",
-            "depthwise_memory_efficiency", "norm_memory_efficiency", "nchw_norm_factor", "nchw_norm_elements_per_clock")
+            "depthwise_memory_efficiency", "norm_memory_efficiency", "nchw_norm_factor", "nchw_norm_elements_per_clock",
+            "nchw_norm_rows_per_clock", "nchw_norm_backward_rows_per_clock", "nchw_norm_channels_per_sm")
     from cptsim.cost.hardware import gpu_kernels
 
     consts = {k: amp["constants"].get(k, gpu_kernels.DEFAULTS[k]) for k in keys}  # nchw_norm_factor: no longer fitted
-    body = "".join('\n    "%s": %r,' % (k, float("%.4g" % consts[k])) for k in keys)
+    body = "".join(('\n' + ROWS_COMMENT if k == "nchw_norm_rows_per_clock" else "")
+                   + '\n    "%s": %r,' % (k, float("%.4g" % consts[k])) for k in keys)
     code, n = re.subn(r"DEFAULTS = \{[^}]*\}", "DEFAULTS = {" + body + "\n}", code, count=1)
     assert n == 1
     src.write_text(code)

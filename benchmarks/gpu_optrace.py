@@ -143,7 +143,7 @@ def workload_step(torch, key, precision, dev):
         opt.zero_grad(set_to_none=False)
         with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
             out = net(x)
-            loss = F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.reshape(-1))
+            loss = F.cross_entropy(out.float(), y)  # as gpu_measure.run_workload: the LM's logits are (B, V, T)
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.step(opt)

@@ -10,6 +10,7 @@ in FP16, and at 32 bits the layers run plain.
     python benchmarks/gpu_zoo_profiles.py --models a,b,c    # add these
     python benchmarks/gpu_zoo_profiles.py --per-family 0    # every usable row of the table (hours)
     python benchmarks/gpu_zoo_profiles.py --unfused-attention   # attention models as PyTorch 1.12 ran them
+    python benchmarks/gpu_zoo_profiles.py --norm-shapes   # add batch norms' shapes to stored op lists (~10 min)
 
 The tables were measured with PyTorch 1.12 (pt112), which had no fused attention: a transformer's attention ran as
 two batched matmuls and a softmax over its N x N scores. Today's timm calls F.scaled_dot_product_attention, so
@@ -95,6 +96,60 @@ def profile_timm(name: str, size: int = 224, fused_attention: bool = True):
         set_fused_attn(True, experimental=False)
 
 
+def norm_shapes_timm(name: str, size: int = 224) -> list:
+    """[[positions per sample, channels, calls]] of timm's NAME's batch norms, from one forward at batch 1 with a
+    hook on every BatchNorm module (timm's BatchNormAct2d is one): what ``count_step_ops`` records for them
+    (``OpRecord.norm_shapes``; every batch norm's backward has its forward's shape), for stored profiles counted
+    before it recorded them, ~50x faster than recounting the whole step on this CPU. tests/test_gpu_kernels.py
+    checks both give the same shapes."""
+    import timm
+    import torch
+
+    torch.manual_seed(0)
+    net = timm.create_model(name, pretrained=False, num_classes=1000).eval()
+    return batch_norm_shapes_by_hooks(net, torch.randn(1, 3, size, size))
+
+
+def batch_norm_shapes_by_hooks(net, x) -> list:
+    """The hook count of ``norm_shapes_timm`` on any model and input (module forward hooks, no dispatch mode)."""
+    import torch
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    seen: dict = {}
+
+    def hook(m, args, out):
+        t = args[0]
+        if t.dim() >= 2:
+            key = (float(t.numel() // max(1, t.shape[0] * t.shape[1])), float(t.shape[1]))
+            seen[key] = seen.get(key, 0.0) + 1.0
+
+    hs = [m.register_forward_hook(hook) for m in net.modules() if isinstance(m, _BatchNorm)]
+    try:
+        with torch.no_grad():
+            net(x)
+    finally:
+        for h in hs:
+            h.remove()
+    return [[p, c, k] for (p, c), k in sorted(seen.items())]
+
+
+def add_norm_shapes(entry: dict, shapes: list) -> int:
+    """Write ``shapes`` into the batch-norm records of one entry's stored profile(s) (fused and unfused-attention
+    twins: their batch norms are the same), one forward and one backward record each; returns the records changed,
+    0 (nothing written) when a phase has more than one batch-norm record (which of them made which call is then
+    unknown: the profile keeps pricing them by bytes)."""
+    n = 0
+    for key in ("profile", "profile_unfused_attn"):
+        recs = [r for r in entry.get(key, {}).get("ops", {}).get("records", []) if "batch_norm" in r["op"]]
+        phases = [r["phase"] for r in recs]
+        if not shapes or len(set(phases)) != len(phases):
+            continue
+        for r in recs:
+            r["norm_shapes"] = shapes
+            n += 1
+    return n
+
+
 def has_fused_attention(entry: dict) -> bool:
     """Whether a stored profile counted fused attention (then its pt112 twin is profiled unfused)."""
     from cptsim.measure.profiler import LayerProfile
@@ -124,10 +179,34 @@ def main(argv=None) -> int:
     ap.add_argument("--unfused-attention", action="store_true", help="add, for every stored model whose profile "
                     "counts fused attention, the profile of the same step with attention unfused (as PyTorch 1.12 "
                     "ran it: the RTX 3090 tables), as 'profile_unfused_attn'")
+    ap.add_argument("--norm-shapes", action="store_true", help="add the batch norms' shapes (OpRecord.norm_shapes) "
+                    "to every stored profile that lacks them, from a recount of its step's ops")
     args = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
+    if args.norm_shapes:
+        done = load_profiles()
+        t0 = time.perf_counter()
+        todo = [n for n, e in sorted(done.items()) if "profile" in e
+                and any("batch_norm" in r["op"] and "norm_shapes" not in r for r in e["profile"]["ops"]["records"])]
+        for i, name in enumerate(todo):
+            if time.perf_counter() - t0 > args.max_minutes * 60:
+                print("time is up; keeping what is done", file=sys.stderr)
+                break
+            t = time.perf_counter()
+            try:
+                k = add_norm_shapes(done[name], norm_shapes_timm(name))
+            except Exception as e:  # noqa: BLE001 - keep the others
+                print(f"{name}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+                continue
+            print(f"[{i + 1}/{len(todo)}] {name}: {k} records {time.perf_counter() - t:.1f}s", file=sys.stderr)
+            if (i + 1) % 10 == 0 or i + 1 == len(todo):
+                tmp = OUT.with_suffix(".tmp")
+                with gzip.open(tmp, "wt") as f:
+                    json.dump(done, f, separators=(",", ":"))
+                tmp.replace(OUT)
+        return 0
     if args.unfused_attention:
         done = load_profiles()
         for name, entry in sorted(done.items()):

@@ -218,3 +218,83 @@ def test_an_eager_steps_host_time_splits_convolutions_from_other_launches():
     assert t["conv_launches"] == 0
     assert h100.launch_bound(lstm.ops, 0.054)["bound"] == "GPU"
     assert h100.launch_bound(lstm.ops, 0.0)["host_step_s"] == pytest.approx(t["launches"] * 9.75e-6)
+
+
+def test_an_nchw_batch_norm_takes_its_channels_blocks_time_by_hand():
+    # 132 SMs x 1.5 = 198 channels in flight: a 10-channel norm takes as long as a 198-channel one; 512 channels
+    # take 512/198 of that
+    shapes = [(12544.0, 10.0, 4.0), (3136.0, 512.0, 1.0)]
+    t = K.nchw_batch_norm_seconds(shapes, np.array([2.0, 4.0]), 132, 1.98e9, 0.73, 1.5)
+    one = 2 * (12544 * 4 + 3136 * 512 / 198) / (0.73 * 1.98e9)
+    assert t.tolist() == pytest.approx([one, 2 * one])
+    assert K.nchw_batch_norm_seconds([(12544.0, 10.0, 1.0)], np.array([1.0]), 132, 1.98e9, 0.73, 1.5)[0] == \
+        pytest.approx(K.nchw_batch_norm_seconds([(12544.0, 198.0, 1.0)], np.array([1.0]), 132, 1.98e9, 0.73, 1.5)[0])
+
+
+def _bn_net():
+    import torch.nn as nn
+
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(4, 5))
+
+
+def test_the_op_counter_records_each_batch_norms_shape_and_an_old_profile_has_none():
+    import torch
+
+    from cptsim.measure.opcount import OpProfile, count_step_ops
+
+    torch.manual_seed(0)
+    ops = count_step_ops(_bn_net(), torch.randn(2, 3, 8, 6))
+    sh = ops.batch_norm_shapes()
+    # one call forward and one backward, on 8 x 6 = 48 positions per sample of 4 channels
+    assert sh["fwd"] == [(48.0, 4.0, 1.0)] and sh["bwd"] == [(48.0, 4.0, 1.0)] and sh["opt"] == []
+    again = OpProfile.from_json(ops.to_json())
+    assert again.batch_norm_shapes() == sh
+    old = ops.to_json()
+    for r in old["records"]:
+        r.pop("norm_shapes", None)
+    assert OpProfile.from_json(old).batch_norm_shapes() is None  # priced by bytes, as before
+
+
+def test_an_nchw_steps_batch_norms_are_priced_by_shape_and_channels_last_ones_by_bytes():
+    import torch
+
+    from cptsim.cost.hardware import load_profile
+    from cptsim.measure.opcount import OpProfile, count_step_ops
+
+    hw = load_profile("h100")
+    torch.manual_seed(0)
+    ops = count_step_ops(_bn_net(), torch.randn(2, 3, 64, 64))
+    n = np.array([512.0])
+    bn = hw.nchw_batch_norm_time(ops, n)
+    c = hw.kernel_constant
+    want = 512 * 4096 * 1 / (c("nchw_norm_rows_per_clock") * 1980e6)  # 4 channels: one block each, in parallel
+    assert bn["fwd"][0] == pytest.approx(want)
+    nchw, _ = hw.step_ops_cost(ops, np.array([16]), np.array([16]), n, channels_last=False)
+    nhwc, _ = hw.step_ops_cost(ops, np.array([16]), np.array([16]), n, channels_last=True)
+    assert nchw[0, 0] >= want and nchw[0, 0] - nhwc[0, 0] > 0.5 * want
+    old = ops.to_json()
+    for r in old["records"]:
+        r.pop("norm_shapes", None)
+    assert hw.nchw_batch_norm_time(OpProfile.from_json(old), n) is None
+
+
+def test_the_zoo_backfills_hook_count_of_batch_norms_equals_the_op_counters():
+    import sys
+    from pathlib import Path
+
+    import torch
+    import torch.nn as nn
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from gpu_zoo_profiles import batch_norm_shapes_by_hooks
+
+    from cptsim.measure.opcount import count_step_ops
+
+    net = nn.Sequential(_bn_net()[:3], nn.Conv2d(4, 6, 3, stride=2), nn.BatchNorm2d(6), _bn_net()[3:5],
+                        nn.Linear(6, 3))
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 9, 9)
+    ops = count_step_ops(net, x).batch_norm_shapes()
+    hooks = [tuple(s) for s in batch_norm_shapes_by_hooks(net, x[:1])]
+    assert ops["fwd"] == hooks and sorted(ops["bwd"]) == hooks and len(hooks) == 2

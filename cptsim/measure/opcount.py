@@ -156,6 +156,13 @@ class _Acc:
     read: int = 0
     write: int = 0
     macs: int = 0
+    shapes: dict = field(default_factory=dict)  # a batch norm's (positions per sample, channels) -> calls
+
+
+def is_batch_norm(op: str) -> bool:
+    """Batch norm ops, forward and backward: on a GPU in an NCHW step their time follows their shape (one thread
+    block walks a channel's positions: ``OpRecord.norm_shapes``), not only their bytes."""
+    return "batch_norm" in op
 
 
 def is_norm(op: str) -> bool:
@@ -258,6 +265,11 @@ class OpCounter(TorchDispatchMode):
         a.write += write
         if kind == "attention":
             a.macs += attention_macs(base, tensors)
+        elif kind == "memory" and is_batch_norm(base) and tensors and tensors[0].dim() >= 2:
+            # the input (forward) or the output's gradient (backward): the same (N, C, *spatial) shape
+            t = tensors[0]
+            key = (t.numel() // max(1, t.shape[0] * t.shape[1]), int(t.shape[1]))
+            a.shapes[key] = a.shapes.get(key, 0) + 1
 
 
 # ------------------------------------------------------------------------------------------------ records
@@ -283,6 +295,9 @@ class OpRecord:
     write_per_sample: float = 0.0
     write_fixed: float = 0.0
     macs_per_sample: float = 0.0  # a fused attention kernel's MACs (kind "attention"); 0 for the others
+    # A batch norm's calls by shape: [[positions per sample (H x W), channels, calls per step], ...]. None: not
+    # recorded (a profile written before they were, or not a batch norm on feature maps).
+    norm_shapes: list | None = None
 
     def to_json(self) -> dict:
         d = {"op": self.op, "phase": self.phase, "kind": self.kind, "calls": self.calls,
@@ -291,6 +306,8 @@ class OpRecord:
              "write_bytes": {"per_sample": self.write_per_sample, "fixed": self.write_fixed}}
         if self.macs_per_sample:
             d["macs_per_sample"] = self.macs_per_sample
+        if self.norm_shapes is not None:
+            d["norm_shapes"] = [list(x) for x in self.norm_shapes]
         return d
 
     @classmethod
@@ -314,7 +331,16 @@ class OpRecord:
                    launches=int(_num(r["launches"], f"{where}.launches")),
                    read_per_sample=rw["read_bytes"][0], read_fixed=rw["read_bytes"][1],
                    write_per_sample=rw["write_bytes"][0], write_fixed=rw["write_bytes"][1],
-                   macs_per_sample=_num(r.get("macs_per_sample", 0), f"{where}.macs_per_sample"))
+                   macs_per_sample=_num(r.get("macs_per_sample", 0), f"{where}.macs_per_sample"),
+                   norm_shapes=_norm_shapes(r.get("norm_shapes"), f"{where}.norm_shapes"))
+
+
+def _norm_shapes(v: Any, where: str) -> list | None:
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(x, list) and len(x) == 3 for x in v):
+        raise InputError(f"profile: {where} must be a list of [positions, channels, calls]")
+    return [[_num(x[0], where), _num(x[1], where), _num(x[2], where)] for x in v]
 
 
 @dataclass
@@ -371,6 +397,21 @@ class OpProfile:
                 d["aggregation_bytes_fixed"] += r.read_fixed + r.write_fixed
                 d["aggregation_launches"] += r.launches
         return s
+
+    def batch_norm_shapes(self) -> dict[str, list] | None:
+        """Per phase, the batch norms' calls by shape: [(positions per sample, channels, calls per step), ...]; None
+        when a batch / group / instance norm record has none (a profile written before they were recorded, or a
+        group / instance norm: the cost model then prices all of them by their bytes alone)."""
+        out: dict[str, list] = {p: [] for p in OP_PHASES}
+        for r in self.records:
+            if r.kind != "memory" or not is_norm(r.op) or "layer_norm" in r.op:
+                continue
+            if r.norm_shapes is None or not is_batch_norm(r.op):
+                if r.read_per_sample + r.write_per_sample > 0:
+                    return None
+                continue
+            out[r.phase] += [tuple(x) for x in r.norm_shapes]
+        return out
 
     def totals(self) -> dict[str, float]:
         s = self.summary()
@@ -526,7 +567,9 @@ def _records(c1: OpCounter, c2: OpCounter, b: int) -> list[OpRecord]:
         recs.append(OpRecord(op=key[0], phase=key[1], kind=key[2], calls=a1.calls or a2.calls,
                              launches=a1.launches or a2.launches, read_per_sample=split[0], read_fixed=split[1],
                              write_per_sample=split[2], write_fixed=split[3],
-                             macs_per_sample=max(0.0, (a2.macs - a1.macs) / b)))
+                             macs_per_sample=max(0.0, (a2.macs - a1.macs) / b),
+                             norm_shapes=[[float(p), float(c), float(k)] for (p, c), k in sorted(a1.shapes.items())]
+                             if a1.shapes else None))
     return recs
 
 

@@ -166,7 +166,13 @@ class GPUProfile(HardwareProfile):
               "used by a profile without boost_clock_mhz", None),
         Field("nchw_norm_elements_per_clock", "positive", "elements a batch / group norm reads or writes per SM per "
               "clock in an NCHW step (fitted): its per-channel reductions are bound by the SMs, not by DRAM, so its "
-              "time does not halve at 16 bits and scales with SMs x clock; used with boost_clock_mhz", None),
+              "time does not halve at 16 bits and scales with SMs x clock; used with boost_clock_mhz when the op "
+              "list has no batch-norm shapes", None),
+        Field("nchw_norm_rows_per_clock", "positive", "positions (N x H x W) one thread block of an NCHW batch norm's "
+              "forward walks per clock, each channel its own block (gpu_kernels.nchw_batch_norm_seconds; measured)",
+              None),
+        Field("nchw_norm_backward_rows_per_clock", "positive", "the same for the batch norm's backward", None),
+        Field("nchw_norm_channels_per_sm", "positive", "channels an NCHW batch norm has in flight per SM", None),
         Field("depthwise_memory_efficiency", "fraction", "a depthwise convolution's achieved / peak DRAM "
               "bandwidth (fitted)", None),
     )
@@ -419,16 +425,18 @@ class GPUProfile(HardwareProfile):
         the shape model, normalisations run at their own achieved bandwidth (``norm_memory_efficiency``; batch
         norms in an NCHW step no faster than ``nchw_norm_rate``, or at ``nchw_norm_factor`` of it without a clock)."""
         fwd_bits, bwd_bits = self.compute_bits(np.asarray(q)), self.compute_bits(np.maximum(q, g))
-        norm, conv_norm, conv_rate = 1.0, 1.0, None
+        norm, conv_norm, conv_rate, bn_floor = 1.0, 1.0, None, None
         if self.shape_model:
             norm = self.kernel_constant("norm_memory_efficiency") / max(self._meff, 1e-9)
             if not channels_last:
-                conv_rate = self.nchw_norm_rate(ops.element_bits)
-                conv_norm = 1.0 if conv_rate is not None else self.kernel_constant("nchw_norm_factor")
+                bn_floor = self.nchw_batch_norm_time(ops, samples)
+                conv_rate = None if bn_floor is not None else self.nchw_norm_rate(ops.element_bits)
+                conv_norm = 1.0 if (conv_rate is not None or bn_floor is not None) else \
+                    self.kernel_constant("nchw_norm_factor")
         t, e = gpu_step_ops_cost(ops.summary(), ops.element_bits, fwd_bits, bwd_bits, samples,
                                  self._bandwidth * self._meff, self.kernel_overhead_s, self.busy_power_w,
                                  self.idle_power_w, norm_factor=norm, conv_norm_factor=conv_norm,
-                                 conv_norm_rate=conv_rate)
+                                 conv_norm_rate=conv_rate, conv_norm_floor=bn_floor)
         at = self._attention_time(ops.summary(), ops.element_bits, fwd_bits, bwd_bits, samples)
         return t + at, e + at * self.busy_power_w
 
@@ -439,6 +447,23 @@ class GPUProfile(HardwareProfile):
         byte moved). Their launches are the op list's (kind ``aggregation``)."""
         t = np.asarray(bytes_moved, dtype=np.float64) / (self._bandwidth * self._meff)
         return t, self.busy_power_w * t
+
+    def nchw_batch_norm_time(self, ops, samples) -> dict | None:
+        """{phase: (K,) seconds} of an NCHW step's batch norms from their shapes
+        (``gpu_kernels.nchw_batch_norm_seconds``: bound by thread blocks per channel, not by bytes); None without a
+        boost clock or when the op list has no shapes for its norms (then ``nchw_norm_rate`` bounds them)."""
+        clock = self.params.get("boost_clock_mhz")
+        shapes = ops.batch_norm_shapes() if hasattr(ops, "batch_norm_shapes") else None
+        if clock is None or shapes is None or not self.shape_model:
+            return None
+        sms, hz = float(self.params["sm_count"]), float(clock) * 1e6
+        per = self.kernel_constant("nchw_norm_channels_per_sm")
+        return {"fwd": gpu_kernels.nchw_batch_norm_seconds(shapes["fwd"], samples, sms, hz,
+                                                           self.kernel_constant("nchw_norm_rows_per_clock"), per),
+                "bwd": gpu_kernels.nchw_batch_norm_seconds(
+                    shapes["bwd"], samples, sms, hz, self.kernel_constant("nchw_norm_backward_rows_per_clock"), per),
+                "opt": gpu_kernels.nchw_batch_norm_seconds(shapes["opt"], samples, sms, hz,
+                                                           self.kernel_constant("nchw_norm_rows_per_clock"), per)}
 
     def nchw_norm_rate(self, element_bits: int) -> float | None:
         """Bytes per second, in ``element_bits``-wide elements, that a batch / group norm of an NCHW step moves at
@@ -502,7 +527,8 @@ def launch_bound(launches: float, host_s_per_launch: float, gpu_step_s: float, c
 
 
 def gpu_step_ops_cost(summary, element_bits, fwd_bits, bwd_bits, samples, bandwidth, overhead_s, busy_w, idle_w,
-                      norm_factor: float = 1.0, conv_norm_factor: float = 1.0, conv_norm_rate: float | None = None):
+                      norm_factor: float = 1.0, conv_norm_factor: float = 1.0, conv_norm_rate: float | None = None,
+                      conv_norm_floor: dict | None = None):
     """Seconds and joules, (K, 3), of a step's non-GEMM ops per step kind (fwd, bwd -> dgrad, opt -> wgrad).
 
     ``summary``: ``OpProfile.summary()`` (bytes per sample and fixed, launches, per op phase) measured with
@@ -512,7 +538,8 @@ def gpu_step_ops_cost(summary, element_bits, fwd_bits, bwd_bits, samples, bandwi
     the normalisations' per-sample bytes run at ``norm_factor`` x that bandwidth, and those of batch / group /
     instance norms (on feature maps, whose kernels depend on the memory format) at ``conv_norm_factor`` x that, and
     no faster than ``conv_norm_rate`` bytes/s of their ``element_bits``-wide elements, whatever the step's width
-    (an NCHW step's norms: bound by the SMs' element rate, ``GPUProfile.nchw_norm_rate``).
+    (an NCHW step's norms: bound by the SMs' element rate, ``GPUProfile.nchw_norm_rate``); ``conv_norm_floor``
+    ({phase: (K,) s}, ``GPUProfile.nchw_batch_norm_time``): those norms take at least this long.
     """
     n = np.asarray(samples, dtype=np.float64)
     scale = {"fwd": np.asarray(fwd_bits, dtype=np.float64) / element_bits,
@@ -527,6 +554,8 @@ def gpu_step_ops_cost(summary, element_bits, fwd_bits, bwd_bits, samples, bandwi
         conv_t = conv_norm / (bandwidth * norm_factor * conv_norm_factor)
         if conv_norm_rate is not None:
             conv_t = np.maximum(conv_t, s.get("conv_norm_bytes_per_sample", 0.0) * n / conv_norm_rate)
+        if conv_norm_floor is not None:  # batch norms by their shapes: no faster than their blocks per channel allow
+            conv_t = np.maximum(conv_t, conv_norm_floor[phase])
         busy.append(nbytes / bandwidth + (norm - conv_norm) / (bandwidth * norm_factor) + conv_t)
         over.append(np.full(n.shape, s["launches"] * overhead_s))
     busy, over = np.stack(busy, axis=-1), np.stack(over, axis=-1)

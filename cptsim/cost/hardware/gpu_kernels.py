@@ -45,6 +45,11 @@ DEFAULTS = {
     "norm_memory_efficiency": 1.0,
     "nchw_norm_factor": 0.352,
     "nchw_norm_elements_per_clock": 1.17,
+    # NCHW batch norm by its shape (nchw_batch_norm_seconds): measured per kernel on the lent H100 (fourth session,
+    # benchmarks/results/gpu24_H100/trace-*-nchw, 366 cuDNN batch-norm calls of 7 networks; bench_gpu_optrace.py)
+    "nchw_norm_rows_per_clock": 0.72,
+    "nchw_norm_backward_rows_per_clock": 0.377,
+    "nchw_norm_channels_per_sm": 1.5,
 }
 
 
@@ -126,3 +131,20 @@ def gemm_times(gemm, is_conv, macs, samples, rate, tensor, fp32_rate, nbytes, ba
         compute = np.where(dw, macs / dw_rate, compute)
         memory = np.where(dw, nbytes / (bandwidth * c["depthwise_memory_efficiency"]), memory)
     return np.maximum(compute, memory)
+
+
+def nchw_batch_norm_seconds(shapes, samples, sm_count: float, clock_hz: float, rows_per_clock: float,
+                            channels_per_sm: float) -> np.ndarray:
+    """Seconds of an NCHW step's batch norms of one phase, from their shapes: cuDNN's NCHW kernels
+    (``bn_fw_tr_1C11_kernel_NCHW``, ``bn_bw_1C11_kernel_new``) give each channel its own thread block, which walks
+    that channel's N x H x W positions at ``rows_per_clock`` per clock; ``channels_per_sm`` x SMs channels are in
+    flight at once. So a call takes ``N H W max(C, Cmax) / (Cmax rows_per_clock clock)``: a 10-channel norm takes as
+    long as a 160-channel one -- why GhostNet, HRNet, MixNet and DLA (many narrow feature maps at high resolution)
+    spend half their NCHW AMP step in batch norms, and 3-5x less in channels-last (a different kernel). Fitted per
+    kernel on the lent H100 (bench_gpu_optrace.py: weighted median |log error| 0.065 forward, 0.022 backward).
+
+    ``shapes``: [(positions per sample, channels, calls per step), ...]; ``samples``: (K,) batch sizes."""
+    n = np.asarray(samples, dtype=np.float64)
+    cmax = max(1.0, channels_per_sm * sm_count)
+    rows = sum(p * k * max(c, cmax) / cmax for p, c, k in shapes)
+    return n * rows / (rows_per_clock * clock_hz)

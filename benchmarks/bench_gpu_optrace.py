@@ -1,0 +1,153 @@
+"""Per-op GPU time measured on the lent H100 against the cost model's, op kind by op kind (issue 23).
+
+    python benchmarks/bench_gpu_optrace.py           # each traced step: measured vs modelled batch norms, and the step
+    python benchmarks/bench_gpu_optrace.py --fit     # fit the NCHW batch-norm constants to the traced kernels
+    python benchmarks/bench_gpu_optrace.py --json
+
+The traces are benchmarks/gpu_optrace.py's (run on the lent H100 in the fourth session, benchmarks/gpu_session24.sh):
+two profiled AMP training steps of timm networks -- the held-out outliers GhostNet, HRNet, MixNet, DLA, gMLP, and
+ResNet-50-T / DenseNet-169 as controls -- with every CPU op's kernels and their device time.
+
+What they showed: in NCHW under AMP, cuDNN's batch norms take half the step of GhostNet, HRNet, DLA and MixNet
+(ghostnet_130 b512: 148 of 247 ms of GPU time; channels-last: 26 ms), and their time follows N x H x W, not the
+bytes: a 10-channel norm at 112x112 takes as long as a 32-channel one. cuDNN's NCHW kernels give each channel its own
+thread block, walking that channel's positions. ``--fit`` fits ``t = N H W max(C, Cmax) / (Cmax r clock)`` with
+``Cmax = channels_per_sm x SMs`` and ``r`` rows per clock (forward, backward) to every traced NCHW batch-norm call,
+weighted by its time (the constants in hw_profiles/h100.toml, gpu_kernels.DEFAULTS); the default prints, per
+traced network, the measured batch-norm time against the model's from the network's shipped op list
+(benchmarks/data/timm/profiles-224.json.gz, its batch norms' shapes), and the whole step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+TRACES = HERE / "results" / "gpu24_H100"
+CLOCK_HZ, SMS = 1980e6, 132  # the lent H100 SXM (nvidia-smi: 1980 MHz max SM clock; 132 SMs)
+
+
+def load_traces() -> dict:
+    out = {}
+    for f in sorted(glob.glob(str(TRACES / "trace-*.json.gz"))):
+        out[Path(f).name[6:-8]] = json.load(gzip.open(f))
+    return out
+
+
+def bn_calls(trace: dict) -> list[tuple]:
+    """(backward?, N H W, C, us per call, calls) of each traced batch-norm op on 4-D feature maps."""
+    rows = []
+    for o in trace["ops"]:
+        sh = o["shapes"][0] if o["shapes"] else None
+        if "batch_norm" in o["op"] and isinstance(sh, list) and len(sh) == 4:
+            n, c, h, w = sh
+            rows.append(("backward" in o["op"], n * h * w, c, o["us"] / o["calls"], o["calls"]))
+    return rows
+
+
+def fit(traces: dict) -> dict:
+    """The constants of gpu_kernels.nchw_batch_norm_seconds by grid search on the time-weighted squared log error
+    over every NCHW call (one channels-in-flight constant for both phases; rows per clock per phase)."""
+    calls = [r for k, t in traces.items() if k.endswith("-nchw") for r in bn_calls(t)]
+    best = None
+    for cps in np.arange(1.0, 2.01, 0.1):
+        cmax = cps * SMS
+        tot, res = 0.0, {}
+        for bwd in (False, True):
+            sub = [r for r in calls if r[0] == bwd]
+            meas = np.array([r[3] for r in sub])
+            w = np.array([r[3] * r[4] for r in sub])
+            w /= w.sum()
+            rows = np.array([r[1] * max(r[2], cmax) / cmax for r in sub])
+            # for a fixed cmax the best rows-per-clock is closed form in log space (weighted mean of log ratios)
+            lr = np.log(rows / (CLOCK_HZ * meas * 1e-6))
+            r = float(np.exp(np.sum(w * lr)))
+            e = np.log(rows / (r * CLOCK_HZ) / (meas * 1e-6))
+            tot += float(np.sum(w * e ** 2))
+            res["backward" if bwd else "forward"] = {"rows_per_clock": r, "calls": len(sub),
+                                                     "weighted_median_abs_log_error": _wmedian(np.abs(e), w)}
+        if best is None or tot < best[0]:
+            best = (tot, round(float(cps), 2), res)
+    return {"channels_per_sm": best[1], **best[2]}
+
+
+def _wmedian(x, w) -> float:
+    i = np.argsort(x)
+    c = np.cumsum(w[i])
+    return float(x[i][np.searchsorted(c, 0.5)])
+
+
+def compare(traces: dict) -> list[dict]:
+    from gpu_zoo_profiles import load_profiles
+
+    from cptsim.calibration import gpu_fit as F
+    from cptsim.cost.hardware import load_profile
+    from cptsim.measure.profiler import LayerProfile
+
+    hw = load_profile("h100")
+    zoo = load_profiles()
+    out = []
+    for key, t in traces.items():
+        name, fmt = key.rsplit("-", 1)
+        if name not in zoo or "profile" not in zoo[name]:
+            continue
+        prof = LayerProfile.from_json(zoo[name]["profile"])
+        n = np.array([float(t["batch"])])
+        meas = {"fwd": 0.0, "bwd": 0.0}
+        for bwd, _, _, us, k in bn_calls(t):
+            meas["bwd" if bwd else "fwd"] += us * k / 1e3
+        row = {"trace": key, "batch": t["batch"], "step_ms": t["step_ms_median"], "gpu_busy_ms": t["gpu_busy_ms"],
+               "bn_measured_ms": meas}
+        bn = hw.nchw_batch_norm_time(prof.ops, n) if fmt == "nchw" else None
+        if bn is not None:
+            row["bn_modelled_ms"] = {p: float(bn[p][0]) * 1e3 for p in ("fwd", "bwd")}
+        row["step_img_s_measured"] = t["batch"] / (t["step_ms_median"] / 1e3)
+        row["step_img_s_modelled"] = F.predicted_img_s(hw, prof, F.Row(name, "", int(t["batch"]), 1.0,
+                                                                        fmt == "nhwc"))
+        out.append(row)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--fit", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    traces = load_traces()
+    doc = {"fit": fit(traces)} if args.fit else {"compare": compare(traces)}
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    if args.fit:
+        f = doc["fit"]
+        print(f"NCHW batch norm, fitted on the lent H100's traced kernels: channels in flight = "
+              f"{f['channels_per_sm']} x SMs")
+        for ph in ("forward", "backward"):
+            g = f[ph]
+            print(f"  {ph:8s} rows per clock {g['rows_per_clock']:.3f}  ({g['calls']} calls; time-weighted median "
+                  f"|log error| {g['weighted_median_abs_log_error']:.3f})")
+        return 0
+    print("lent H100, AMP: batch norms' GPU time measured (traced kernels) vs modelled (h100 profile), and the step")
+    print(f"{'trace':24s} {'batch':>5s} {'BN fwd meas':>11s} {'model':>7s} {'BN bwd meas':>11s} {'model':>7s} "
+          f"{'img/s meas':>10s} {'model':>7s} {'error':>6s}")
+    for r in doc["compare"]:
+        m, bm = r["bn_measured_ms"], r.get("bn_modelled_ms")
+        err = r["step_img_s_modelled"] / r["step_img_s_measured"] - 1
+        mf, mb = (f"{bm['fwd']:.1f}", f"{bm['bwd']:.1f}") if bm else ("-", "-")
+        print(f"{r['trace']:24s} {r['batch']:5d} {m['fwd']:11.1f} {mf:>7s} {m['bwd']:11.1f} {mb:>7s} "
+              f"{r['step_img_s_measured']:10.0f} {r['step_img_s_modelled']:7.0f} {err:+6.0%}")
+    print("(BN modelled: gpu_kernels.nchw_batch_norm_seconds from the shipped op list's batch-norm shapes; "
+          "channels-last norms are priced by their bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
