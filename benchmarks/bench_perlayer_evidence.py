@@ -108,6 +108,8 @@ def main():
     ap.add_argument("--steps", type=int, default=None, help="[default: the workload's]")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=None, help="sweep directory (reused: finished runs are skipped)")
+    ap.add_argument("--extra", action="append", default=[], metavar="SCHEDULE@RULES",
+                    help="also sweep this entry, e.g. a hand-written per-layer plan static:3@features.7=2")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="cptsim-perlayer-evidence-"))
@@ -134,9 +136,13 @@ def main():
         rules = (doc.get("layers") or {}).get("rules")
         sched = Schedule.from_json(doc["schedule"]).to_text()
         arms[label] = canonical_entry(sched, ";".join(rules) if rules else None)
+    plan_entries = {arms[k] for k in plans}
+    for e in args.extra:
+        arms.setdefault(f"by hand: {e.split('@')[-1]}" if "@" in e else f"by hand: {e}", canonical_entry(e))
     sweep = ["sweep", *_wl(w), "--val-split", repr(w["val_split"]), "--seeds", args.seeds, "--jobs", str(args.jobs),
              "--threads", "1", "--out", str(out / "sweep"), "--db", str(out / "results.db"), "--quiet", "--json",
-             "--schedules", ",".join(s for s in dict.fromkeys(arms.values()) if "@" not in s)]
+             "--schedules", ",".join(s for s in dict.fromkeys(arms.values())
+                                     if "@" not in s or s not in plan_entries)]
     for p in plans.values():
         sweep += ["--layer-plan", str(p)]
     command = "cptsim " + " ".join(sweep[:-2 * len(plans)]) + "".join(f" --layer-plan {p.name}" for p in plans.values())
