@@ -124,3 +124,24 @@ def test_bad_layer_rules_or_formats_are_one_line_and_exit_2_before_any_run(args,
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
     assert not (tmp_path / "sw").exists()
+
+
+def test_a_per_layer_run_is_recognised_on_rerun_and_its_row_names_its_rules(tmp_path):
+    """A rerun of the sweep finds the run its entry names (the rules compared with the run's config.json), refuses a
+    directory that holds the run of another entry, and the run's results row names its rules (``row_entry``)."""
+    from cptsim.study.resultfile import record_result
+
+    entry = SW.canonical_entry("cpt:2-4:g8:n2@features.0=+1")
+    out = tmp_path / "sw"
+    run = out / SW.run_name(entry, 0)
+    r = _cli("train", "--model", "digits-cnn", "--steps", "2", "--schedule", "cpt:2-4:g8:n2", "--layer",
+             "features.0=+1", "--seed", "0", "--recal-batches", "0", "--out", run, "--quiet", "--json")
+    assert r.exit_code == 0, r.output
+    (done,) = SW.prepare(out, SW.SweepSettings(steps=2), [entry], [0], write=False)
+    assert done.action == "record"  # trained: only its result record is missing
+    row = record_result(run, "sweep")
+    assert row["schedule"] == "cos-rep:2-4:g8:n2" and SW.row_entry(row) == entry
+    uniform = out / SW.run_name("cos-rep:2-4:g8:n2", 0)
+    run.rename(uniform)  # the uniform entry's directory now holds the per-layer run
+    with pytest.raises(InputError, match="features.0"):
+        SW.prepare(out, SW.SweepSettings(steps=2), ["cos-rep:2-4:g8:n2"], [0], write=False)

@@ -288,9 +288,14 @@ def check_layers(settings: "SweepSettings", entries: list[str]) -> None:
 
     info = dataset_info(settings.dataset, settings.data_dir, settings.image_size)
     shape = tuple(int(d) for d in info.input_shape)
-    with torch.device("meta"):
-        meta = create_model(settings.model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape,
-                            graph=info.graph_edges is not None)
+    try:
+        with torch.device("meta"):
+            meta = create_model(settings.model, num_classes=info.num_classes, in_channels=shape[0],
+                                input_shape=shape, graph=info.graph_edges is not None)
+    except InputError:
+        raise
+    except Exception:  # noqa: BLE001 - a model that cannot be built on meta: each run's train checks its rules
+        return
     keep = default_fp_layers(meta) if settings.fp_layers is None else resolve_fp_layers(meta, settings.fp_layers)
     names = [n for n in quantizable_layers(meta) if n not in keep]
     for sched, rules in ruled:
