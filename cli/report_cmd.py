@@ -371,6 +371,11 @@ def _print_saving(s) -> None:
         out.print(f"  measured per step (bits/grad bits, median of {m['steps_per_width']}): {steps}; the run's own "
                   f"trace {s['measured_trace_s']:.3f} s = {_f(m.get('trace_over_pass'), '{:.2f}')}x the timing "
                   "pass's schedule time", highlight=False)
+    spread = m.get("saving_spread") or {}
+    if spread:
+        out.print("  measured saving: median over the pass's rounds (range "
+                  + ", ".join(f"{k[3:].replace('static', 'static ')}: {100 * lo:+.1f}..{100 * hi:+.1f}%"
+                              for k, (lo, hi) in spread.items() if lo is not None) + ")", highlight=False)
     gaps = [g for g in gap.values() if g is not None]
     if gaps:
         out.print(f"  gap (measured - modelled saving): {', '.join(f'{g:+.1f}' for g in gap.values() if g is not None)}"

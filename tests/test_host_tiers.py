@@ -129,7 +129,7 @@ def test_report_json_has_the_modelled_and_measured_host_saving(digits_uninterrup
     cfg = json.loads((run / "config.json").read_text())
     steps = [json.loads(x) for x in (run / "trace.jsonl").read_text().splitlines()]
     prof = digits_uninterrupted.read_profile()
-    timed = lambda path, c, widths, n: {w: (0.1 if w == (32, 32) else 0.12) for w in widths}  # noqa: E731
+    timed = lambda path, c, widths, n, raw: {w: [0.1 if w == (32, 32) else 0.12] * n for w in widths}  # noqa: E731
     s = R.host_saving(run, cfg, prof, steps, "host", measure=3, timer=timed)
     assert s["exact_gemm"] is False and s["int8_priced"] is False
     assert s["measured_saving"]["vs_static32"] == pytest.approx(1 - 0.12 / 0.1)

@@ -369,21 +369,36 @@ def host_saving(run_path, cfg: dict, prof, steps: list[dict], host_name, measure
     if measure and measure > 0:
         want = list(dict.fromkeys([*widths, (8, g8 if g8 is not None else widths[0][1]), (32, 32)]))
         try:
-            med = (timer or measure_host_steps)(run_path, cfg, want, measure)
+            raw = (timer or measure_host_steps)(run_path, cfg, want, measure, raw=True)
         except InputError as e:
             warnings.append(f"host saving: no timing pass: {e}")
-            med = None
-        if med:
+            raw = None
+        if raw:
+            import statistics
+
+            med = {w: statistics.median(v) for w, v in raw.items()}
             sched = sum(counts[w] * med[w] for w in widths)
             n = len(kept)
-            t32, t8 = n * med[(32, 32)], n * med[want[-2]]
+            w8 = want[-2]
+            t32, t8 = n * med[(32, 32)], n * med[w8]
+            # the saving per round (each round times every width once, close together), then the median over
+            # rounds: a machine whose load drifts moves a round's times together, and their ratio much less
+            rounds = range(min(len(v) for v in raw.values()))
+            per_round = {"vs_static32": [_saving(sum(counts[w] * raw[w][r] for w in widths), n * raw[(32, 32)][r])
+                                         for r in rounds],
+                         "vs_static8": [_saving(sum(counts[w] * raw[w][r] for w in widths), n * raw[w8][r])
+                                        for r in rounds]}
             doc["measured"] = {"steps_per_width": int(measure), "step_s": {f"{q}/{g}": med[(q, g)] for q, g in want},
                                "schedule_s": sched, "static32_s": t32, "static8_s": t8,
                                "trace_over_pass": float(meas.sum()) / sched if sched else None,
+                               "saving_of_medians": {"vs_static32": _saving(sched, t32),
+                                                     "vs_static8": _saving(sched, t8)},
+                               "saving_spread": {k: [min(v), max(v)] for k, v in per_round.items()},
                                "source": "timing pass: one batch of the run's data, the run's model, optimizer and "
                                          "exact-GEMM setting, widths alternating (order reversed every round), "
-                                         "medians after 2 warm-up rounds"}
-            ms = {"vs_static32": _saving(sched, t32), "vs_static8": _saving(sched, t8)}
+                                         "2 warm-up rounds; step_s: medians; saving: median over rounds of each "
+                                         "round's saving"}
+            ms = {k: statistics.median(v) for k, v in per_round.items()}
             doc["measured_saving"] = ms
             doc["gap_pts"] = {k: None if ms[k] is None or doc["modelled_saving"][k] is None
                               else 100.0 * (ms[k] - doc["modelled_saving"][k]) for k in ms}
@@ -392,12 +407,14 @@ def host_saving(run_path, cfg: dict, prof, steps: list[dict], host_name, measure
     return doc
 
 
-def measure_host_steps(run_path, cfg: dict, widths, n: int, warmup: int = 2, exact_modes=None) -> dict:
+def measure_host_steps(run_path, cfg: dict, widths, n: int, warmup: int = 2, exact_modes=None,
+                       raw: bool = False) -> dict:
     """Median seconds of one training step of the run's model at each (bits, grad_bits) in ``widths``: the run's
     config rebuilt (cptsim.run.train.build: model, data, quantizers, number format), one batch of its training data,
     its optimizer, its thread count and its exact-GEMM setting; ``warmup`` + ``n`` rounds, each one step per width,
-    the order reversed every round. ``exact_modes`` (e.g. (False, True)): time each width with CPTSIM_EXACT_GEMM
-    at each of these instead of the run's setting, in the same rounds; keys are then (bits, grad_bits, mode).
+    the order reversed every round (``raw``: every round's seconds, in round order). ``exact_modes`` (e.g.
+    (False, True)): time each width with CPTSIM_EXACT_GEMM at each of these instead of the run's setting, in the
+    same rounds; keys are then (bits, grad_bits, mode).
     InputError for what it cannot time (a graph dataset)."""
     import os
     import statistics
@@ -458,7 +475,7 @@ def measure_host_steps(run_path, cfg: dict, widths, n: int, warmup: int = 2, exa
             os.environ.pop("CPTSIM_EXACT_GEMM", None)
         else:
             os.environ["CPTSIM_EXACT_GEMM"] = before_env
-    return {wd: statistics.median(v) for wd, v in times.items()}
+    return times if raw else {wd: statistics.median(v) for wd, v in times.items()}
 
 
 def _accuracy(cfg: dict, metrics: list[dict]) -> dict:
