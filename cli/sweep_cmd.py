@@ -107,10 +107,7 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 @click.option("--layer-plan", "layer_plans", multiple=True, metavar="PLAN.json",
               help="Also train a plan from 'cptsim plan --per-layer': its schedule with its layer rules "
                    "(repeatable; the plan must be of this workload).")
-@click.option("--number-format", "number_format", default=None, metavar="F",
-              help="Number format family of every run ('cptsim train --number-format': int, fp, mx, nvfp).")
-@click.option("--grad-format", "grad_format", default=None, metavar="G",
-              help="Gradient format of every run ('cptsim train --grad-format', e.g. fp8e5m2).")
+@workload_options("number_format", "grad_format")
 @click.option("--no-augment", is_flag=True, help="Turn off random crop / flip.")
 @click.option("--val-split", type=float, default=0.2, show_default=True,
               help="Fraction of the training data held out as a validation split (what 'plan --quality db' fits "
