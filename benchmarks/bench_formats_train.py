@@ -42,7 +42,7 @@ KEYS = ("bitops", "latency_s", "energy_j", "gemm_s", "gemm_j", "train_loss")
 
 
 def _one(args) -> dict:
-    recipe, schedule, family, grad, seed, epochs, root = args
+    recipe, schedule, family, grad, seed, epochs, root, model, steps = args
     import torch
 
     torch.set_num_threads(1)
@@ -51,9 +51,10 @@ def _one(args) -> dict:
     from cptsim.run.rundir import RunDir, run_summary
     from cptsim.run.train import TrainConfig, train
 
-    out = Path(root) / f"{recipe.split()[0].replace('/', '_')}-{family}-{schedule.replace(':', '_')}-s{seed}"
+    out = Path(root) / (("" if model == "digits-cnn" else f"{model}-") +
+                        f"{recipe.split()[0].replace('/', '_')}-{family}-{schedule.replace(':', '_')}-s{seed}")
     t0 = time.perf_counter()
-    cfg = TrainConfig(model="digits-cnn", dataset="digits", schedule=schedule, epochs=epochs, seed=seed,
+    cfg = TrainConfig(model=model, schedule=schedule, epochs=epochs, steps=steps, seed=seed,
                       number_format=family, grad_format=grad, threads=1)
     done = (out / "config.json").is_file() and run_summary(RunDir.open(out))["steps_done"] == \
         run_summary(RunDir.open(out))["total_steps"]
@@ -71,7 +72,7 @@ def _one(args) -> dict:
     spe = run.read_config()["steps_per_epoch"]
     last = trace[-spe:]  # the last epoch's training loss (sample-weighted): finer than a saturated test accuracy
     return {"recipe": recipe, "schedule": schedule, "family": family, "grad_format": grad, "seed": seed,
-            "test_acc": summary["final_test_acc"], "steps": len(trace),
+            "test_acc": summary["final_test_acc"], "test_ppl": summary.get("final_test_ppl"), "steps": len(trace),
             "train_loss": sum(t["loss"] * t["batch_size"] for t in last) / sum(t["batch_size"] for t in last),
             "bitops": cost.bitops["total"],
             "latency_s": cost.latency_s["total"], "energy_j": cost.energy_j["total"],
@@ -160,6 +161,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--epochs", type=int, default=15)
+    ap.add_argument("--steps", type=int, default=None, help="train this many steps instead of --epochs")
+    ap.add_argument("--model", default="digits-cnn", help="a registry model, on its kind's embedded data "
+                    "(transformer-lm: pydoc-chars; the metric is then test perplexity)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--recipes", default=None, help="comma-separated recipe names (prefixes) to run")
     ap.add_argument("--json", action="store_true")
@@ -176,7 +180,7 @@ def main(argv=None) -> int:
     chosen = {k: v for k, v in RECIPES.items()
               if a.recipes is None or any(k.startswith(p.strip()) for p in a.recipes.split(","))}
     root = a.keep or tempfile.mkdtemp(prefix="cptsim-formats-")
-    jobs = [(r, *spec, s, a.epochs, root) for r, spec in chosen.items() for s in seeds]
+    jobs = [(r, *spec, s, a.epochs, root, a.model, a.steps) for r, spec in chosen.items() for s in seeds]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=a.jobs) as ex:
         rows = list(ex.map(_one, jobs))
@@ -187,7 +191,8 @@ def main(argv=None) -> int:
     base = {k: statistics.mean(x[k] for x in ref) for k in KEYS} if ref else None
     table = []
     for recipe, rs in by.items():
-        accs = [x["test_acc"] for x in rs]
+        lm = rs[0]["test_ppl"] is not None  # a language model: test perplexity (lower is better), not accuracy
+        accs = [x["test_ppl"] / 100 if lm else x["test_acc"] for x in rs]  # (x100 when printed)
         row = {"recipe": recipe, "schedule": rs[0]["schedule"], "family": rs[0]["family"],
                "grad_format": rs[0]["grad_format"], "formats": _fmt_formats(rs[0]["formats"], rs[0]["family"],
                                                                               rs[0]["schedule"]),
@@ -197,17 +202,24 @@ def main(argv=None) -> int:
         if base:
             row.update({f"{k}_vs_bf16": row[k] / base[k] for k in KEYS if k != "train_loss"})
         table.append(row)
-    doc = {"workload": "digits-cnn on digits", "epochs": a.epochs, "seeds": seeds, "hardware": HW,
+    runs_lm = rows[0]["test_ppl"] is not None
+    doc = {"workload": a.model, "steps": a.steps, "epochs": a.epochs, "seeds": seeds, "hardware": HW,
            "elapsed_s": round(time.perf_counter() - t0, 1), "rows": table, "runs": rows}
     if a.save_json:
         Path(a.save_json).write_text(json.dumps(doc, indent=1) + "\n")
     if a.json:
         print(json.dumps(doc, indent=1))
         return 0
-    print(f"digits-cnn on digits, {a.epochs} epochs ({table[0]['steps']} steps of 64), seeds {a.seeds}; "
-          f"modelled on {HW}; test accuracy (360 test digits) at q_max after BN re-estimation; train loss: the last "
-          "epoch's mean, averaged over seeds")
-    hdr = (f"{'recipe':30} {'formats (forward | grads)':32} {'test acc %':>16} {'per seed':>20} {'train loss':>10} "
+    if a.model == "digits-cnn" and a.steps is None:
+        print(f"digits-cnn on digits, {a.epochs} epochs ({table[0]['steps']} steps of 64), seeds {a.seeds}; "
+              f"modelled on {HW}; test accuracy (360 test digits) at q_max after BN re-estimation; train loss: the "
+              "last epoch's mean, averaged over seeds")
+    else:
+        print(f"{a.model}, {table[0]['steps']} steps, seeds {a.seeds}; modelled on {HW}; "
+              f"{'test perplexity' if runs_lm else 'test accuracy %'} at q_max; train loss: the mean over the last "
+              "epoch's worth of steps")
+    hdr = (f"{'recipe':30} {'formats (forward | grads)':32} {'test ppl' if runs_lm else 'test acc %':>16} "
+           f"{'per seed':>20} {'train loss':>10} "
            f"{'BitOPs':>8} {'B200 time':>10} {'B200 energy':>12} {'GEMM time':>10} {'GEMM energy':>12}")
     print(hdr)
     print("-" * len(hdr))
