@@ -27,7 +27,9 @@ measured
 inherited (not identifiable from isolated kernels; the shipped fit of the generation, on whole networks)
   * ``memory_efficiency`` as a fraction of the *stream* rate (a network's small, strided memory-bound kernels
     reach about half of what one large copy does), ``norm_memory_efficiency``, ``nchw_conv_factor``,
-    ``nchw_norm_elements_per_clock``: Hopper (compute capability 9.x) from ``hw_profiles/h100.toml``, anything
+    ``nchw_norm_elements_per_clock``, and the NCHW batch-norm shape constants (``nchw_norm_rows_per_clock``,
+    ``nchw_norm_backward_rows_per_clock``, ``nchw_norm_channels_per_sm``: measured per kernel from profiler traces
+    on the lent H100, not by these microbenchmarks): Hopper (compute capability 9.x) from ``hw_profiles/h100.toml``, anything
     else from the Ampere fit (``gpu_kernels.DEFAULTS`` and ``hw_profiles/rtx3090.toml``).
 
 The microbenchmark records have the format of ``benchmarks/gpu_measure.py``'s JSON (which imports its timing
@@ -58,7 +60,10 @@ STREAM_N = 100_000_000
 # the stream efficiency the shipped network fits' memory_efficiency is relative to: copies and adds of 1e8
 # elements reach 0.87 of the H100's HBM3 peak (benchmarks/results/gpu23_H100.json; fit_gpu_model.STREAM_EFFICIENCY)
 STREAM_EFFICIENCY = 0.87
-INHERITED = ("memory_efficiency", "norm_memory_efficiency", "nchw_conv_factor", "nchw_norm_elements_per_clock")
+# (the NCHW batch-norm shape constants are per-kernel measurements of the generation's cuDNN kernels, made on the
+# lent H100 from profiler traces, not yet by this microbenchmark run: inherited too)
+INHERITED = ("memory_efficiency", "norm_memory_efficiency", "nchw_conv_factor", "nchw_norm_elements_per_clock",
+             "nchw_norm_rows_per_clock", "nchw_norm_backward_rows_per_clock", "nchw_norm_channels_per_sm")
 # fitted on this GPU's kernels where they identify them (else the generation's value, marked so in the file)
 MEASURED_SHAPE = ("gemm_n0", "gemm_k0", "nchw_depthwise_factor", "depthwise_efficiency", "depthwise_memory_efficiency")
 

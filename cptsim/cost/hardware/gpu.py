@@ -429,10 +429,15 @@ class GPUProfile(HardwareProfile):
         if self.shape_model:
             norm = self.kernel_constant("norm_memory_efficiency") / max(self._meff, 1e-9)
             if not channels_last:
+                conv_rate = self.nchw_norm_rate(ops.element_bits)
+                conv_norm = 1.0 if conv_rate is not None else self.kernel_constant("nchw_norm_factor")
                 bn_floor = self.nchw_batch_norm_time(ops, samples)
-                conv_rate = None if bn_floor is not None else self.nchw_norm_rate(ops.element_bits)
-                conv_norm = 1.0 if (conv_rate is not None or bn_floor is not None) else \
-                    self.kernel_constant("nchw_norm_factor")
+                if bn_floor is not None:
+                    # measured on FP16 kernels only (AMP steps on the lent H100); a 32-bit step's norms keep the
+                    # element rate: priced by shape, CIFAR ResNet-20's FP32 batch norms alone would take longer
+                    # than its whole measured graphed step (4.0 ms on the H100), so FP32 runs other kernels
+                    half = {"fwd": fwd_bits <= 16, "bwd": bwd_bits <= 16, "opt": fwd_bits <= 16}
+                    bn_floor = {p: np.where(half[p], v, -1.0) for p, v in bn_floor.items()}
         t, e = gpu_step_ops_cost(ops.summary(), ops.element_bits, fwd_bits, bwd_bits, samples,
                                  self._bandwidth * self._meff, self.kernel_overhead_s, self.busy_power_w,
                                  self.idle_power_w, norm_factor=norm, conv_norm_factor=conv_norm,
@@ -539,7 +544,8 @@ def gpu_step_ops_cost(summary, element_bits, fwd_bits, bwd_bits, samples, bandwi
     instance norms (on feature maps, whose kernels depend on the memory format) at ``conv_norm_factor`` x that, and
     no faster than ``conv_norm_rate`` bytes/s of their ``element_bits``-wide elements, whatever the step's width
     (an NCHW step's norms: bound by the SMs' element rate, ``GPUProfile.nchw_norm_rate``); ``conv_norm_floor``
-    ({phase: (K,) s}, ``GPUProfile.nchw_batch_norm_time``): those norms take at least this long.
+    ({phase: (K,) s}, ``GPUProfile.nchw_batch_norm_time``): where >= 0, those norms take at least this long and
+    ``conv_norm_rate`` does not apply (where < 0 it does).
     """
     n = np.asarray(samples, dtype=np.float64)
     scale = {"fwd": np.asarray(fwd_bits, dtype=np.float64) / element_bits,
@@ -552,10 +558,14 @@ def gpu_step_ops_cost(summary, element_bits, fwd_bits, bwd_bits, samples, bandwi
         conv_norm = s.get("conv_norm_bytes_per_sample", 0.0) * n * width
         nbytes = s["bytes_per_sample"] * n * width + s["bytes_fixed"] - norm
         conv_t = conv_norm / (bandwidth * norm_factor * conv_norm_factor)
+        rate_t = conv_t
         if conv_norm_rate is not None:
-            conv_t = np.maximum(conv_t, s.get("conv_norm_bytes_per_sample", 0.0) * n / conv_norm_rate)
-        if conv_norm_floor is not None:  # batch norms by their shapes: no faster than their blocks per channel allow
-            conv_t = np.maximum(conv_t, conv_norm_floor[phase])
+            rate_t = np.maximum(conv_t, s.get("conv_norm_bytes_per_sample", 0.0) * n / conv_norm_rate)
+        if conv_norm_floor is not None:  # batch norms by their shapes (where >= 0): their blocks per channel
+            f = np.broadcast_to(conv_norm_floor[phase], n.shape)
+            conv_t = np.where(f >= 0, np.maximum(conv_t, f), rate_t)
+        else:
+            conv_t = rate_t
         busy.append(nbytes / bandwidth + (norm - conv_norm) / (bandwidth * norm_factor) + conv_t)
         over.append(np.full(n.shape, s["launches"] * overhead_s))
     busy, over = np.stack(busy, axis=-1), np.stack(over, axis=-1)
