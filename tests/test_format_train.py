@@ -121,6 +121,17 @@ def test_digits_mx_run_trains_and_names_its_formats(tmp_path):
     as_int = {**cfg, "settings": {**cfg["settings"], "number_format": "int"}}
     old = {**cfg, "settings": {k: v for k, v in cfg["settings"].items() if k not in ("number_format", "grad_format")}}
     assert workload_key(run_workload(cfg)) != workload_key(run_workload(as_int)) == workload_key(run_workload(old))
+    # report re-counts the run at the same element bits the trace counted: executed == the trace, and == planned
+    import json
+
+    r = cptsim_here("report", out, "--hw", "h100", "--json", "--no-save")
+    assert r.exit_code == 0, (r.output, r.exception)
+    rep = json.loads(r.output)["runs"][0]
+    b = rep["bitops"]
+    assert b["trace_check"]["agrees"] and b["within_tolerance"], b
+    assert rep["number_format"]["family"] == "mx" and rep["hardware"][0]["name"] == "h100"
+    r = cptsim_here("report", out, "--hw", "bitfusion", "--no-save")  # integer-only, named: one line, exit 2
+    assert r.exit_code == 2 and "integers only" in r.output and len(r.output.strip().splitlines()) == 1, r.output
 
 
 def test_integer_default_run_records_no_formats(digits_uninterrupted):

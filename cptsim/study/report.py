@@ -190,17 +190,20 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
         # what ran, so the plan's op list costs both sides and executed == planned stays a comparison of the runs.
         prof = dataclasses.replace(prof, ops=plan_prof.ops)
         arrays = prof.arrays()
+    fmap = _run_format_map(cfg)
+    if fmap is not None:
+        data["number_format"] = cfg["number_format"]
     models_ragged, plan_est = _planned_estimate(plan, plan_prof, sched, planned_steps, batch, train_size,
-                                                layers if sched == run_sched else None)
-    exe = estimate(prof, steps, None, layers=layers, layer_steps=planned_steps)
+                                                layers if sched == run_sched else None, formats=fmap)
+    exe = estimate(prof, steps, None, layers=layers, layer_steps=planned_steps, formats=fmap)
     trace_sum = _trace_bitops(steps)
     planned = plan_est["bitops"]
     executed_b = exe.bitops
     pq, pg = sched.bits(planned_steps), sched.grad_bits(planned_steps)
     pn = planned_batches(planned_steps, batch, train_size if models_ragged else None)
-    planned_step_bitops = per_step_bitops(plan_prof.arrays(), pq, pg, pn)
+    planned_step_bitops = per_step_bitops(plan_prof.arrays(), *_element_bits(fmap, pq, pg), pn)
     executed_step_bitops = (np.array([sum(r["bitops"].values()) for r in steps], dtype=np.float64)
-                            if trace_sum is not None else per_step_bitops(arrays, q, g, n))
+                            if trace_sum is not None else per_step_bitops(arrays, *_element_bits(fmap, q, g), n))
     reasons = _reasons(plan, cfg, sched, run_sched, executed, steps, step_ids, q, g, n, pq, pg, pn, planned_steps,
                        planned_step_bitops, plan_est, models_ragged, prof, plan_prof, batch, train_size)
     diff = {k: _pct(executed_b.get(k), planned.get(k)) for k in PHASE_KEYS}
@@ -244,8 +247,14 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
         if (hw.name, hw.content_hash) in seen:  # the plan's hardware by path and again by name
             continue
         seen.add((hw.name, hw.content_hash))
-        c = estimate(prof, steps, hw, per_layer=False, static_bits=sched.q_max, layers=layers,
-                     layer_steps=planned_steps)
+        try:
+            c = estimate(prof, steps, hw, per_layer=False, static_bits=sched.q_max, layers=layers,
+                         layer_steps=planned_steps, formats=fmap)
+        except InputError as e:  # a float run on an integer-only accelerator: one line, as cost says it
+            if hardware:
+                raise
+            warnings.append(f"target hardware {name!r} skipped: {e}")
+            continue
         pl, src = None, None
         if plan and hw.name == plan["hardware"].get("name") and hw.content_hash == plan["hardware"].get("hash"):
             pl = {"energy_j": _total(plan["estimate"].get("energy_j")),
@@ -254,7 +263,7 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
         else:
             pc = estimate(plan_prof, sched, hw, steps=planned_steps, batch_size=batch, per_layer=False,
                           dataset_size=train_size if models_ragged else None,
-                          layers=layers if sched == run_sched else None)
+                          layers=layers if sched == run_sched else None, formats=fmap)
             pl = {"energy_j": pc.energy_j["total"], "latency_s": pc.latency_s["total"]}
             src = "cost model estimate of the planned schedule" if plan else "schedule estimate (no plan)"
         ex = {"energy_j": c.energy_j["total"], "latency_s": c.latency_s["total"]}
@@ -522,13 +531,34 @@ def _run_layers(cfg: dict, schedule):
     return layers_of_run(cfg, schedule)
 
 
-def _planned_estimate(plan, plan_prof, sched, steps, batch, train_size, layers=None) -> tuple[bool, dict]:
+def _run_format_map(cfg: dict):
+    """The float family a run trained in (config.json "number_format", issue 26) as a ``FormatMap``, else None
+    (integers). Every re-count of the run and of its plan takes it, as the trace's own per-step BitOPs do (element
+    bits: an MX step at width 5 ran MXFP6 and counts 6), so executed and planned compare like with like."""
+    nf = cfg.get("number_format")
+    if not isinstance(nf, dict) or not nf.get("family"):
+        return None
+    from cptsim.numerics.families import format_map
+
+    return format_map(str(nf["family"]), nf.get("grad_format"))
+
+
+def _element_bits(fmap, q, g):
+    """The widths ``q`` / ``g`` as the element bits their formats count (unchanged without a float family)."""
+    if fmap is None:
+        return q, g
+    return (np.asarray(fmap.fwd_element_bits)[np.asarray(q, dtype=int)],
+            np.asarray(fmap.grad_element_bits)[np.asarray(g, dtype=int)])
+
+
+def _planned_estimate(plan, plan_prof, sched, steps, batch, train_size, layers=None, formats=None
+                      ) -> tuple[bool, dict]:
     """(whether the plan modelled the ragged last batch, the planned BitOPs and where they come from)."""
     from cptsim.cost.model import estimate
 
     def est(ds):
         return estimate(plan_prof, sched, None, steps=steps, batch_size=batch, dataset_size=ds, per_layer=False,
-                        layers=layers)
+                        layers=layers, formats=formats)
 
     ragged = est(train_size) if train_size else None
     if not plan:
