@@ -59,6 +59,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from cptsim.errors import InputError
+from cptsim.models.loss import class_cross_entropy
 
 __all__ = ["OP_PHASES", "OpRecord", "OpProfile", "OpCounter", "count_step_ops", "count_graph_step_ops",
            "training_optimizer", "optimizer_label", "OPTIMIZERS", "ADAM_BETAS", "ADAM_EPS", "zero_grad",
@@ -544,7 +545,7 @@ def _one_step(model: nn.Module, x: torch.Tensor, edge_index: torch.Tensor | None
             with counter.phase("fwd"):
                 out = work(x) if edge_index is None else work(x, edge_index)
                 labels = torch.randint(out.shape[1], (out.shape[0], *out.shape[2:]), device=out.device)
-                loss = nn.functional.cross_entropy(out.float(), labels)
+                loss = class_cross_entropy(out.float(), labels)  # the training loop's loss (cptsim.models.loss)
             if loss.requires_grad:
                 with counter.phase("bwd"):
                     loss.backward()

@@ -86,6 +86,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from cptsim.errors import InputError
+from cptsim.models.loss import class_cross_entropy
 from cptsim.numerics.lm_layers import Matmul, matmul_macs
 from .opcount import GRAPH_DIRECT_LIMIT, is_graph_model, is_message_passing
 
@@ -1112,7 +1113,7 @@ def _forward(work: nn.Module, args: tuple, name: str, shape) -> Any:
 def _loss_backward(out: torch.Tensor) -> None:
     # Class dim 1, as F.cross_entropy expects; labels sized from the output.
     labels = torch.randint(out.shape[1], (out.shape[0], *out.shape[2:]), device=out.device)
-    loss = nn.functional.cross_entropy(out.float(), labels)
+    loss = class_cross_entropy(out.float(), labels)
     if loss.requires_grad:
         loss.backward()
 

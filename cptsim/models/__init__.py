@@ -7,7 +7,8 @@
 - ``text``: lstm-lm and transformer-lm (built from ``cptsim.numerics.lm_layers``);
 - ``graph``: gcn, sage and gat on PyTorch Geometric (imported only when one is built), ``bind_graph``,
   ``random_graph``;
-- ``external``: ``torchvision:NAME`` and ``timm:NAME``.
+- ``external``: ``torchvision:NAME`` and ``timm:NAME``;
+- ``loss``: ``class_cross_entropy``, the training loss over any logits layout (the training loop's and the op counter's).
 
 May import: ``cptsim.errors``, ``cptsim.numerics``. Never data, measurement, cost or anything later in the flow.
 """

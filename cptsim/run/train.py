@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader
 
 from cptsim import __version__
 from cptsim.errors import InputError, RunFailed, RunStopped
+from cptsim.models.loss import class_cross_entropy
 from .rundir import RunDir
 
 from .config import (LR_SCHEDULES, PLAN_FIXED, TrainConfig, check_world, run_workload, validate,  # noqa: F401
@@ -481,7 +482,7 @@ def evaluate(w: Workload, device: str, loader: DataLoader | None = None,
     for x, y in (loader or w.test_loader):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         logits = w.model(x)
-        loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
+        loss_sum += class_cross_entropy(logits, y, reduction="sum").item()
         labelled = y != IGNORE_INDEX  # all of them, but a graph's nodes outside the split's mask
         hit = (logits.argmax(1) == y)[labelled]
         correct += hit.sum().item()
@@ -796,7 +797,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
         logits = model(x)
         # summed here and divided by the *global* batch (a graph: by its labelled training nodes, the others
         # carry the ignore_index): the gradient of the global batch's mean loss
-        loss = F.cross_entropy(logits, y, reduction="sum")
+        loss = class_cross_entropy(logits, y, reduction="sum")  # over rows: see cptsim.models.loss
         if poison:
             loss = loss * float("nan")
         (loss / n_global).backward()
