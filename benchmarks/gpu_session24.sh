@@ -5,7 +5,8 @@
 # 2. `cptsim hw calibrate --device cuda` as the code stands now (the per-op dispatch microbenchmark had never run on a
 #    GPU) -> $OUT/cal/host-gpu.toml, $OUT/calibrate.json;
 # 3. benchmarks/gpu_optrace.py: ResNet-50 quantized 8/8 vs AMP vs FP32 and a quantized conv's exactness four ways
-#    (issue 28); per-op GPU time of the held-out outliers and the LMs under AMP (issue 23) -> $OUT/trace-*.json.gz.
+#    (issue 28); per-op GPU time of the held-out outliers and the LMs under AMP (issue 23) -> $OUT/trace-*.json.gz,
+#    packed with cal/ into $OUT/pack.tgz at the end (the device tool returns at most 8 files).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu24}
@@ -32,3 +33,7 @@ echo "calibrate rc=$? in $(( $(date +%s) - t0 )) s"; tail -5 "$OUT/calibrate.err
 echo "== 3/3 quantized ResNet-50 and per-op traces"
 timeout ${T_TRACE:-230} "$PY" benchmarks/gpu_optrace.py --out "$OUT" --budget ${BUDGET:-215}
 echo "gpu_optrace rc=$?"
+# The device tool returns at most 8 files from $OUT: pack the traces and the calibrated profile into one archive
+# (the first run of this script lost 7 traces and host-gpu.toml that way).
+( cd "$OUT" && tar czf pack.tgz trace-*.json.gz cal 2>/dev/null && rm -rf trace-*.json.gz cal ) || true
+ls "$OUT"
