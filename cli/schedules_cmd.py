@@ -11,7 +11,7 @@ from cptsim.cost import schedules as S
 from cptsim.errors import InputError
 from cptsim.study.plots import plot_schedules
 
-from .common import check_output_file, emit_json, err, json_option, out
+from .common import check_output_file, emit_json, err, json_option, out, workload_options
 
 _TEXT_HELP = f"""\b
 Schedule text form:  {S.TEXT_FORM}
@@ -56,8 +56,11 @@ def list_cmd(as_json: bool) -> None:
     out.print(f"aliases: {aliases}.  text form: {S.TEXT_FORM}  (see 'cptsim schedules show --help')")
 
 
-def _histogram_text(hist: dict[str, int], total: int) -> str:
-    return " ".join(f"{b}:{100.0 * c / total:.0f}%" for b, c in hist.items())
+def _histogram_text(hist: dict[str, int], total: int, names: dict | None = None) -> str:
+    """``bits:share`` per width; with a float family's ``names`` ({bits: format}), ``bits format:share``."""
+    names = names or {}
+    return " ".join(f"{b}{' ' + names[int(b)] if int(b) in names else ''}:{100.0 * c / total:.0f}%"
+                    for b, c in hist.items())
 
 
 @schedules.command("show", epilog=_TEXT_HELP + "\n" + _COST_HELP,
@@ -75,9 +78,10 @@ def _histogram_text(hist: dict[str, int], total: int) -> str:
               help="Total training steps (64000 = CPT's CIFAR recipe).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a PNG of bits over steps, one panel per schedule.")
+@workload_options("number_format", "grad_format")
 @json_option
 def show_cmd(specs: tuple[str, ...], q_min: int, q_max: int, g_bits: str, cycles: int, steps: int,
-             plot_path: Path | None, as_json: bool) -> None:
+             plot_path: Path | None, number_format: str, grad_format: str | None, as_json: bool) -> None:
     """Show bits over steps and the CPT training cost of one or more schedules.
 
     Each NAME_OR_TEXT is a schedule name or its full text form. The options fill only the parts a
@@ -86,10 +90,17 @@ def show_cmd(specs: tuple[str, ...], q_min: int, q_max: int, g_bits: str, cycles
     """
     if steps < 1:
         raise InputError(f"--steps must be >= 1, got {steps}")
+    from cptsim.numerics.families import format_map
+
+    fmap = format_map(number_format, grad_format)  # unknown names: one line, exit 2, before any work
     scheds = [S.parse_schedule(text, q_min=q_min, q_max=q_max, g_bits=g_bits, cycles=cycles) for text in specs]
     infos = [S.describe(s, steps) for s in scheds]
+    if fmap is not None:  # a float family (issue 26): the format each width of each schedule runs in
+        for sch, d in zip(scheds, infos):
+            d["formats"] = fmap.used(sch.bits(steps), sch.grad_bits(steps))
     if plot_path is not None:
-        plot_schedules(scheds, steps, check_output_file("--plot", plot_path))
+        plot_schedules(scheds, steps, check_output_file("--plot", plot_path), number_format=number_format,
+                       grad_format=grad_format)
     if as_json:
         emit_json({"total_steps": steps, "schedules": infos,
                    "plot": str(plot_path) if plot_path is not None else None})
@@ -106,7 +117,7 @@ def show_cmd(specs: tuple[str, ...], q_min: int, q_max: int, g_bits: str, cycles
         g = str(s.g_max) if s.g_min == s.g_max else f"{d['mean_grad_bits']:.2f} ({s.g_min}-{s.g_max})"
         table.add_row(d["text"], f"{d['mean_bits']:.2f}", f"{d['min_bits']}/{d['max_bits']}", g,
                       f"{100 * d['relative_cost_fp32']:.2f}%", f"{100 * d['relative_cost_static']:.1f}%",
-                      _histogram_text(d["histogram"], steps))
+                      _histogram_text(d["histogram"], steps, (d.get("formats") or {}).get("forward")))
     out.print(table)
     if plot_path is not None:
         err.print(f"wrote {plot_path}")

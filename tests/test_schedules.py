@@ -352,3 +352,19 @@ def test_bits_equal_the_per_step_definition_whether_cycles_divide_the_run_or_not
     k, z = cycle_position(T, n)
     expected = np.rint(2 + 7 * profile_fn(name)(z, k)).astype(np.int64)
     assert s.bits(T).dtype == np.int64 and np.array_equal(s.bits(T), expected)
+
+
+def test_cli_show_names_each_widths_format_in_a_float_family(tmp_path):
+    # mx (cptsim.numerics.families): 4 -> mxfp4, 5 and 6 -> mxfp6, 7 and 8 -> mxfp8; gradients as --grad-format says
+    png = tmp_path / "mx.png"
+    r = _invoke(["show", "cpt:4-8:g8:n2", "--steps", "200", "--number-format", "mx", "--grad-format", "fp8e5m2",
+                 "--plot", str(png), "--json"])
+    assert r.exit_code == 0, r.output
+    f = json.loads(r.output)["schedules"][0]["formats"]
+    assert f == {"forward": {"4": "mxfp4", "5": "mxfp6", "6": "mxfp6", "7": "mxfp8", "8": "mxfp8"},
+                 "gradient": {"8": "fp8e5m2"}}
+    assert png.stat().st_size > 5_000
+    r = _invoke(["show", "cpt", "--json"])  # the integer default: no formats
+    assert "formats" not in json.loads(r.output)["schedules"][0]
+    r = _invoke(["show", "cpt", "--number-format", "posit"])
+    assert isinstance(r.exception, InputError) and "posit" in str(r.exception)
