@@ -127,8 +127,9 @@ def timm_step(torch, name, batch, fmt, dev):
 
 
 def workload_step(torch, key, precision, dev):
-    import torch.nn.functional as F
     import gpu_measure
+
+    from cptsim.models.loss import class_cross_entropy
 
     w = next(w for w in gpu_measure.WORKLOADS if w[0] == key)
     net, x, y, _ = gpu_measure._workload(torch, dev, w)
@@ -143,7 +144,7 @@ def workload_step(torch, key, precision, dev):
         opt.zero_grad(set_to_none=False)
         with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
             out = net(x)
-            loss = F.cross_entropy(out.float(), y)  # as gpu_measure.run_workload: the LM's logits are (B, V, T)
+            loss = class_cross_entropy(out.float(), y)  # as cptsim trains (gpu_measure.run_workload too)
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.step(opt)
