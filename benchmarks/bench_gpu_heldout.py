@@ -85,14 +85,9 @@ def timm_rows() -> list[dict]:
 
 def zoo_profiles() -> dict:
     """The stored profiles of the timm networks: the fit's zoo and the fourth session's unseen set."""
-    import gzip
-
     from gpu_zoo_profiles import load_profiles
 
-    z = dict(load_profiles())
-    with gzip.open(PROFILES_S4, "rt") as f:
-        z.update(json.load(f))
-    return z
+    return {**load_profiles(), **load_profiles(PROFILES_S4)}
 
 
 def workload_rows() -> list[dict]:

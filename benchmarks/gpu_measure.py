@@ -864,10 +864,13 @@ def _workload(torch, dev, w):
     return net.to(dev), x, y, {"input_shape": list(shape)}
 
 
-def run_workload(R, torch, dev, args, w, precision, nv, h):
+def workload_train_step(torch, dev, w, precision):
+    """(step, net, input description) of one WORKLOADS entry on dev: one SGD/Adam/AdamW training step with cptsim's
+    training loss, AMP (fp16 autocast + GradScaler on CUDA) when ``precision`` is "amp". benchmarks/gpu_optrace.py
+    traces the same step."""
     from cptsim.models.loss import class_cross_entropy
 
-    key, model, data, ncls, batch, optname, _, graphed = w
+    optname = w[5]
     net, x, y, desc = _workload(torch, dev, w)
     net.train()
     opt = {"adam": lambda p: torch.optim.Adam(p, lr=1e-3), "adamw": lambda p: torch.optim.AdamW(p, lr=1e-4),
@@ -889,6 +892,14 @@ def run_workload(R, torch, dev, args, w, precision, nv, h):
         else:
             loss.backward()
             opt.step()
+
+    return step, net, desc
+
+
+def run_workload(R, torch, dev, args, w, precision, nv, h):
+    key, model, data, ncls, batch, optname, _, graphed = w
+    amp = precision == "amp"
+    step, net, desc = workload_train_step(torch, dev, w, precision)
 
     run = step
     rec = {"workload": key, "model": model, "batch": batch, "num_classes": ncls, "optimizer": optname,

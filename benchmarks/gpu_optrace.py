@@ -102,7 +102,26 @@ def profile_step(torch, step, steps=2):
     return {"ops": ops, "gpu_busy_ms": busy / steps / 1e3, "kernel_launches": nk / steps}
 
 
+def sgd_step(torch, opt, amp: bool, loss_of):
+    """One training step: ``loss_of()`` under fp16 autocast with a GradScaler when ``amp``, else FP32."""
+    scaler = torch.amp.GradScaler("cuda") if amp else None
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            loss = loss_of()
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+    return step
+
+
 def timm_step(torch, name, batch, fmt, dev):
+    """A timm network's AMP training step as gpu_measure.py's held-out runs took it (SGD, nesterov)."""
     import timm
     import torch.nn.functional as F
 
@@ -112,47 +131,19 @@ def timm_step(torch, name, batch, fmt, dev):
     x = torch.randn(batch, 3, 224, 224, device=dev).contiguous(memory_format=mf)
     y = torch.randint(0, 1000, (batch,), device=dev)
     opt = torch.optim.SGD(m.parameters(), lr=1e-4, momentum=0.9, nesterov=True, weight_decay=0)
-    scaler = torch.amp.GradScaler("cuda")
 
-    def step():
-        opt.zero_grad(set_to_none=False)
-        with torch.autocast("cuda", dtype=torch.float16):
-            out = m(x)
-            out = out[0] if isinstance(out, (tuple, list)) else out
-            loss = F.cross_entropy(out, y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-    return step
+    def loss():
+        out = m(x)
+        return F.cross_entropy(out[0] if isinstance(out, (tuple, list)) else out, y)
+    return sgd_step(torch, opt, True, loss)
 
 
 def workload_step(torch, key, precision, dev):
+    """A cptsim workload's training step, gpu_measure.py's own (``workload_train_step``)."""
     import gpu_measure
 
-    from cptsim.models.loss import class_cross_entropy
-
     w = next(w for w in gpu_measure.WORKLOADS if w[0] == key)
-    net, x, y, _ = gpu_measure._workload(torch, dev, w)
-    net.train()
-    optname = w[5]
-    opt = {"adam": lambda p: torch.optim.Adam(p, lr=1e-3), "adamw": lambda p: torch.optim.AdamW(p, lr=1e-4),
-           "sgd": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9)}[optname](net.parameters())
-    amp = precision == "amp"
-    scaler = torch.amp.GradScaler("cuda") if amp else None
-
-    def step():
-        opt.zero_grad(set_to_none=False)
-        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-            out = net(x)
-            loss = class_cross_entropy(out.float(), y)  # as cptsim trains (gpu_measure.run_workload too)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        else:
-            loss.backward()
-            opt.step()
-    return step
+    return gpu_measure.workload_train_step(torch, dev, w, precision)[0]
 
 
 def section_trace(torch, args, out: Path):
@@ -265,20 +256,7 @@ def section_quant(torch, args, out: Path):
             pre = quantize_model(m)
             pre.set(8, 8)
         opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
-        scaler = torch.amp.GradScaler("cuda") if kind == "amp" else None
-
-        def step():
-            opt.zero_grad(set_to_none=False)
-            with torch.autocast("cuda", dtype=torch.float16, enabled=kind == "amp"):
-                loss = F.cross_entropy(m(x), y)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-            else:
-                loss.backward()
-                opt.step()
-        return step
+        return sgd_step(torch, opt, kind == "amp", lambda: F.cross_entropy(m(x), y))
 
     steps = {}
     for kind in ("amp", "fp32", "quant8", "quant8_notf32"):

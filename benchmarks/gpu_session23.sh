@@ -12,15 +12,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu23}
 mkdir -p "$OUT/cal"
 PY=${PY:-python3}
-export PYTHONUNBUFFERED=1 CPTSIM_HOME=$(mktemp -d)
-if ! "$PY" -c 'import cptsim.cli.main' >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/pip.log" 2>&1 || {
-        rm -rf /tmp/cptsim_site build
-        "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/cptsim_site . >>"$OUT/pip.log" 2>&1
-        export PYTHONPATH=/tmp/cptsim_site${PYTHONPATH:+:$PYTHONPATH}; }
-fi
-"$PY" -c 'import cptsim.cli.main, torch; print("cptsim ok; torch", torch.__version__, torch.cuda.get_device_name())'
-nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader
+. benchmarks/gpu_session_env.sh
 echo "== 1/2 cptsim hw calibrate --device cuda"
 t0=$(date +%s)
 timeout 170 "$PY" -c 'import sys; from cptsim.cli.main import main; sys.argv[0] = "cptsim"; main()' \

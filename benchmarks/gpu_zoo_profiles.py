@@ -67,6 +67,14 @@ def table_rows(path: Path = TABLE) -> dict[str, dict]:
         return {r["model"]: r for r in csv.DictReader(f)}
 
 
+def save_profiles(done: dict, path: Path = OUT) -> None:
+    """Write the profile store (what ``load_profiles`` reads) through a temporary file: a kill leaves the old one."""
+    tmp = path.with_suffix(".tmp")
+    with gzip.open(tmp, "wt") as f:
+        json.dump(done, f, separators=(",", ":"))
+    tmp.replace(path)
+
+
 def load_profiles(path: Path = OUT) -> dict:
     if not path.exists():
         return {}
@@ -202,10 +210,7 @@ def main(argv=None) -> int:
                 continue
             print(f"[{i + 1}/{len(todo)}] {name}: {k} records {time.perf_counter() - t:.1f}s", file=sys.stderr)
             if (i + 1) % 10 == 0 or i + 1 == len(todo):
-                tmp = OUT.with_suffix(".tmp")
-                with gzip.open(tmp, "wt") as f:
-                    json.dump(done, f, separators=(",", ":"))
-                tmp.replace(OUT)
+                save_profiles(done)
         return 0
     if args.unfused_attention:
         done = load_profiles()
@@ -214,10 +219,7 @@ def main(argv=None) -> int:
                 t = time.perf_counter()
                 entry["profile_unfused_attn"] = profile_timm(name, fused_attention=False).to_json()
                 print(f"{name}: unfused attention profiled in {time.perf_counter() - t:.1f}s", file=sys.stderr)
-        tmp = OUT.with_suffix(".tmp")
-        with gzip.open(tmp, "wt") as f:
-            json.dump(done, f, separators=(",", ":"))
-        tmp.replace(OUT)
+        save_profiles(done)
         return 0
     rows = {n: r for n, r in table_rows().items()
             if int(r["train_img_size"]) == 224 and float(r["param_count"]) <= args.max_params}
@@ -247,14 +249,8 @@ def main(argv=None) -> int:
         print(f"[{i + 1}/{len(todo)}] {name} ({family(name)}) {time.perf_counter() - t:.1f}s"
               + (f"  ERROR {done[name]['error']}" if "error" in done[name] else ""), file=sys.stderr)
         if (i + 1) % 5 == 0 or i + 1 == len(todo):
-            tmp = OUT.with_suffix(".tmp")
-            with gzip.open(tmp, "wt") as f:
-                json.dump(done, f, separators=(",", ":"))
-            tmp.replace(OUT)
-    tmp = OUT.with_suffix(".tmp")
-    with gzip.open(tmp, "wt") as f:
-        json.dump(done, f, separators=(",", ":"))
-    tmp.replace(OUT)
+            save_profiles(done)
+    save_profiles(done)
     print(f"{sum('profile' in v for v in done.values())} profiles in {OUT}", file=sys.stderr)
     return 0
 
