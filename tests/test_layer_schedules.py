@@ -61,8 +61,14 @@ def test_a_layer_file_for_another_model_is_refused(tmp_path):
     ["--layer", "nope.*=4"],
     ["--layer", "features.0=2-20"],
     ["--layer", "features.0"],
+    ["--schedule", "static:4", "--layer", "features.0=33"],  # 32 is full precision; nothing above it is a width
+    ["--schedule", "static:4", "--layer", "features.0=0"],
+    ["--layer-schedule", "OTHER_MODEL"],  # a file written for resnet20, on the default digits-cnn
 ])
 def test_cli_bad_layer_input_is_one_line_exit_2(flags, tmp_path):
+    other = tmp_path / "resnet20-layers.toml"
+    other.write_text('format = "cptsim.layers/1"\nmodel = "resnet20"\n[layers]\n"layer1.*" = "2-6"\n')
+    flags = [other if f == "OTHER_MODEL" else f for f in flags]
     r = cptsim_here("train", "--steps", "2", "--quiet", "--out", tmp_path / "r", *flags)
     assert "layer" in one_line_error(r)
     assert not (tmp_path / "r").exists()
