@@ -250,7 +250,8 @@ def _layer_weights(src: str, workload, db, show: bool) -> dict | None:
             err.print(f"measuring per-layer sensitivity ({src}) ...")
         doc = measure(Settings(model=workload.model, dataset=workload.dataset, data_dir=workload.data_dir,
                                batch_size=workload.batch_size, fp_layers=workload.fp_layers or [],
-                               methods=(src,)))
+                               methods=(src,), number_format=workload.number_format,
+                               grad_format=workload.grad_format))
         return doc["methods"][src]["weights"]
     if src.startswith("db:"):
         from cptsim.study.results import ResultsDB, sensitivity_weights

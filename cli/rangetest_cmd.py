@@ -14,18 +14,22 @@ accuracy is compared with the previous stage's (the untrained model's, measured 
 q_start, for the first); q_min = the first precision whose accuracy improves by more than
 --threshold (0.05 = 5 points). If none does, the test is inconclusive and suggests the precision
 that improved most (q_max if none improved).
+With --number-format fp|mx|nvfp the stages run that family's formats, one stage per distinct
+format (mx 2..8: 4 MXFP4, 6 MXFP6, 8 MXFP8; a width the family lacks runs the next wider format).
 
 \b
 Examples:
   cptsim range-test                              digits, digits-cnn, 2..8 bits, one epoch per stage
   cptsim range-test --steps-per-stage 50 --threshold 0.1
+  cptsim range-test --number-format mx --grad-format mxfp8 --steps-per-stage 50
   cptsim range-test --model resnet20 --dataset cifar10 --data-dir ~/data --steps-per-stage 200 --json
 """
 
 
 @click.command("range-test", epilog=_EPILOG,
                short_help="CPT's precision range test: short training at rising bits, suggests q_min.")
-@workload_options("model", "dataset", "data_dir", "image_size", "batch_size", "fp_layers")
+@workload_options("model", "dataset", "data_dir", "image_size", "batch_size", "fp_layers", "number_format",
+                  "grad_format")
 @click.option("--lr", type=float, default=0.05, show_default=True, help="Constant SGD learning rate.")
 @click.option("--q-start", type=int, default=2, show_default=True, help="First (lowest) forward precision tried.")
 @click.option("--q-max", type=int, default=8, show_default=True, help="Last (highest) forward precision tried.")
@@ -38,8 +42,8 @@ Examples:
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @json_option
-def range_test(model, dataset, data_dir, image_size, batch_size, fp_layers, lr, q_start, q_max, g_bits, steps_per_stage, threshold, seed,
-               device, quiet, as_json) -> None:
+def range_test(model, dataset, data_dir, image_size, batch_size, fp_layers, number_format, grad_format, lr, q_start,
+               q_max, g_bits, steps_per_stage, threshold, seed, device, quiet, as_json) -> None:
     """Run CPT's precision range test and suggest q_min (the lowest precision of a cyclic schedule)."""
     from cptsim.study.rangetest import RangeTestSettings
 
@@ -47,7 +51,8 @@ def range_test(model, dataset, data_dir, image_size, batch_size, fp_layers, lr, 
                                  fp_layers=parse_fp_layers(fp_layers),
                                  batch_size=batch_size_or_default(batch_size, dataset, model), lr=lr,
                                  q_start=q_start, q_max=q_max, g_bits=g_bits, steps_per_stage=steps_per_stage,
-                                 threshold=threshold, seed=seed, device=device)
+                                 threshold=threshold, seed=seed, device=device, number_format=number_format,
+                                 grad_format=grad_format)
     settings.validate()  # before the progress bar, so bad input is one clean line
     result = run_with_progress(settings, show=not (quiet or as_json))
     if as_json:
@@ -92,6 +97,9 @@ def print_result(result) -> None:
                           + ("% of the validation loss" if result.measure == "val_loss" else " pts"),
                   caption_justify="left")
     table.add_column("bits", justify="right")
+    fmts = any(r.format for r in result.rows)  # a float family: the format each stage ran
+    if fmts:
+        table.add_column("format")
     table.add_column("steps", justify="right")
     table.add_column("train acc", justify="right")
     table.add_column("loss", justify="right")
@@ -101,14 +109,16 @@ def print_result(result) -> None:
     table.add_column("gain", justify="right")
     table.add_column("", no_wrap=True)
     vl = [f"{result.baseline_val_loss:.3f}"] if lm else []
-    table.add_row(str(s.q_start), "0", f"{100 * result.baseline_acc:.1f}%", "-", *vl, "", "untrained (eval mode)")
+    f0 = [result.rows[0].format] if fmts else []
+    table.add_row(str(s.q_start), *f0, "0", f"{100 * result.baseline_acc:.1f}%", "-", *vl, "",
+                  "untrained (eval mode)")
     for r in result.rows:
         chosen = r.bits == result.suggested_q_min
         unit = "%" if lm else " pts"
         mark = "<- q_min" if chosen else (f"> {thr}{unit}" if r.improvement > result.threshold else "")
         vl = ["nan" if r.val_loss is None else f"{r.val_loss:.3f}"] if lm else []
         gain = f"{-100 * r.improvement:+.1f}%" if lm else f"{100 * r.improvement:+.1f} pts"
-        table.add_row(str(r.bits), str(r.steps), f"{100 * r.train_acc:.1f}%",
+        table.add_row(str(r.bits), *([r.format] if fmts else []), str(r.steps), f"{100 * r.train_acc:.1f}%",
                       "nan" if r.loss is None else f"{r.loss:.3f}", *vl, gain, mark,
                       style="bold green" if chosen else None)
     out.print(table)

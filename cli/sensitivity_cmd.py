@@ -21,11 +21,12 @@ Methods (each row of the table gives both, and each method's time):
            ||Q_qmin(W) - W||^2 / n: HAWQ-V3's perturbation, the expected loss increase at q_min
   loss     the loss increase when that layer alone runs at q_min and the rest at q_max (forward passes only)
 The weights (each method's values clipped at 0 and normalised to sum 1) are what the per-layer planner uses.
+With --number-format fp|mx|nvfp both methods probe in the formats q_min and q_max name (mx: --q-min 4 is MXFP4).
 """
 
 
 @click.command(epilog=_EPILOG)
-@workload_options("model", "dataset", "data_dir", "batch_size", "fp_layers")
+@workload_options("model", "dataset", "data_dir", "batch_size", "fp_layers", "number_format", "grad_format")
 @click.option("--q-min", type=int, default=2, show_default=True, help="Low precision a layer is probed at.")
 @click.option("--q-max", type=int, default=8, show_default=True, help="Precision of every other layer.")
 @click.option("--g-bits", type=int, default=8, show_default=True, help="Gradient bits of the warm-up training.")
@@ -37,15 +38,15 @@ The weights (each method's values clipped at 0 and normalised to sum 1) are what
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--db", default=None, help="Store the result in this results database (sensitivity table).")
 @json_option
-def sensitivity(model, dataset, data_dir, batch_size, fp_layers, q_min, q_max, g_bits, warmup, batches, samples,
-                methods, seed, db, as_json) -> None:
+def sensitivity(model, dataset, data_dir, batch_size, fp_layers, number_format, grad_format, q_min, q_max, g_bits,
+                warmup, batches, samples, methods, seed, db, as_json) -> None:
     """Measure per-layer sensitivity to low precision (Hutchinson Hessian trace and one-layer loss increase)."""
     from cptsim.study.sensitivity import Settings, measure
 
     s = Settings(model=model, dataset=dataset, data_dir=data_dir, batch_size=batch_size, q_min=q_min, q_max=q_max,
                  g_bits=g_bits, warmup=warmup, batches=batches, samples=samples, seed=seed,
                  methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
-                 fp_layers=parse_fp_layers(fp_layers))
+                 fp_layers=parse_fp_layers(fp_layers), number_format=number_format, grad_format=grad_format)
     s.validate()
     if not as_json:
         err.print(f"measuring {model}: {warmup} warm-up steps, then {', '.join(s.methods)} ...")
@@ -57,7 +58,9 @@ def sensitivity(model, dataset, data_dir, batch_size, fp_layers, q_min, q_max, g
     if as_json:
         emit_json(doc)
         return
-    t = Table(title=f"{doc['model']} on {doc['dataset']}: sensitivity at q_min {q_min} (others at {q_max})",
+    nf = doc.get("number_format")  # a float family: the formats q_min and q_max ran
+    lo, hi = (f"{q_min} ({nf['q_min_format']})", f"{q_max} ({nf['q_max_format']})") if nf else (q_min, q_max)
+    t = Table(title=f"{doc['model']} on {doc['dataset']}: sensitivity at q_min {lo} (others at {hi})",
               title_justify="left")
     for c in ("layer", "params", "tr(H)", "hessian Ω", "w (hessian)", "loss +", "w (loss)"):
         t.add_column(c, justify="left" if c == "layer" else "right")

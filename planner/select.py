@@ -586,4 +586,6 @@ def range_settings(workload: Workload, space: SearchSpace, steps_per_stage: int 
                 batch_size=workload.batch_size, q_start=min(space.q_min_range[0], top.q_max - 1),
                 q_max=top.q_max, g_bits=min(top.g_max, 16), steps_per_stage=steps_per_stage,
                 seed=workload.seed, device=device, augment=workload.augment,
-                image_size=getattr(workload, "image_size", None), fp_layers=list(workload.fp_layers))
+                image_size=getattr(workload, "image_size", None), fp_layers=list(workload.fp_layers),
+                # issue 26: the test probes in the workload's number formats (one stage per distinct format)
+                number_format=workload.number_format, grad_format=workload.grad_format)

@@ -36,6 +36,13 @@ stage, in eval mode at that stage's precision, the state carried along the text 
 the baseline is the untrained model's at q_start. improvement(q) is the *relative* fall of the validation loss,
 (loss(q-1) - loss(q)) / loss(q-1), so the threshold is again a fraction: 0.05 = the loss falls by 5%. The model's
 gradient clipping (``cptsim_grad_clip``) applies as in training.
+
+Number formats (issue 26): with a float family (``number_format`` fp | mx | nvfp, and optionally ``grad_format``) the
+test trains in that family's formats, as ``cptsim train --number-format`` would run them: a stage at width q runs the
+format q names. Widths a family lacks name the next wider format (mx: 2, 3, 4 all run MXFP4), so stages at them would
+only measure more training in the same format; the test runs one stage per *distinct* format instead, at the widest
+width that names it within q_start..q_max (mx 2..8: 4 MXFP4, 6 MXFP6, 8 MXFP8), and suggests that width. The
+baseline is the untrained model in the first stage's format. ``stages_bits(settings)`` gives the widths.
 """
 
 from __future__ import annotations
@@ -50,7 +57,8 @@ import torch.nn.functional as F
 
 from cptsim.errors import InputError
 
-__all__ = ["FORMAT", "RangeTestSettings", "StageRow", "RangeTestResult", "run_range_test", "suggest_q_min"]
+__all__ = ["FORMAT", "RangeTestSettings", "StageRow", "RangeTestResult", "run_range_test", "suggest_q_min",
+           "stage_bits"]
 
 FORMAT = "cptsim.rangetest/1"
 DEFAULT_THRESHOLD = 0.05
@@ -89,12 +97,23 @@ class RangeTestSettings:
     augment: bool = True
     image_size: int | None = None  # imagefolder only (cptsim.data.resolve_image_size)
     fp_layers: list[str] | None = None  # layers kept in full precision; None: the model's convention
+    # the run's number format family and gradient format (cptsim.numerics.families; "int": CPT's integers)
+    number_format: str = "int"
+    grad_format: str | None = None
 
     def __post_init__(self) -> None:
         if self.dataset is None:
             from cptsim.data import default_dataset
 
             object.__setattr__(self, "dataset", default_dataset(self.model))
+        if self.number_format is None:
+            object.__setattr__(self, "number_format", "int")
+
+    def format_map(self):
+        """The family's ``FormatMap`` (None: integers). InputError for an unknown family or gradient format."""
+        from cptsim.numerics.families import format_map
+
+        return format_map(self.number_format, self.grad_format)
 
     def validate(self) -> None:
         for name, value in (("--q-start", self.q_start), ("--q-max", self.q_max)):
@@ -115,6 +134,21 @@ class RangeTestSettings:
             raise InputError(f"--threshold must be a fraction of accuracy between 0 and 1 (0.05 = 5 points), got {t!r}")
         if not isinstance(self.baseline_batches, int) or self.baseline_batches < 1:
             raise InputError(f"baseline_batches must be at least 1, got {self.baseline_batches!r}")
+        fmap = self.format_map()
+        if fmap is not None and len(stage_bits(self)) < 2:
+            raise InputError(f"--q-start {self.q_start}..--q-max {self.q_max} name one {self.number_format} format "
+                             f"only ({fmap.fwd_names[self.q_max]}): the test needs two formats to compare; "
+                             "widen the range")
+
+
+def stage_bits(settings: RangeTestSettings) -> list[int]:
+    """The forward widths the test trains at: every width q_start..q_max for integers; with a float family one per
+    distinct format, the widest width within the range that names it (module docstring)."""
+    widths = list(range(settings.q_start, settings.q_max + 1))
+    fmap = settings.format_map()
+    if fmap is None:
+        return widths
+    return [w for w in widths if w == settings.q_max or fmap.fwd_names[w] != fmap.fwd_names[w + 1]]
 
 
 @dataclass(frozen=True)
@@ -129,9 +163,13 @@ class StageRow:
     improvement: float
     skipped_steps: int = 0  # steps whose loss was not finite: no weight update
     val_loss: float | None = None  # language models: per-token validation loss after the stage (the measure)
+    format: str | None = None  # a float family: the forward format the stage ran (None: CPT's integers)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["format"] is None:  # integer tests write what they wrote before
+            del d["format"]
+        return d
 
 
 @dataclass
@@ -157,10 +195,16 @@ class RangeTestResult:
     def threshold(self) -> float:
         return self.settings.threshold
 
+    def _settings_json(self) -> dict:
+        d = asdict(self.settings)
+        if d["number_format"] == "int" and d["grad_format"] is None:  # integer tests write what they wrote before
+            del d["number_format"], d["grad_format"]
+        return d
+
     def to_json(self) -> dict:
         return {
             "format": FORMAT,
-            "settings": asdict(self.settings),
+            "settings": self._settings_json(),
             "steps_per_stage": self.steps_per_stage,
             "threshold": self.threshold,
             "measure": self.measure,
@@ -216,8 +260,10 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
                       weight_decay=settings.weight_decay, lr_schedule="constant", seed=settings.seed,
                       device=settings.device, workers=settings.workers, augment=settings.augment,
                       image_size=settings.image_size,
-                      fp_layers=None if settings.fp_layers is None else list(settings.fp_layers))
+                      fp_layers=None if settings.fp_layers is None else list(settings.fp_layers),
+                      number_format=settings.number_format, grad_format=settings.grad_format)
     w = build(cfg)
+    fmap = w.precision.formats  # a float family: each stage runs the format its width names
     model, device = w.model, settings.device
     valid = getattr(w.train_set, "valid", None)  # a text dataset's own validation split: a language model
     lm = valid is not None and getattr(valid, "is_text", False)
@@ -234,7 +280,7 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
     from cptsim.run.train import IGNORE_INDEX, is_graph
 
     spe = settings.steps_per_stage or (GRAPH_STAGE_STEPS if is_graph(w.train_set) else w.steps_per_epoch)
-    precisions = list(range(settings.q_start, settings.q_max + 1))
+    precisions = stage_bits(settings)
     total = spe * len(precisions)
 
     def batches():
@@ -245,7 +291,8 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
                 yield xy
             epoch += 1
 
-    # Baseline: the untrained model at q_start in eval mode on the first batches (which stage 1 then trains on).
+    # Baseline: the untrained model at q_start (a float family: the first stage's format, the one q_start names) in
+    # eval mode on the first batches (which stage 1 then trains on).
     model.eval()
     w.precision.set(settings.q_start, settings.g_bits)
     correct = seen = 0
@@ -299,13 +346,16 @@ def run_range_test(settings: RangeTestSettings, progress: ProgressFn | None = No
             vl, gain = None, acc - prev
         rows.append(StageRow(bits=bits, steps=spe, samples=seen, train_acc=acc,
                              loss=loss_sum / loss_n if loss_n else None, improvement=gain,
-                             skipped_steps=skipped, val_loss=vl))
+                             skipped_steps=skipped, val_loss=vl,
+                             format=None if fmap is None else fmap.fwd_names[bits]))
         prev = vl if lm else acc
         if any(not torch.isfinite(p).all() for p in model.parameters()):
             raise InputError(f"the range test diverged at {bits} bits (weights became non-finite); "
                              f"lower --lr (now {settings.lr})")
 
     q_min, conclusive, reason = suggest_q_min(rows, settings.threshold, "val_loss" if lm else "train_acc")
+    if fmap is not None:
+        reason += f"; {q_min} bits run {fmap.fwd_names[q_min]} ({settings.number_format} family)"
     return RangeTestResult(settings=settings, baseline_acc=baseline, rows=rows, suggested_q_min=q_min,
                            conclusive=conclusive, reason=reason, steps_per_stage=spe,
                            time_s=round(time.perf_counter() - t0, 3),

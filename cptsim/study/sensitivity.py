@@ -7,6 +7,11 @@
 2. ``loss`` (cheaper: forward passes only): the loss increase when this layer alone runs at q_min and every other
    quantized layer at q_max, on the same fixed batches, in evaluation mode (the activation ranges of training).
 
+Number formats (issue 26): with a float family (``number_format`` fp | mx | nvfp, ``grad_format``) both probe in the
+run's formats: the warm-up trains in them, ``hessian`` takes the perturbation of quantizing W to the format q_min names
+(``formats.quantize`` along the weight's input dimension, as the layers do), ``loss`` runs the layer alone in that
+format and the others in q_max's. A width the family lacks names the next wider format (mx: q_min 2 probes MXFP4).
+
 The pass: build the workload as ``cptsim train`` does, train ``warmup`` steps at static q_max (sensitivity at random
 initialisation says little), then measure on ``batches`` fixed batches. Pure where it can be: ``hutchinson_trace``
 and ``weight_perturbation`` are functions of a model and tensors; ``measure`` holds the state.
@@ -48,11 +53,17 @@ def hutchinson_trace(model, layers: dict, batches, samples: int, seed: int = 0) 
     return {n: a / samples for n, a in zip(layers, acc)}
 
 
-def weight_perturbation(weight: torch.Tensor, bits: int) -> float:
-    """||Q_bits(W) - W||^2 with the training's weight quantizer (per output channel, round to nearest)."""
+def weight_perturbation(weight: torch.Tensor, bits: int, fmt=None) -> float:
+    """||Q_bits(W) - W||^2 with the training's weight quantizer (per output channel, round to nearest); ``fmt`` (a
+    float ``Format``, the one ``bits`` names in the run's family): W in that format, blocked along dimension 1 (the
+    weight's input channels, the GEMM's reduction), as the quantized layers quantize it."""
     from cptsim.numerics.quant import quantize_weight
 
     with torch.no_grad():
+        if fmt is not None:
+            from cptsim.numerics.formats import quantize
+
+            return float(((quantize(weight, fmt, dim=1 if weight.dim() > 1 else -1) - weight) ** 2).sum())
         return float(((quantize_weight(weight, bits) - weight) ** 2).sum())
 
 
@@ -60,7 +71,7 @@ def loss_increase(model, precision, layers: dict, batches, q_min: int, q_max: in
     """(loss with every quantized layer at q_max, {layer: loss with it alone at q_min minus that})."""
     from cptsim.numerics.layers import PrecisionState, assign_precision
 
-    low = PrecisionState()
+    low = PrecisionState(formats=precision.formats)  # a float family: q_min's format (module docstring)
     low.set(q_min, g_bits)
     precision.set(q_max, g_bits)
     with torch.no_grad():
@@ -88,11 +99,15 @@ class Settings:
     seed: int = 0
     methods: tuple = METHODS
     fp_layers: list | None = None
+    number_format: str = "int"  # the run's format family (cptsim.numerics.families); "int": CPT's integers
+    grad_format: str | None = None
 
     def validate(self) -> None:
         from cptsim.errors import InputError
+        from cptsim.numerics.families import format_map
         from cptsim.numerics.quant import check_bits
 
+        format_map(self.number_format or "int", self.grad_format)  # unknown names, a lone grad format: one line
         for name in ("q_min", "q_max", "g_bits"):
             check_bits(getattr(self, name), f"--{name.replace('_', '-')}")
         if not 1 <= self.q_min <= self.q_max <= 16:
@@ -117,7 +132,8 @@ def measure(s: Settings) -> dict:
     s.validate()
     cfg = TrainConfig(model=s.model, dataset=s.dataset, data_dir=s.data_dir, batch_size=s.batch_size,
                       steps=max(s.warmup, 1), schedule=f"static:{s.q_max}:g{s.g_bits}", seed=s.seed,
-                      fp_layers=s.fp_layers, augment=False, recal_batches=0)
+                      fp_layers=s.fp_layers, augment=False, recal_batches=0,
+                      number_format=s.number_format or "int", grad_format=s.grad_format)
     t0 = time.perf_counter()
     w = build(cfg)
     model = w.model
@@ -149,13 +165,21 @@ def measure(s: Settings) -> dict:
            "batch_size": cfg.batch_size, "seed": s.seed,
            "workload_key": workload_key(run_workload(resolved_config(cfg, w))),
            "warmup_s": round(warm_s, 4), "methods": {}, "layers": []}
+    fmap = w.precision.formats
+    low_fmt = None
+    if fmap is not None:  # what q_min and q_max ran as (integer documents stay as they were)
+        from cptsim.numerics.formats import parse_format
+
+        low_fmt = parse_format(fmap.fwd_names[s.q_min])
+        out["number_format"] = {**fmap.to_json(), "q_min_format": fmap.fwd_names[s.q_min],
+                                "q_max_format": fmap.fwd_names[s.q_max]}
     rows = {n: {"name": n, "params": int(m.weight.numel())} for n, m in layers.items()}
     if "hessian" in s.methods:
         t = time.perf_counter()
         w.set_all(32, 32)  # the model's own Hessian: no quantizer op, so double backward is exact
         trace = hutchinson_trace(model, layers, fixed, s.samples, s.seed)
         for n, m in layers.items():
-            dw = weight_perturbation(m.weight, s.q_min)
+            dw = weight_perturbation(m.weight, s.q_min, low_fmt)
             rows[n].update(hessian_trace=trace[n], weight_delta_sq=dw, hessian=trace[n] / rows[n]["params"] * dw)
         out["methods"]["hessian"] = {"time_s": round(time.perf_counter() - t, 4), "hvp": s.samples,
                                      "definition": "tr(H_l)/n_l * ||Q_qmin(W_l) - W_l||^2 (HAWQ-V3), Hutchinson"}
