@@ -178,3 +178,149 @@ def gemm_paths(model: torch.nn.Module, device: str) -> dict:
                     f"{MIN_WGRAD_TOKENS}..{MAX_K} tokens per call (an LSTM's per-step calls: fewer); dgrad stays {FAKE} (per-channel weight scales lie along its K); training "
                     "only; anything else " + FAKE,
             "layers": layers}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# FP8 forward GEMMs through torch._scaled_mm (issue 26, item 4)
+#
+# A QLinear step in ``fp8e4m3`` (the fp family's 8 bits, nvfp's 5..8) fake-quantizes both forward operands per tensor:
+# ``q = e / s`` with ``e`` an E4M3 element and ``s`` the FP32 encode scale (formats.per_tensor_scale). ``q * s`` is
+# within an ulp of ``e``, so casting it to float8_e4m3fn (RNE) gives ``e`` back exactly; torch._scaled_mm then
+# multiplies the FP8 elements with FP32 accumulation and applies the decode scales 1/s_x, 1/s_w. Against the FP32
+# fake-quant GEMM of the same operands the result differs by FP32 rounding only (each path within K ulp of
+# sum |q_x||q_w| of the exact product: tests/test_format_scaled_mm.py). The backward GEMMs (dgrad, wgrad) stay on the
+# fake-quant path: their error operand is E5M2 or E4M3 with stochastic rounding, produced by a hook in backward.
+#
+# Where: CUDA with compute capability 8.9 or newer (Ada, Hopper, Blackwell: the FP8 tensor cores), K and N multiples
+# of 16 (_scaled_mm's shape rule there); anything else runs the FP32 fake-quant path. CPTSIM_SCALED_MM=0 turns it off,
+# =1 also runs it on a CPU where this torch has a CPU _scaled_mm (2.14 does: an emulation, not faster; tests use it to
+# check the path's numerics). Unverified on a GPU: this session had none (the CUDA branch is the same call with
+# device tensors). A layer's last forward path is ``layer.gemm_path["forward"]``; config.json ``host.gemm_paths``
+# records the rule and per layer the path its fp8 forward takes (``format_gemm_paths``).
+
+SCALED_MM = "fp8-scaled-mm"
+_SAFE_AMAX = (2.0 ** -100, 2.0 ** 100)  # amax ranges whose q * s re-encodes exactly (no FP32 under/overflow of q)
+
+
+def scaled_mm_mode() -> str:
+    """CPTSIM_SCALED_MM: "auto" (default: CUDA sm89+), "1" (also a CPU whose torch runs it), "0" (off)."""
+    m = os.environ.get("CPTSIM_SCALED_MM", "auto").strip().lower()
+    return m if m in ("auto", "0", "1") else "auto"
+
+
+_CPU_OK: list = []
+
+
+def _cpu_scaled_mm() -> bool:
+    """Whether this torch runs torch._scaled_mm on a CPU for float8_e4m3fn operands (probed once)."""
+    if not _CPU_OK:
+        try:
+            a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+            one = torch.ones(())
+            ok = bool(torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)[0, 0] == 16)
+        except Exception:  # noqa: BLE001 - any failure means: not here, fall back
+            ok = False
+        _CPU_OK.append(ok)
+    return _CPU_OK[0]
+
+
+def scaled_mm_device(device) -> tuple[bool, str]:
+    """(whether fp8 forward GEMMs take torch._scaled_mm on ``device``, why / why not)."""
+    mode = scaled_mm_mode()
+    if mode == "0":
+        return False, "off (CPTSIM_SCALED_MM=0)"
+    if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
+        return False, "off (this torch has no _scaled_mm)"
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return False, "off (no CUDA)"
+        cap = torch.cuda.get_device_capability(device)
+        if tuple(cap) >= (8, 9):
+            return True, f"on (CUDA sm{cap[0]}{cap[1]})"
+        return False, f"off (CUDA sm{cap[0]}{cap[1]}: FP8 needs sm89+)"
+    if device.type == "cpu":
+        if mode != "1":
+            return False, "off (a CPU: CPTSIM_SCALED_MM=1 runs torch's CPU emulation)"
+        return (True, "on (CPU emulation, CPTSIM_SCALED_MM=1)") if _cpu_scaled_mm() else \
+            (False, "off (this torch has no CPU _scaled_mm)")
+    return False, f"off ({device.type})"
+
+
+def scaled_mm_shape_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """The GEMM's shape on its device: 2-D weight, K = w.shape[1] matching x, and on CUDA K and N multiples of 16."""
+    if w.dim() != 2 or x.dim() < 1 or x.shape[-1] != w.shape[1] or x.numel() == 0:
+        return False
+    if x.device.type == "cuda":
+        return w.shape[0] % 16 == 0 and w.shape[1] % 16 == 0
+    return True
+
+
+def _safe(amax: torch.Tensor) -> bool:
+    a = float(amax)
+    return _SAFE_AMAX[0] <= a <= _SAFE_AMAX[1]
+
+
+class ScaledMMLinear(torch.autograd.Function):
+    """``y = xq wq^T + b`` with the product through torch._scaled_mm (module section above). ``xq``, ``wq``: the
+    fake-quantized fp8e4m3 operands (q = e / s), ``sx``, ``sw``: their encode scales. Backward is the linear op's on
+    ``xq`` and ``wq`` (the FP32 GEMMs of the fake-quant path)."""
+
+    @staticmethod
+    def forward(ctx, xq, wq, bias, sx, sw):
+        ctx.save_for_backward(xq, wq)
+        ctx.has_bias = bias is not None
+        x2 = xq.reshape(-1, xq.shape[-1])
+        a = (x2 * sx).to(torch.float8_e4m3fn)
+        b = (wq * sw).to(torch.float8_e4m3fn).t()  # (K, N), column-major as _scaled_mm wants its second operand
+        y = torch._scaled_mm(a, b, scale_a=sx.reciprocal(), scale_b=sw.reciprocal(), out_dtype=torch.float32)
+        if bias is not None:
+            y = y + bias
+        return y.reshape(*xq.shape[:-1], wq.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        xq, wq = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.shape[-1])
+        gx = grad.matmul(wq) if ctx.needs_input_grad[0] else None
+        gw = g2.t().mm(xq.reshape(-1, xq.shape[-1])) if ctx.needs_input_grad[1] else None
+        gb = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None, None
+
+
+def scaled_mm_linear(x: torch.Tensor, xq: torch.Tensor, weight: torch.Tensor, wq: torch.Tensor,
+                     bias: torch.Tensor | None, fmt) -> torch.Tensor | None:
+    """The forward GEMM through torch._scaled_mm when ``fmt`` is fp8e4m3, the device has it and the shape and
+    ranges allow it; else None (the caller runs the fake-quant op). ``x``, ``weight``: the unquantized operands
+    (their encode scales are recomputed from them, the same function the quantizer ran)."""
+    from .formats import per_tensor_scale
+
+    if fmt.name != "fp8e4m3" or not scaled_mm_device(x.device)[0] or not scaled_mm_shape_ok(x, weight) \
+            or x.dtype != torch.float32 or weight.dtype != torch.float32:
+        return None
+    sx, sw = per_tensor_scale(x, fmt), per_tensor_scale(weight, fmt)
+    ax, aw = fmt.element.max / sx, fmt.element.max / sw  # ~ the amaxes, enough for the range check
+    if not (_safe(ax) and _safe(aw)):
+        return None
+    return ScaledMMLinear.apply(xq, wq, bias, sx, sw)
+
+
+def format_gemm_paths(model: torch.nn.Module, device: str, fmap) -> dict:
+    """config.json ``host.gemm_paths`` of a float-format run: the exact int8 path is off (the formats are
+    fake-quantized in FP32), and which GEMMs of each quantized layer take torch._scaled_mm at a step whose forward
+    format is fp8e4m3 (the forward of a Linear whose shape allows it, on a device that has it)."""
+    on, why = scaled_mm_device(device)
+    fp8 = sorted({w for w in range(1, len(fmap.fwd_names)) if fmap.fwd_names[w] == "fp8e4m3"})
+    layers = {}
+    for name, m in model.named_modules():
+        if not hasattr(m, "precision") or not hasattr(m, "act_count"):
+            continue
+        w = getattr(m, "weight", None)
+        lin = getattr(m, "_exact_capable", False) and w is not None and w.dim() == 2 and \
+            (str(device).startswith("cpu") or (w.shape[0] % 16 == 0 and w.shape[1] % 16 == 0))
+        layers[name] = {"forward": SCALED_MM if on and lin and fp8 else FAKE, "dgrad": FAKE, "wgrad": FAKE}
+    return {"exact_gemm": "off (float number formats run fake-quantized in FP32)",
+            "scaled_mm": why if fp8 else "off (no fp8e4m3 forward width in this family)",
+            "rule": f"{SCALED_MM}: a Linear's forward GEMM at widths {fp8 or 'none'} (fp8e4m3) on CUDA sm89+ "
+                    f"(K, N multiples of 16) or with CPTSIM_SCALED_MM=1 on a CPU; every other GEMM {FAKE}",
+            "layers": layers}

@@ -63,7 +63,8 @@ from cptsim.errors import InputError
 from cptsim.numerics import quant
 
 __all__ = ["ElementFormat", "Format", "FORMATS", "ELEMENTS", "SCALE_RULES", "ROUNDINGS", "parse_format",
-           "format_names", "quantize", "round_element", "mx_scale_exponent", "quantize_error", "QuantFormatSTE"]
+           "format_names", "quantize", "round_element", "mx_scale_exponent", "quantize_error", "QuantFormatSTE",
+           "per_tensor_scale"]
 
 ROUNDINGS = ("nearest", "stochastic")
 SCALE_RULES = ("floor", "rceil")
@@ -330,11 +331,18 @@ def _quantize_nvfp4(x: torch.Tensor, fmt: Format, rounding: str, generator, dim:
     return _unblocks(_saturate_f32(q.mul_(s_b).div_(s_enc)), restore)
 
 
+def per_tensor_scale(x: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """The 0-d FP32 encode scale ``s`` of a per-tensor scaled format (fp8/fp6/fp4): ``max_elem / amax`` (one rounding,
+    capped at FP32's max; 1 for an all-zero tensor). The stored element is ``round(x * s)``, the value read back
+    ``element / s``. (cptsim.numerics.exact_gemm re-derives the FP8 elements with it for torch._scaled_mm.)"""
+    amax = x.detach().float().abs().amax() if x.numel() else torch.zeros((), device=x.device)
+    s = torch.clamp(torch.div(torch.full_like(amax, fmt.element.max), amax), max=_F32_MAX)  # one rounding
+    return torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
+
+
 def _quantize_per_tensor(x: torch.Tensor, fmt: Format, rounding: str, generator) -> torch.Tensor:
     x = x.float()
-    amax = x.detach().abs().amax() if x.numel() else torch.zeros(())
-    s = torch.clamp(torch.div(torch.full_like(amax, fmt.element.max), amax), max=_F32_MAX)  # one rounding
-    s = torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
+    s = per_tensor_scale(x, fmt)
     return _saturate_f32(round_element(x * s, fmt.element, rounding, generator).div_(s))
 
 

@@ -343,13 +343,22 @@ class _QuantMixin:
     # The dimension of the layer's input and output that holds its channels: MX / NVFP4 blocks run along it (a
     # Linear's features, the last dimension; a convolution's channels, dimension 1). Weights block along dimension 1.
     _channel_dim = -1
+    _exact_capable = False  # a Linear (its mixin says True): the int8 path and the FP8 _scaled_mm forward
 
     def _format_call(self, op, x: torch.Tensor, fmt) -> torch.Tensor:
         """``op(Q(x), Q(W))`` in the float format ``fmt`` (round to nearest even, straight-through), the error in the
         gradient format in backward (``_quantize_error``). The op keeps its quantized input for wgrad (the integer
         path's recompute-in-backward trick is not worth it here: this is the FP32 emulation of a format)."""
         xq = _formats.QuantFormatSTE.apply(x, fmt, self._channel_dim)
-        return self._quantize_error(op(xq, self._format_weight(fmt)))
+        wq = self._format_weight(fmt)
+        if fmt.name == "fp8e4m3" and self._exact_capable:
+            # a Linear's FP8 forward GEMM on torch._scaled_mm where the device has it (exact_gemm: CUDA sm89+)
+            y = exact_gemm.scaled_mm_linear(x, xq, self.weight, wq, self.bias, fmt)
+            fwd = exact_gemm.FAKE if y is None else exact_gemm.SCALED_MM
+            self.__dict__["gemm_path"] = {"forward": fwd, "dgrad": exact_gemm.FAKE, "wgrad": exact_gemm.FAKE}
+            if y is not None:
+                return self._quantize_error(y)
+        return self._quantize_error(op(xq, wq))
 
     def _format_weight(self, fmt) -> torch.Tensor:
         # as _quantized_weight: once per forward inside reuse_quantized_weights (the LSTM's hidden-to-hidden layer)

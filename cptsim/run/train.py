@@ -367,7 +367,7 @@ def tf32_flags() -> dict:
 
 def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
     """What config.json records: the settings, what they resolved to, and the versions that ran them."""
-    from cptsim.numerics.exact_gemm import gemm_paths
+    from cptsim.numerics.exact_gemm import format_gemm_paths, gemm_paths
     from cptsim.numerics.layers import unquantized_layers
 
     config = {
@@ -399,7 +399,7 @@ def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
                  "quantizers": quantizer_path(cfg.device), **tf32_flags(),
                  # which GEMMs of each quantized layer run exact int8 (issue 28) and which the FP32 fake-quant path
                  "gemm_paths": gemm_paths(w.model, cfg.device) if w.precision.formats is None else
-                 {"exact_gemm": "off (float number formats run fake-quantized in FP32)", "layers": {}}},
+                 format_gemm_paths(w.model, cfg.device, w.precision.formats)},
         "argv": sys.argv,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
