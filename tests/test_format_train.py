@@ -178,3 +178,42 @@ def test_float_format_run_stopped_and_resumed_equals_the_uninterrupted_one(tmp_p
     assert strip(a.read_metrics().records) == strip(b.read_metrics().records)
     ca, cb = a.load_checkpoint(), b.load_checkpoint()
     assert all(torch.equal(ca["model"][k], cb["model"][k]) for k in ca["model"])
+
+
+def test_conv_blocks_run_along_the_reduction_when_channels_are_short_of_a_block():
+    """A depthwise conv's weight (C, 1, 3, 3) and a 3-channel first conv block along each output channel's reduction
+    (kh, kw, C_in/groups), not along a size-1 / size-3 channel dimension (every element its own scale); their
+    short-channel activations along channels-last rows; 32+ channels stay blocked along channels."""
+    torch.manual_seed(3)
+    dw, rgb = nn.Conv2d(40, 40, 3, padding=1, groups=40), nn.Conv2d(3, 8, 3, padding=1)
+    xd, xr = torch.randn(2, 40, 6, 6), torch.randn(2, 3, 6, 6)
+    p = quantize_model(nn.Sequential(dw, rgb), fp_layers=[], number_format="mx")
+    p.set(4, 8)
+
+    def k_order(w):  # (O, I, kh, kw) -> (O, kh*kw*I), quantized along it, back
+        o, i, kh, kw = w.shape
+        q = formats.quantize(w.permute(0, 2, 3, 1).reshape(o, -1), "mxfp4", dim=-1)
+        return q.reshape(o, kh, kw, i).permute(0, 3, 1, 2)
+
+    def rows(x):  # (N, C, H, W) -> (N, H, W*C) channels-last rows, quantized along them, back
+        n, c, h, w = x.shape
+        return formats.quantize(x.permute(0, 2, 3, 1).reshape(n, h, -1), "mxfp4").reshape(n, h, w, c).permute(0, 3, 1, 2)
+
+    wq = k_order(dw.weight)
+    assert not torch.equal(wq, formats.quantize(dw.weight, "mxfp4", dim=1))  # the old blocking: per element
+    assert torch.equal(dw(xd), F.conv2d(formats.quantize(xd, "mxfp4", dim=1), wq, dw.bias, padding=1, groups=40))
+    assert torch.equal(rgb(xr), F.conv2d(rows(xr).contiguous(), k_order(rgb.weight).contiguous(), rgb.bias, padding=1))
+    # a channel's 9 taps share one power-of-two scale X: every magnitude is an E2M1 value (0.5 .. 6) times X
+    blk = wq[0].abs().flatten()
+    r = blk / blk[blk > 0].min() * 2
+    assert torch.equal(r, r.round())
+    # the error of a 3-channel output blocks along channels-last rows too (stochastic rounding: the same draws)
+    from cptsim.numerics.layers import _conv_error
+
+    g = torch.randn(2, 3, 6, 6)
+    n, c, h, w = g.shape
+    torch.manual_seed(9)
+    got = _conv_error(g, formats.parse_format("mxfp4"))
+    torch.manual_seed(9)
+    want = formats.quantize(g.permute(0, 2, 3, 1).reshape(n, h, -1), "mxfp4", "stochastic")
+    assert torch.equal(got, want.reshape(n, h, w, c).permute(0, 3, 1, 2))

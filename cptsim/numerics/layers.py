@@ -16,7 +16,8 @@ map (cptsim.numerics.families): at a step of width q the forward operands run in
 6 MXFP6, 8 MXFP8), the error in the format g names (or ``--grad-format``), each fake-quantized in FP32 by
 ``cptsim.numerics.formats.quantize`` with straight-through gradients: weights and activations round to nearest even,
 per tensor with an FP32 scale (fp8/fp6/fp4), in blocks of 32 with an E8M0 scale (MX) or of 16 with an E4M3 scale and
-an FP32 one (NVFP4) along the channel dimension; the error with stochastic rounding (see the note in formats.py).
+an FP32 one (NVFP4) along the channel dimension (a conv with fewer channels than a block: along its reduction /
+channels-last rows instead; QConv2d); the error with stochastic rounding (see the note in formats.py).
 Activations are scaled by the batch's own amax in evaluation too (current scaling: no running range). The integer
 family (the default: no map) runs the code below exactly as before, C kernels and all.
 
@@ -341,7 +342,8 @@ class _QuantMixin:
         return self._quantize_error(y)
 
     # The dimension of the layer's input and output that holds its channels: MX / NVFP4 blocks run along it (a
-    # Linear's features, the last dimension; a convolution's channels, dimension 1). Weights block along dimension 1.
+    # Linear's features, the last dimension; a convolution's channels, dimension 1, when there is at least a block of
+    # them: QConv2d). A Linear's weight blocks along dimension 1, a conv's along its reduction (QConv2d).
     _channel_dim = -1
     _exact_capable = False  # a Linear (its mixin says True): the int8 path and the FP8 _scaled_mm forward
 
@@ -349,7 +351,7 @@ class _QuantMixin:
         """``op(Q(x), Q(W))`` in the float format ``fmt`` (round to nearest even, straight-through), the error in the
         gradient format in backward (``_quantize_error``). The op keeps its quantized input for wgrad (the integer
         path's recompute-in-backward trick is not worth it here: this is the FP32 emulation of a format)."""
-        xq = _formats.QuantFormatSTE.apply(x, fmt, self._channel_dim)
+        xq = self._fq_input(x, fmt)
         wq = self._format_weight(fmt)
         if fmt.name == "fp8e4m3" and self._exact_capable:
             # a Linear's FP8 forward GEMM on torch._scaled_mm where the device has it (exact_gemm: CUDA sm89+)
@@ -364,11 +366,23 @@ class _QuantMixin:
         # as _quantized_weight: once per forward inside reuse_quantized_weights (the LSTM's hidden-to-hidden layer)
         cache = self.__dict__.get("_wq_cache")
         if cache is None:
-            return _formats.QuantFormatSTE.apply(self.weight, fmt, 1)
+            return self._fq_weight(self.weight, fmt)
         key = (self.weight._version, fmt.name, torch.is_grad_enabled())
         if cache.get("fkey") != key:
-            cache["fkey"], cache["fw"] = key, _formats.QuantFormatSTE.apply(self.weight, fmt, 1)
+            cache["fkey"], cache["fw"] = key, self._fq_weight(self.weight, fmt)
         return cache["fw"]
+
+    # Where a float format's blocks (MX: 32 elements, NVFP4: 16) run. A Linear: activations and errors along their
+    # features (the last dimension), the weight (out, in) along dimension 1: the GEMM's reduction. QConv2d overrides
+    # these for channel counts that do not hold whole blocks (its docstring).
+    def _fq_input(self, x: torch.Tensor, fmt) -> torch.Tensor:
+        return _formats.QuantFormatSTE.apply(x, fmt, self._channel_dim)
+
+    def _fq_weight(self, w: torch.Tensor, fmt) -> torch.Tensor:
+        return _formats.QuantFormatSTE.apply(w, fmt, 1)
+
+    def _error_fn(self, gfmt):
+        return partial(_formats.quantize_error, fmt=gfmt, dim=self._channel_dim)
 
     def _exact(self, x: torch.Tensor, bits: int) -> bool:
         """The exact integer path (cptsim.numerics.exact_gemm): a linear layer only (see _QuantLinearMixin)."""
@@ -392,7 +406,7 @@ class _QuantMixin:
             return y
         gfmt = self.precision.gradient_format()
         if gfmt is not None:  # a float gradient format (stochastic rounding), blocks along the output channels
-            y.register_hook(partial(_formats.quantize_error, fmt=gfmt, dim=self._channel_dim))
+            y.register_hook(self._error_fn(gfmt))
             return y
         # A gradient hook on the output, not _QuantError: that identity Function has to return a copy (in-place ops
         # such as ReLU(inplace=True) follow a layer, and autograd forbids them on a custom Function's view output),
@@ -403,10 +417,57 @@ class _QuantMixin:
         return y
 
 
+def _whole_blocks(t: torch.Tensor, fmt) -> bool:
+    """Whether a conv tensor blocks along its channel dimension (1): a per-tensor format, or at least one whole block
+    of ``fmt`` there (QConv2d's docstring)."""
+    return not fmt.block or t.dim() != 4 or t.shape[1] >= fmt.block
+
+
+def _nhwc_blocks(t: torch.Tensor, fn) -> torch.Tensor:
+    """``fn(v)`` on an NCHW tensor viewed as NHWC rows (N, H, W*C): blocks run along channels, then along W, as in
+    the tensor stored channels-last; back to NCHW, contiguous."""
+    n, c, h, w = t.shape
+    v = t.permute(0, 2, 3, 1).reshape(n, h, w * c)
+    return fn(v).reshape(n, h, w, c).permute(0, 3, 1, 2).contiguous()
+
+
+def _conv_error(g: torch.Tensor, fmt) -> torch.Tensor:
+    if _whole_blocks(g, fmt):
+        return _formats.quantize_error(g, fmt, dim=1)
+    return _nhwc_blocks(g, lambda v: _formats.quantize_error(v, fmt, dim=-1))
+
+
 class QConv2d(_QuantMixin, nn.Conv2d):
-    """nn.Conv2d that runs at the shared precision (see module docstring)."""
+    """nn.Conv2d that runs at the shared precision (see module docstring).
+
+    Float block formats (MX: 32 elements, NVFP4: 16; issue 26) block along the GEMM's reduction. The weight
+    (O, C_in/groups, kh, kw): along dimension 1 (input channels, at each kernel position; a last partial block padded
+    with zeros, as MX pads K) when C_in/groups holds at least one block; when it holds less -- a depthwise conv's
+    (C, 1, 3, 3), a first conv's (O, 3, 3, 3), 16-channel layers under MX -- along each output channel's whole
+    reduction in implicit-GEMM (channels-last) order (kh, kw, C_in/groups): a depthwise conv blocks each channel's
+    9 taps together, an RGB conv its 27. (Blocking along a size-1 dimension 1 gave every element its own scale: no
+    block format at all, and more accurate than the format is.) Activations and errors, by the same rule: along
+    channels when there are at least a block of them, else along the channels-last rows (W, C) as the tensor stored
+    channels-last blocks: a 1- or 3-channel image blocks over neighbouring pixels. (A depthwise conv's activations
+    block along channels, not along its reduction -- each channel's window -- as its stored tensor does; a depthwise
+    conv is no tensor-core GEMM on these GPUs.)"""
 
     _channel_dim = 1
+
+    def _fq_input(self, x: torch.Tensor, fmt) -> torch.Tensor:
+        if _whole_blocks(x, fmt):
+            return super()._fq_input(x, fmt)
+        return _nhwc_blocks(x, lambda v: _formats.QuantFormatSTE.apply(v, fmt, -1))
+
+    def _fq_weight(self, w: torch.Tensor, fmt) -> torch.Tensor:
+        if _whole_blocks(w, fmt):
+            return super()._fq_weight(w, fmt)
+        o, i, kh, kw = w.shape
+        v = _formats.QuantFormatSTE.apply(w.permute(0, 2, 3, 1).reshape(o, kh * kw * i), fmt, -1)
+        return v.reshape(o, kh, kw, i).permute(0, 3, 1, 2).contiguous()
+
+    def _error_fn(self, gfmt):
+        return partial(_conv_error, fmt=gfmt)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._quantized_call(lambda a, w: self._conv_forward(a, w, self.bias), x)
