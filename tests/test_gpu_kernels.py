@@ -303,3 +303,59 @@ def test_the_zoo_backfills_hook_count_of_batch_norms_equals_the_op_counters():
     ops = count_step_ops(net, x).batch_norm_shapes()
     hooks = [tuple(s) for s in batch_norm_shapes_by_hooks(net, x[:1])]
     assert ops["fwd"] == hooks and sorted(ops["bwd"]) == hooks and len(hooks) == 2
+
+
+def test_winograd_convs_are_the_dense_3x3_stride_1_ones_read_from_their_shapes():
+    # rows: 3x3 s1 (64 -> 64 at 56x56), 3x3 s2 (v1.5's strided 3x3: 28x28 out of 56x56), 1x1, grouped 3x3 (32
+    # groups), depthwise 3x3, and a layer with no recorded shape
+    gemm = np.array([[1, 64, 576, 3136, 0], [1, 128, 1152, 784, 0], [1, 256, 64, 3136, 0],
+                     [32, 4, 36, 3136, 0], [96, 1, 9, 3136, 0], [np.nan] * 5], dtype=float)
+    inp = np.array([64 * 3136, 128 * 3136, 64 * 3136, 128 * 3136, 96 * 3136, 1.0])
+    assert K.winograd_convs(gemm, inp, np.ones(6, bool)).tolist() == [True, False, False, False, False, False]
+    # a linear layer is never one, whatever its numbers
+    assert K.winograd_convs(gemm[:1], inp[:1], np.array([False])).tolist() == [False]
+
+
+def test_a_winograd_eligible_fp32_conv_takes_the_faster_of_the_implicit_gemm_and_winograd_by_hand():
+    # 3x3 s1, 256 -> 256 at 14x14, batch 128; shape constants 0 so only the waves scale the rates
+    gemm = np.array([[1, 256, 2304, 196, 0]], dtype=float)
+    macs = np.full((1, 1, 3), 256 * 2304 * 196 * 128.0)
+    consts = {"gemm_n0": 0.0, "gemm_k0": 0.0}
+    fp32 = 15.7e12 / 2  # V100's FP32 peak in MAC/s
+    args = (np.array([True]), macs, np.array([128.0]), np.full((1, 1, 3), fp32), np.zeros((1, 1, 3), bool), fp32,
+            np.zeros((1, 1, 3)), 900e9, 80, consts)
+    direct = K.gemm_times(gemm, *args, channels_last=True)
+    wino = K.gemm_times(gemm, *args, channels_last=True, winograd=np.ones((1, 1, 3), bool), winograd_rate=fp32)
+    # F(2x2, 3x3): 16 multiplications where direct takes 36, at the same rate and waves
+    assert wino[0, 0] == pytest.approx(direct[0, 0] / 2.25)
+    assert K.WINOGRAD_MAC_REDUCTION == (2 * 3) ** 2 / (2 + 3 - 1) ** 2
+    # on a tensor tier 8x the CUDA cores' rate (an A100's TF32) the implicit GEMM stays faster: nothing changes
+    tc = (args[0], macs, args[2], np.full((1, 1, 3), 8 * fp32), np.ones((1, 1, 3), bool), *args[5:])
+    assert np.array_equal(K.gemm_times(gemm, *tc, winograd=np.ones((1, 1, 3), bool), winograd_rate=fp32),
+                          K.gemm_times(gemm, *tc))
+    # and a byte-bound layer stays bound by its bytes
+    heavy = (*args[:6], np.full((1, 1, 3), 1e12), *args[7:])
+    assert K.gemm_times(gemm, *heavy, winograd=np.ones((1, 1, 3), bool), winograd_rate=fp32)[0, 0, 0] == \
+        pytest.approx(1e12 / 900e9)
+
+
+def test_winograd_prices_fp32_steps_only_and_where_the_cuda_cores_compete(monkeypatch):
+    """On ResNet-50's profile: a V100 FP32 step (no TF32) runs its 13 stride-1 3x3 convs by Winograd, an AMP step
+    none; an A100's TF32 tensor cores (8x its FP32 rate) keep the implicit GEMM on every layer."""
+    from cptsim.calibration.gpu import resnet50_profile
+    from cptsim.cost.hardware import load_profile
+    from cptsim.cost.model import _kind_costs
+
+    a = resnet50_profile("tests/data/imagenet-resnet50-profile.json").arrays()
+    w3 = K.winograd_convs(a.gemm, a.numel[:, 1], a.is_conv)
+    assert int(w3.sum()) == 13  # the stem is 7x7, v1.5's four strided 3x3 are stride 2
+    find = K.winograd_convs
+    for gpu, bits, moved in (("v100", 32, True), ("v100", 16, False), ("a100", 32, False)):
+        hw, q = load_profile(gpu), np.array([bits])
+        monkeypatch.setattr(K, "winograd_convs", find)
+        t = _kind_costs(a, hw, q, q, np.array([128]))[2]
+        monkeypatch.setattr(K, "winograd_convs", lambda g, i, c: np.zeros(len(g), bool))  # every conv direct
+        t_direct = _kind_costs(a, hw, q, q, np.array([128]))[2]
+        faster = t[0] < t_direct[0] * (1 - 1e-9)
+        assert faster.any(axis=1).tolist() == (w3 & moved).tolist(), gpu
+        assert (t[0] <= t_direct[0]).all()

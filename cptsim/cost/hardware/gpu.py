@@ -413,9 +413,19 @@ class GPUProfile(HardwareProfile):
         fp32_peak = self._tier_mac_rate[self._tier_names.index("fp32")] if "fp32" in self._tier_names else \
             float(self._tier_mac_rate[self._fp32_index])
         consts = {k: self.kernel_constant(k) for k in gpu_kernels.DEFAULTS}
+        # FP32 3x3 convs may run Winograd on the CUDA cores (gpu_kernels: the faster of it and the implicit GEMM)
+        wino, wino_rate = None, None
+        numel = getattr(a, "numel", None)  # a microbenchmark's kernel rows carry shapes only: direct convs
+        if a.is_conv is not None and numel is not None and "fp32" in self._tier_names:
+            w = gpu_kernels.winograd_convs(a.gemm, numel[:, 1], a.is_conv)
+            if w.any():
+                j = self._tier_names.index("fp32")
+                wino = w[None, :, None] & (self._tier_bits[i] == 32)
+                wino_rate = float(self._tier_mac_rate[j] * self._tier_eff[j] * self._ceff)
         t = gpu_kernels.gemm_times(a.gemm, a.is_conv, macs, samples, rate, tensor, fp32_peak, bytes_moved,
                                    self._bandwidth * self._meff, float(self.params["sm_count"]), consts,
-                                   channels_last=bool(getattr(a, "channels_last", False)))
+                                   channels_last=bool(getattr(a, "channels_last", False)), winograd=wino,
+                                   winograd_rate=wino_rate)
         return t, self.busy_power_w * t
 
     def step_ops_cost(self, ops, q, g, samples, channels_last: bool = False) -> tuple[np.ndarray, np.ndarray]:

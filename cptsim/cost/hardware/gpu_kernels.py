@@ -21,6 +21,18 @@ per group (``cptsim.measure.profiler.GEMM_KEYS``):
   ``depthwise_efficiency`` of the FP32 tier's peak, bounded by their bytes at ``depthwise_memory_efficiency`` of
   the bandwidth (both fitted); NCHW costs them ``nchw_depthwise_factor``.
 
+* **FP32 3x3 convolutions may run Winograd.** For a dense 3x3, stride-1 convolution computed in FP32, cuDNN offers
+  Winograd algorithms on the CUDA cores beside its implicit GEMMs (``CUDNN_CONVOLUTION_*_ALGO_WINOGRAD[_NONFUSED]``,
+  for the forward, the data gradient and the filter gradient), and picks the fastest (``cudnn.benchmark``, or its
+  heuristics). Priced as F(2x2, 3x3), the fused algorithm's transform: 16 multiplications for the 4 outputs a
+  direct 3x3 conv computes with 36, i.e. ``WINOGRAD_MAC_REDUCTION`` = 2.25 fewer MACs, a textbook count, not a
+  fit. Those MACs run at the FP32 (CUDA-core) tier's rate under the direct conv's shape and wave factors, and the
+  layer takes the faster of the two. Where FP32 has no tensor tier (V100) or the CUDA cores match TF32's tensor
+  rate (GA102/AD102: RTX 3090 35.6 vs 35.6 TFLOPS, RTX 4090 82.6 vs 82.6) Winograd wins; on an A100 or H100,
+  whose TF32 tensor rate is 8x their FP32 rate, it almost never does. 16-bit (AMP) steps run tensor-core implicit
+  GEMMs only. Checked, not fitted, on the published FP32/TF32 ResNet-50 rows (bench_gpu_datasheet.py: V100 FP32
+  -20.0% -> -4.8%, RTX 3090 TF32 -12.1% -> -0.5%, RTX 4090 TF32 -14.3% -> -7.6%; A100 TF32 unchanged).
+
 * Every kernel is also bounded by its DRAM bytes at ``memory_efficiency`` x bandwidth (the caller's roofline).
 
 Nothing here is a per-model factor: a network's time is the sum of its kernels' times, each from its own shape.
@@ -31,6 +43,8 @@ from __future__ import annotations
 import numpy as np
 
 from cptsim.measure.profiler import is_depthwise_gemm
+
+WINOGRAD_MAC_REDUCTION = 2.25  # F(2x2, 3x3): (2 + 3 - 1)^2 = 16 multiplications per 2x2 outputs, vs 2^2 x 3^2 = 36
 
 TILE = 128  # output tile side of a tensor-core GEMM kernel (CUTLASS/cuBLAS's common 128x128 threadblock tile)
 
@@ -106,15 +120,30 @@ def is_depthwise(gemm: np.ndarray) -> np.ndarray:
     return is_depthwise_gemm(gemm[:, 0], gemm[:, 1])
 
 
+def winograd_convs(gemm: np.ndarray, input_numel: np.ndarray, is_conv: np.ndarray) -> np.ndarray:
+    """(L,) dense 3x3, stride-1 convolutions ('same' padding): the layers cuDNN can run by Winograd. Read from the
+    recorded shapes: one group, and K x rows = 9 x input elements (K = C_in kh kw, rows = H_out W_out = H_in W_in at
+    stride 1 with 'same' padding), so kh kw = 9. A strided conv (rows = H_in W_in / s^2) or a 1x1 gives another
+    ratio; a 3x3 without padding (rows a little below H_in W_in) is missed, and priced as a direct conv."""
+    gemm = np.asarray(gemm, dtype=np.float64)
+    known = ~np.isnan(gemm).any(axis=1)
+    g = np.where(known[:, None], gemm, 0.0)
+    inp = np.asarray(input_numel, dtype=np.float64)
+    ratio = np.divide(g[:, 2] * g[:, 3], inp, out=np.zeros_like(inp), where=inp > 0)
+    return known & np.asarray(is_conv, dtype=bool) & (g[:, 0] == 1) & (np.abs(ratio - 9.0) < 1e-6)
+
+
 def gemm_times(gemm, is_conv, macs, samples, rate, tensor, fp32_rate, nbytes, bandwidth, sm_count, consts,
-               channels_last: bool = False) -> np.ndarray:
+               channels_last: bool = False, winograd=None, winograd_rate: float | None = None) -> np.ndarray:
     """Seconds of each layer-phase GEMM, (Kinds, L, 3).
 
     ``gemm`` (L, 5) the layers' forward GEMM shapes (NaN rows: no shape recorded, priced at the tier's rate as
     before); ``is_conv`` (L,); ``macs`` (Kinds, L, 3) executed MACs; ``samples`` (Kinds,); ``rate`` (Kinds, L, 3)
     the tier's MAC/s x its efficiency; ``tensor`` (Kinds, L, 3) whether that tier is a tensor-core one;
     ``fp32_rate`` the FP32 (CUDA-core) tier's MAC/s at peak; ``nbytes`` (Kinds, L, 3) DRAM bytes; ``bandwidth``
-    achieved DRAM bytes/s; ``consts`` the fitted constants (``DEFAULTS``' keys)."""
+    achieved DRAM bytes/s; ``consts`` the fitted constants (``DEFAULTS``' keys). ``winograd`` (Kinds, L, 3) bools:
+    the layer-phases that may run Winograd (``winograd_convs`` computed in FP32); ``winograd_rate`` the FP32 tier's
+    achieved MAC/s (peak x efficiency), which runs them."""
     c = {**DEFAULTS, **{k: v for k, v in consts.items() if v is not None}}
     gemm = np.asarray(gemm, dtype=np.float64)
     known = ~np.isnan(gemm).any(axis=1)                                   # (L,)
@@ -122,8 +151,12 @@ def gemm_times(gemm, is_conv, macs, samples, rate, tensor, fp32_rate, nbytes, ba
     factor = tensor_core_rate_factor(g, samples, sm_count, c["gemm_n0"], c["gemm_k0"])
     layout = 1.0 if channels_last else np.where(np.asarray(is_conv, dtype=bool)[None, :, None] & tensor,
                                                 c["nchw_conv_factor"], 1.0)
+    shaped = np.where(known[None, :, None], factor, 1.0)
     factor = np.where(known[None, :, None], factor * layout, 1.0)
     compute = macs / np.maximum(rate * factor, 1e-30)
+    if winograd is not None and winograd_rate and np.any(winograd):
+        wino = macs / WINOGRAD_MAC_REDUCTION / np.maximum(winograd_rate * shaped, 1e-30)
+        compute = np.where(winograd, np.minimum(compute, wino), compute)
     memory = nbytes / bandwidth
     dw = (known & is_depthwise(g))[None, :, None]
     if dw.any():
