@@ -103,3 +103,24 @@ def test_sensitivity_cli_takes_the_format(tmp_path):
     assert r.exit_code == 0, (r.output, r.exception)
     doc = json.loads(r.stdout)
     assert doc["number_format"]["q_min_format"] == "fp4e2m1" and doc["number_format"]["grad_format"] == "fp8e5m2"
+
+
+def test_sweep_top_plans_in_the_sweeps_formats(monkeypatch):
+    """`cptsim sweep --number-format mx --top K --budget B --hw H` plans the MX workload, not the integer one (the
+    workload's build is stubbed: what matters is what it is asked for)."""
+    import cptsim.planner as P
+    from cptsim.study.sweep import SweepSettings, planner_schedules
+
+    seen = {}
+
+    def build(**kw):
+        seen.update(kw)
+        raise InputError("stop")
+
+    monkeypatch.setattr(P.Workload, "build", staticmethod(build))
+    with pytest.raises(InputError, match="stop"):
+        planner_schedules(SweepSettings(number_format="mx", grad_format="fp8e5m2", steps=20), ["60%"], "b200", 1)
+    assert seen["number_format"] == "mx" and seen["grad_format"] == "fp8e5m2"
+    with pytest.raises(InputError, match="stop"):
+        planner_schedules(SweepSettings(steps=20), ["60%"], "b200", 1)
+    assert seen["number_format"] == "int" and seen["grad_format"] is None

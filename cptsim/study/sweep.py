@@ -357,7 +357,9 @@ def planner_schedules(settings: SweepSettings, budgets: list[str], hw: str, top:
                               lr_schedule=settings.lr_schedule, momentum=settings.momentum,
                               weight_decay=settings.weight_decay, augment=settings.augment,
                               image_size=settings.image_size, optimizer=settings.optimizer,
-                              lr_min=settings.lr_min, quant_agg=settings.quant_agg)
+                              lr_min=settings.lr_min, quant_agg=settings.quant_agg,
+                              # the sweep's number formats (issue 26): the planner prices the formats that will run
+                              number_format=settings.number_format or "int", grad_format=settings.grad_format)
     out = []
     for b in parsed:
         p = plan(workload, hardware, b, space, top=top)
