@@ -18,6 +18,11 @@ What it does, every step a `cptsim` command:
     .venv/bin/python benchmarks/bench_perlayer_evidence.py [--workload digits|karate] [--seeds 0-4] [--steps N]
                                                            [--out DIR] [--json]
 
+--workload lm: transformer-lm at width 64 (2 pre-LN blocks, 4 heads, dropout 0) on the embedded pydoc-chars corpus,
+300 steps of 32 x 64 characters (~1.5 epochs), SGD lr 0.3 momentum 0.9 without weight decay (issue 12's recipe);
+measured by test perplexity (lower is better; the text's own validation split gives the validation loss), where
+the output head is by far the most sensitive layer (about half to three quarters of each method's weight).
+
 --workload karate: GCN on Zachary's karate club (the embedded graph; 30 test nodes), 200 full-batch steps, where
 one layer (convs.1.lin) holds 90% of the quantized MACs. Rerunning with the same --out reuses the plans and the
 finished runs (the sweep skips them). digits: 40 runs, about 4 minutes on the 2-core VM when it is otherwise idle
@@ -45,6 +50,11 @@ WORKLOADS = {
                "what": "80 steps x batch 64"},
     # Zachary's karate club: 4 labelled nodes, the other 30 are the test set (no validation split: too few nodes);
     # GCN's default recipe (full batch, Adam, 200 steps); convs.1.lin holds 90% of the quantized MACs
+    # a small character-level GPT (one run ~40 s on one thread); the recipe flags go to plan and sweep alike, so that
+    # the plans are of the very workload the sweep trains (--layer-plan checks it)
+    "lm": {"model": "transformer-lm:width=64,dropout=0", "dataset": "pydoc-chars", "steps": 300, "val_split": None,
+           "test": None, "what": "300 steps x 32 x 64 characters", "lm": True,
+           "recipe": ["--batch-size", "32", "--lr", "0.3", "--momentum", "0.9", "--weight-decay", "0"]},
     "karate": {"model": "gcn", "dataset": "karate", "steps": 200, "val_split": 0.0, "test": 30,
                "what": "200 full-batch steps"},
 }
@@ -60,12 +70,15 @@ def _run(argv: list[str], what: str) -> str:
     return p.stdout
 
 
-def _wl(w: dict) -> list[str]:
-    return ["--model", w["model"], "--dataset", w["dataset"], "--steps", str(w["steps"])]
+def _wl(w: dict, recipe: bool = True) -> list[str]:
+    """The workload's flags; ``recipe=False``: only those that set its cost (``cptsim cost`` takes no --lr)."""
+    flags = ["--model", w["model"], "--dataset", w["dataset"], "--steps", str(w["steps"])]
+    extra = w.get("recipe", [])
+    return flags + (extra if recipe else extra[:2])  # the batch size comes first: it sets the cost
 
 
 def _cost_rel(w: dict) -> dict:
-    doc = json.loads(_run(["cost", *_wl(w), "--schedule", CPT, "--hw", HW, "--json"], "cost of CPT"))
+    doc = json.loads(_run(["cost", *_wl(w, recipe=False), "--schedule", CPT, "--hw", HW, "--json"], "cost of CPT"))
     return doc["profiles"][0]["vs_static"]
 
 
@@ -139,7 +152,9 @@ def main():
     plan_entries = {arms[k] for k in plans}
     for e in args.extra:
         arms.setdefault(f"by hand: {e.split('@')[-1]}" if "@" in e else f"by hand: {e}", canonical_entry(e))
-    sweep = ["sweep", *_wl(w), "--val-split", repr(w["val_split"]), "--seeds", args.seeds, "--jobs", str(args.jobs),
+    # a text corpus has its own validation split: nothing to hold out
+    vs = [] if w["val_split"] is None else ["--val-split", repr(w["val_split"])]
+    sweep = ["sweep", *_wl(w), *vs, "--seeds", args.seeds, "--jobs", str(args.jobs),
              "--threads", "1", "--out", str(out / "sweep"), "--db", str(out / "results.db"), "--quiet", "--json",
              "--schedules", ",".join(s for s in dict.fromkeys(arms.values())
                                      if "@" not in s or s not in plan_entries)]
@@ -161,14 +176,19 @@ def main():
     with ResultsDB(out / "results.db") as db:
         for row in db.rows():
             rows_db[row["run_path"]] = row
+    lm = bool(w.get("lm"))
     table = []
     for label, entry in arms.items():
         runs = by_entry.get(entry, [])
         rows = [rows_db[str(Path(r["path"]).resolve())] for r in runs]
         if not rows:
             continue
-        accs = [r["test_acc"] for r in rows]
-        vals = [r["val_acc"] for r in rows if r.get("val_acc") is not None]
+        if lm:  # perplexity per character: exp of the per-token loss (lower is better)
+            accs = [math.exp(r["test_loss"]) for r in rows]
+            vals = [math.exp(r["val_loss"]) for r in rows if r.get("val_loss") is not None]
+        else:
+            accs = [r["test_acc"] for r in rows]
+            vals = [r["val_acc"] for r in rows if r.get("val_acc") is not None]
         energies = [_energy(r["run_path"], hw) for r in rows]
         table.append({"arm": label, "entry": row_entry(rows[0]), "n": len(rows), "seeds": [r["seed"] for r in rows],
                       "acc_mean": sum(accs) / len(accs), "acc_std": _std(accs), "accs": accs,
@@ -183,23 +203,26 @@ def main():
         d = [a - ref["accs"][ref["seeds"].index(s)] for a, s in zip(t["accs"], t["seeds"]) if s in ref["seeds"]]
         t["vs_cpt_mean"], t["vs_cpt_std"] = (sum(d) / len(d), _std(d)) if d else (None, None)
     doc = {"benchmark": "perlayer_evidence", "issue": 27, "workload": args.workload, "model": w["model"],
-           "dataset": w["dataset"], "steps": w["steps"],
+           "dataset": w["dataset"], "steps": w["steps"], "measure": "test perplexity" if lm else "test accuracy",
            "hardware": HW, "cpt_vs_static4": rel, "seeds": args.seeds, "command": command,
            "out": str(out), "wall_s": round(time.perf_counter() - t0, 1), "arms": table,
            "plans": {k: str(v) for k, v in plans.items()}}
     if args.json:
         print(json.dumps(doc))
         return
+    k = 1 if lm else 100  # perplexity as is; accuracy in %
     print(f"{w['model']} on {w['dataset']}, {w['what']}, forward bits 2-4, gradient 8; seeds {args.seeds}; "
-          f"test accuracy at q_max ({w['test']} test samples: 1 = {100 / w['test']:.2f}%)")
+          + ("test perplexity per character at q_max (lower is better)" if lm else
+             f"test accuracy at q_max ({w['test']} test samples: 1 = {100 / w['test']:.2f}%)"))
     print(f"CPT {CPT} on {HW}: {100 * rel['bitops']:.2f}% of static-4 BitOPs, {100 * rel['energy_j']:.2f}% of its "
           "energy -- the per-layer plans' budgets")
-    print(f"{'arm':30s} {'entry (schedule@layer rules)':44s} {'n':>2s} {'test acc':>14s} {'val acc':>14s} "
+    print(f"{'arm':30s} {'entry (schedule@layer rules)':44s} {'n':>2s} {'test ppl' if lm else 'test acc':>14s} "
+          f"{'val ppl' if lm else 'val acc':>14s} "
           f"{'BitOPs':>9s} {'vs CPT':>7s} {'energy':>8s} {'vs CPT':>7s} {'paired d vs CPT':>16s}")
     for t in table:
-        d = "" if t["arm"] == "uniform CPT" else f"{100 * t['vs_cpt_mean']:+.2f}+-{100 * t['vs_cpt_std']:.2f}"
-        val = "-" if t["val_mean"] is None else f"{100 * t['val_mean']:.2f}+-{100 * t['val_std']:.2f}"
-        print(f"{t['arm']:30s} {t['entry']:44s} {t['n']:2d} {100 * t['acc_mean']:8.2f}+-{100 * t['acc_std']:4.2f} "
+        d = "" if t["arm"] == "uniform CPT" else f"{k * t['vs_cpt_mean']:+.2f}+-{k * t['vs_cpt_std']:.2f}"
+        val = "-" if t["val_mean"] is None else f"{k * t['val_mean']:.2f}+-{k * t['val_std']:.2f}"
+        print(f"{t['arm']:30s} {t['entry']:44s} {t['n']:2d} {k * t['acc_mean']:8.2f}+-{k * t['acc_std']:4.2f} "
               f"{val:>14s} {t['bitops']:9.3e} {100 * t['bitops_vs_cpt']:6.1f}% {1e3 * t['energy_j']:6.2f}mJ "
               f"{100 * t['energy_vs_cpt']:6.1f}% {d:>16s}")
     print(f"command: {command}")

@@ -49,11 +49,13 @@ digits-cnn at forward bits 2-4, 3 epochs, 14 schedules at equal BitOPs x 3 seeds
 correlation with measured accuracy is reported there (it must be >= 0.5; tests/test_quality.py checks it).
 
 --quality db ranks by a model fitted to measured runs of the same workload in the results database
-(monotone-linear/1: accuracy rises with score, mean bits and cost; coefficients by non-negative least
-squares; +- from bootstrap refits and seed spread), and falls back to the score below 5 measured schedules.
+(monotone-linear/2: accuracy rises with score, mean bits, cost and the share of the work above the lowest
+width measured; coefficients by non-negative least squares; +- from bootstrap refits and seed spread), and falls
+back to the score below 5 measured schedules. Per-layer runs count too, by their plans' MAC-weighted features,
+and --per-layer ranks its plans by the model where they lie inside the measured range.
 It fits the runs' VALIDATION accuracy (a language model: validation loss), never their test accuracy: 'cptsim
 sweep' holds out --val-split 0.2 of the training data by default and records it; runs without one are left out.
-A candidate outside the range of score, mean bits and cost that was measured gets no prediction ("outside
+A candidate outside the range of the features that was measured gets no prediction ("outside
 fit") and keeps its place by the score; the model re-orders only the candidates inside that range.
 
 Hardware: BitOPs do not depend on it; energy and latency do, and often not smoothly -- an H100 runs every

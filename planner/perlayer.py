@@ -186,12 +186,15 @@ class LayerPlan:
     menu: tuple = DEFAULT_OFFSETS
     weights: dict = field(default_factory=dict)
     ties: list = field(default_factory=list)
+    predicted: dict | None = None   # --quality db: the model's prediction for this plan (refine)
+    ranked_by: str = "proxy"        # what chose it over the uniform choice: "proxy" (score) or "db" (the model)
 
     def to_json(self) -> dict:
         return {"base": self.base.to_text(), "menu_offsets": list(self.menu), "score": self.score,
                 "base_score": self.uniform_score, "cost": self.cost, "solver": self.solution.to_json(),
                 "offsets": self.offsets, "weights": self.weights, "ties": self.ties,
-                "layers": self.resolved.to_json()}
+                "layers": self.resolved.to_json(), "ranked_by": self.ranked_by,
+                **({"predicted": self.predicted} if self.predicted is not None else {})}
 
 
 _COST_KEYS = {"bitops": "bitops", "energy": "energy_j", "latency": "latency_s"}
@@ -207,6 +210,21 @@ def option_schedule(base, offset: int):
     if base.name == "static":
         return Schedule("static", hi, hi, base.g_min, base.g_max, 1)
     return Schedule(base.name, lo, hi, base.g_min, base.g_max, base.cycles)
+
+
+def layer_weights(qnames: list[str], weights: dict | None) -> np.ndarray:
+    """Sensitivity weights of the quantized layers ``qnames``, clipped at 0 and normalised to sum 1 (equal without a
+    measurement). A quantized layer the measurement does not name -- an activation-by-activation matmul of attention
+    (``attn.scores``, ``attn.mix``), which has no weight for the Hessian or the one-layer probe to perturb -- counts
+    as an average layer: the mean of the measured ones. (Giving it 1.0 against measured weights that sum to 1 would
+    let four unmeasured matmuls outweigh the whole measured model.)"""
+    L = len(qnames)
+    if not weights:
+        return np.full(L, 1.0 / L)
+    known = [max(float(weights[n]), 0.0) for n in qnames if n in weights]
+    fill = float(np.mean(known)) if known else 1.0
+    w = np.array([max(float(weights[n]), 0.0) if n in weights else fill for n in qnames])
+    return w / w.sum() if w.sum() > 0 else np.full(L, 1.0 / L)
 
 
 def plan_layers(workload, hardware, base, metric: str, budget: float, weights: dict | None = None,
@@ -245,8 +263,7 @@ def plan_layers(workload, hardware, base, metric: str, budget: float, weights: d
             sc[m] = float(score_bits(s.bits(T), s.grad_bits(T)))
     if const is None:
         raise ValueError("the menu must hold offset 0 (the base schedule)")
-    w = np.array([max(float((weights or {}).get(n, 1.0)), 0.0) for n in qnames])
-    w = w / w.sum() if w.sum() > 0 else np.full(L, 1.0 / L)
+    w = layer_weights(qnames, weights)
     value = w[:, None] * sc[None, :]
     tie_names = resnet_ties(qnames) if ties is None else ties
     pos = {n: i for i, n in enumerate(qnames)}
@@ -269,8 +286,14 @@ def plan_layers(workload, hardware, base, metric: str, budget: float, weights: d
 def refine(p, weights: dict | None = None, k: int = 3, offsets=DEFAULT_OFFSETS, ties: list | None = None):
     """Per-layer plans around the uniform planner's best candidates (``planner.select.Plan`` ``p``): the ``k`` best
     scoring schedules within the budget and the ``k`` best just above it (up to 1.5x: some layers may drop bits to
-    fit), each solved by ``plan_layers``. Returns (the best LayerPlan, or None when none scores above the uniform
-    choice's score, and every one tried as rows for the plan's comparison)."""
+    fit), each solved by ``plan_layers``. Returns (the best LayerPlan, or None when the uniform choice ranks first,
+    and every one tried as rows for the plan's comparison).
+
+    The ranking: by score (the sensitivity-weighted proxy; the uniform choice by its own score), unless the plan was
+    made with ``--quality db`` and its model was fitted (``p.quality_model``): then, as the uniform path does, the
+    model re-orders the plans that lie inside its measured range (``quality.plan_bits`` features: the per-layer
+    plan's MAC-weighted bits and exact BitOPs) among the places the proxy gives them, and a plan outside it keeps
+    its proxy place and gets no prediction."""
     from .select import COST_KEYS
 
     cands, metric = p.candidates, p.metric
@@ -285,7 +308,7 @@ def refine(p, weights: dict | None = None, k: int = 3, offsets=DEFAULT_OFFSETS, 
     space = p.space
     min_bits = max(space.min_bits or 1, space.q_min_range[0])
     max_bits = min(space.max_bits or 16, space.q_max_range[1])
-    best, rows = None, []
+    rows, plans = [], []
     for i in dict.fromkeys(inside + above):
         base = cands.schedules[i]
         lp = plan_layers(p.workload, p.hardware, base, metric, limit, weights, offsets, ties, min_bits, max_bits)
@@ -293,10 +316,38 @@ def refine(p, weights: dict | None = None, k: int = 3, offsets=DEFAULT_OFFSETS, 
                      "per_layer_score": None if lp is None else lp.score,
                      "per_layer_cost": None if lp is None else lp.cost,
                      "solver": None if lp is None else lp.solution.to_json()})
-        if lp is not None and (best is None or lp.score > best.score + 1e-12):
-            best = lp
-    if best is not None and best.score <= p.score + 1e-12:
-        best = None  # the uniform choice scores as well: keep it (no per-layer rules)
+        if lp is not None:
+            plans.append((lp, rows[-1]))
+    # the pool: the uniform choice (None) and each plan, by proxy score (ties: the uniform choice, then the first)
+    pool = [(None, p.score)] + [(lp, lp.score) for lp, _ in plans]
+    ranked = sorted(range(len(pool)), key=lambda j: (-round(pool[j][1], 12), j))
+    model = getattr(p, "quality_model", None)
+    if model is not None:
+        from .quality import plan_bits
+
+        base_bitops = float(p.baseline.bitops["total"])
+        X = np.array([plan_bits(p.workload, p.schedule if lp is None else lp.base,
+                                None if lp is None else lp.resolved, base_bitops, p.hardware).features(model.floor)
+                      for lp, _ in pool])
+        mean, std = model.predict(X)
+        ok = model.in_range(X)
+        for j, (lp, _) in enumerate(pool):
+            pred = {"predicted": float(mean[j]) if ok[j] else None, "predicted_std": float(std[j]) if ok[j] else None,
+                    "extrapolated": not bool(ok[j]), "features": dict(zip(("score", "mean_bits", "cost_rel",
+                                                                           "above_floor"), map(float, X[j])))}
+            if lp is None:
+                p.quality["uniform_choice_prediction"] = pred
+            else:
+                lp.predicted = pred
+                plans[j - 1][1].update(pred)
+        slots = [pos for pos, j in enumerate(ranked) if ok[j]]
+        by_model = sorted((j for j in ranked if ok[j]), key=lambda j: (-round(float(mean[j]), 12), ranked.index(j)))
+        for pos, j in zip(slots, by_model):
+            ranked[pos] = j
+    best = pool[ranked[0]][0]
+    if best is not None:
+        best.ranked_by = "db" if model is not None and best.predicted and not best.predicted["extrapolated"] \
+            else "proxy"
     return best, rows
 
 
@@ -307,8 +358,13 @@ def plan_doc_with_layers(doc: dict, p, lp, rows: list, weights_from: str) -> dic
 
     section = {"chosen": lp is not None, "weights_from": weights_from, "uniform_score": p.score,
                "candidates": rows}
+    by_db = getattr(p, "quality_model", None) is not None
+    if by_db:  # --quality db: the model's prediction for the uniform choice, which the plans were ranked against
+        section["uniform_prediction"] = (p.quality or {}).get("uniform_choice_prediction")
     if lp is None:
-        section["why"] = "no per-layer plan scored above the best uniform schedule within the budget"
+        section["why"] = ("no per-layer plan ranked above the best uniform schedule within the budget (by the "
+                          "quality model where inside its measured range, else by the score)" if by_db else
+                          "no per-layer plan scored above the best uniform schedule within the budget")
         doc["per_layer"] = section
         return doc
     w = p.workload
@@ -332,6 +388,9 @@ def plan_doc_with_layers(doc: dict, p, lp, rows: list, weights_from: str) -> dic
     doc["per_layer"] = section
     doc.setdefault("notes", []).append(
         f"per-layer plan: {lp.base.to_text()} with {len(lp.resolved.layers)} layer(s) offset "
-        f"({lp.resolved.rules.to_text() or 'none'}), score {lp.score:.4f} vs {p.score:.4f} uniform; MILP "
+        f"({lp.resolved.rules.to_text() or 'none'}), score {lp.score:.4f} vs {p.score:.4f} uniform"
+        + (f", predicted {lp.predicted['predicted']:.4f} vs "
+           f"{(section.get('uniform_prediction') or {}).get('predicted') or float('nan'):.4f} by --quality db"
+           if lp.ranked_by == "db" else "") + "; MILP "
         f"{lp.solution.status}, gap {lp.solution.gap:.2g}, {lp.solution.time_s:.3f} s")
     return doc

@@ -7,13 +7,32 @@ model, data, batch, optimiser and length, with the default validation split held
 measure is the one decisions may see: **validation** accuracy (for a language model, minus its per-token
 validation loss, i.e. log perplexity), never the test split -- choosing by test accuracy would report a test
 accuracy biased upward by the choice. Runs that recorded no validation measure (swept with ``--val-split 0``, or
-before sweeps held one out) are left out, and the plan counts them. The model, ``monotone-linear/1``::
+before sweeps held one out) are left out, and the plan counts them. The model, ``monotone-linear/2``::
 
-    acc_hat(s) = a + b1 * z(score(s)) + b2 * z(mean_bits(s)) + b3 * z(cost_rel(s)),   b1, b2, b3 >= 0
+    acc_hat(s) = a + b1 z(score(s)) + b2 z(mean_bits(s)) + b3 z(cost_rel(s)) + b4 z(above_floor(s)),   b1..b4 >= 0
 
 z standardises each feature over the measured schedules. The signs are what is known, not fitted freely: accuracy
-does not fall when a schedule's proxy score, its mean bits, or its cost rise (quality tracks cost; early precision
-matters). The coefficients come from non-negative least squares (scipy.optimize.nnls) on the per-schedule mean
+does not fall when a schedule's proxy score, its mean bits, its cost, or the share of its work above the lowest
+width rise (quality tracks cost; early precision matters; a width too low is a cliff, not a slope).
+
+The features, of a uniform schedule and of a per-layer plan alike (issue 27), on one scale: a per-layer plan is a
+set of quantized layers l, each with its own forward bits q_l(t) (``cptsim.cost.layerplan``; a uniform schedule
+gives every layer the same), weighted by the layer's share m_l of the quantized layers' forward MACs per sample:
+
+* ``score``: sum_l m_l score(q_l, g) -- the proxy score of each layer's bits (``planner.score``), MAC-weighted;
+* ``mean_bits``: sum_l m_l mean_t q_l(t);
+* ``cost_rel``: the plan's BitOPs (``cptsim.cost.estimate``, each layer at its own bits) over the baseline's;
+* ``above_floor``: sum_l m_l #{t : q_l(t) > floor} / T, the share of the forward work done above ``floor``, the
+  lowest forward width any measured run of the workload used (``QualityModel.floor``). It is there for the cliff
+  the other three are too smooth to see: on digits at 2-4 bits, 2 bits costs 6 points and 3 bits almost nothing
+  (benchmarks/results/issue27-evidence.txt), so what matters is how much of the work sits at 2 bits, not the mean.
+  Monotone: more work at the floor never makes a run better. 1.0 for every schedule that never reaches the floor.
+
+For a uniform schedule each equals the schedule's own figure (score_bits of its bits, their mean, its BitOPs), so a
+per-layer run is fitted and predicted with the uniform ones: ``--quality db`` learns from measured per-layer runs
+(the row's ``extra["layers"]`` rules, resolved again on the workload's model: ``plan_features``), and the per-layer
+refinement (``planner.perlayer.refine``) ranks its plans by the model's prediction where they lie inside the
+measured range. The coefficients come from non-negative least squares (scipy.optimize.nnls) on the per-schedule mean
 accuracy; the uncertainty of a prediction is the standard deviation over B = 200 bootstrap refits that resample
 measured schedules (with all their seeds), plus the seed-to-seed spread measured within schedules, added in
 quadrature. With fewer than ``MIN_SCHEDULES`` distinct measured schedules the model is not trusted and the planner
@@ -29,9 +48,10 @@ the candidates inside the range, among the places they hold. The plan marks the 
 many there were (and when the chosen one is among them); when no candidate within budget is inside, the plan is
 ranked by the proxy altogether and says why.
 
-Why these features and not more: a few dozen runs is what a user has; three sign-constrained coefficients cannot
-chase seed noise far, and all three features exist for every candidate without materialising its bits (the fast
-path of ``evaluate`` computes them), so the model ranks the whole space as fast as the proxy.
+Why these features and not more: a few dozen runs is what a user has; four sign-constrained coefficients cannot
+chase seed noise far, and all four exist for every candidate without materialising its bits (the fast path of
+``evaluate`` computes the first three; ``above_floor`` is a sum over the step counts it keeps,
+``Candidates.steps_log``), so the model ranks the whole space as fast as the proxy.
 """
 
 from __future__ import annotations
@@ -41,17 +61,74 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["QUALITY_MODEL", "MIN_SCHEDULES", "QualityModel", "Measurements", "fit_quality", "features",
-           "load_measurements", "measured_workload"]
+           "load_measurements", "measured_workload", "PlanBits", "plan_bits", "measured_features"]
 
-QUALITY_MODEL = "monotone-linear/1"
+QUALITY_MODEL = "monotone-linear/2"
 MIN_SCHEDULES = 5
-FEATURE_NAMES = ("score", "mean_bits", "cost_rel")
+FEATURE_NAMES = ("score", "mean_bits", "cost_rel", "above_floor")
 BOOTSTRAP = 200
 
 
-def features(score, mean_bits, cost_rel) -> np.ndarray:
-    """(n, 3) feature matrix, columns in ``FEATURE_NAMES`` order."""
-    return np.column_stack([np.asarray(score, float), np.asarray(mean_bits, float), np.asarray(cost_rel, float)])
+def features(score, mean_bits, cost_rel, above_floor=None) -> np.ndarray:
+    """(n, k) feature matrix, columns in ``FEATURE_NAMES`` order (k = 3 without ``above_floor``)."""
+    cols = [score, mean_bits, cost_rel] + ([] if above_floor is None else [above_floor])
+    return np.column_stack([np.asarray(c, float) for c in cols])
+
+
+@dataclass
+class PlanBits:
+    """A plan's forward bits per quantized layer over the workload's steps: what its features are computed from."""
+
+    weight: np.ndarray   # (L,) each quantized layer's share of the quantized layers' forward MACs per sample
+    bits: np.ndarray     # (L, T) forward bits per layer and step
+    grad: np.ndarray     # (T,) gradient bits per step (global: gradient bits are not per layer)
+    cost_rel: float      # BitOPs over the baseline's
+
+    @property
+    def lowest(self) -> int:
+        return int(self.bits.min())
+
+    def features(self, floor: int) -> tuple[float, float, float, float]:
+        from .score import score_bits
+
+        w = self.weight
+        sc = np.atleast_1d(score_bits(self.bits, self.grad[None, :]))
+        return (float(w @ sc), float(w @ self.bits.mean(axis=1)), float(self.cost_rel),
+                float(w @ (self.bits > floor).mean(axis=1)))
+
+
+def plan_bits(workload, schedule, layers=None, base_bitops: float | None = None, hardware=None) -> PlanBits:
+    """The bits a plan runs on ``workload`` (a planner Workload): ``schedule`` on every quantized layer, or with
+    ``layers`` (a ``cptsim.cost.layerplan.ResolvedLayers``, or the rules' text as a results row records it, resolved
+    here on the workload's layers) each layer on its own schedule. ``cost_rel`` is the plan's BitOPs
+    (``cptsim.cost.estimate``, per layer) over ``base_bitops`` (NaN without it)."""
+    from cptsim.cost.layerplan import ResolvedLayers, parse_layer_text
+
+    a = workload.profile.arrays()
+    names = list(a.names)
+    q = [i for i, x in enumerate(a.quantized) if x]
+    qnames = [names[i] for i in q]
+    if isinstance(layers, str):
+        layers = parse_layer_text(layers).resolve(schedule, qnames, [n for n in names if n not in qnames],
+                                                  workload.model) if layers.strip() else None
+    if isinstance(layers, ResolvedLayers) and not layers.layers:
+        layers = None
+    T = workload.steps
+    m = a.macs[q, 0]
+    weight = m / m.sum() if m.sum() > 0 else np.full(len(q), 1.0 / max(len(q), 1))
+    if layers is None:
+        bits = np.broadcast_to(schedule.bits(T), (len(q), T))
+        est = workload.estimate(schedule, hardware) if base_bitops else None
+    else:
+        from cptsim.cost.model import estimate
+
+        own = {}
+        bits = np.array([own.setdefault(s, s.bits(T)) for s in (layers.schedule_of(n) for n in qnames)])
+        est = estimate(workload.profile, schedule, hardware, steps=T, batch_size=workload.batch_size,
+                       dataset_size=workload.dataset_size, layers=layers,
+                       formats=getattr(workload, "formats", None)) if base_bitops else None
+    cost_rel = float(est.bitops["total"]) / base_bitops if est is not None else float("nan")
+    return PlanBits(weight=weight, bits=np.asarray(bits), grad=np.asarray(schedule.grad_bits(T)), cost_rel=cost_rel)
 
 
 def _nnls_fit(X: np.ndarray, y: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
@@ -81,6 +158,7 @@ class QualityModel:
     loo_spearman: float | None     # leave-one-schedule-out rank correlation of prediction and measurement
     lo: np.ndarray | None = None   # per feature: the lowest and highest value among the measured schedules
     hi: np.ndarray | None = None
+    floor: int | None = None       # above_floor's floor: the lowest forward width of any measured run
 
     def in_range(self, X: np.ndarray) -> np.ndarray:
         """Which rows of X lie inside the measured range of every feature (the model is trusted there only;
@@ -99,14 +177,15 @@ class QualityModel:
         return mean, std
 
     def to_json(self) -> dict:
-        return {"name": QUALITY_MODEL, "features": list(FEATURE_NAMES), "intercept": float(self.coef[0]),
-                "coefficients": dict(zip(FEATURE_NAMES, map(float, self.coef[1:]))),
-                "feature_mean": dict(zip(FEATURE_NAMES, map(float, self.mu))),
-                "feature_std": dict(zip(FEATURE_NAMES, map(float, self.sd))),
+        names = FEATURE_NAMES[:len(self.mu)]
+        return {"name": QUALITY_MODEL, "features": list(names), "intercept": float(self.coef[0]),
+                "coefficients": dict(zip(names, map(float, self.coef[1:]))),
+                "feature_mean": dict(zip(names, map(float, self.mu))),
+                "feature_std": dict(zip(names, map(float, self.sd))),
                 "seed_std": self.seed_sd, "runs": self.n_runs, "schedules": self.n_schedules,
-                "loo_spearman": self.loo_spearman,
+                "loo_spearman": self.loo_spearman, "floor_bits": self.floor,
                 "feature_range": None if self.lo is None else
-                {n: [float(a), float(b)] for n, a, b in zip(FEATURE_NAMES, self.lo, self.hi)}}
+                {n: [float(a), float(b)] for n, a, b in zip(names, self.lo, self.hi)}}
 
 
 def fit_quality(schedules: list[str], X: np.ndarray, acc: np.ndarray, rng_seed: int = 0) -> QualityModel | None:
@@ -149,7 +228,9 @@ def fit_quality(schedules: list[str], X: np.ndarray, acc: np.ndarray, rng_seed: 
 @dataclass
 class Measurements:
     """What ``--quality db`` fits to: per measured run its schedule and its validation measure (``values``, higher
-    is better: validation accuracy, or minus the per-token validation loss of a language model)."""
+    is better: validation accuracy, or minus the per-token validation loss of a language model). ``layers[i]``: the
+    per-layer rules run i ran (the row's ``extra["layers"]``), or None for a uniform run; ``entries[i]`` names the
+    run's plan: its schedule, ``SCHEDULE@RULES`` for a per-layer run (seeds of one plan share it)."""
 
     schedules: list[str]
     values: list[float]
@@ -157,6 +238,15 @@ class Measurements:
     workload_key: str          # the key the runs were looked up by (the workload as a sweep trains it)
     db: str
     without_validation: int    # finished runs of that key with no validation measure (test split only): not used
+    layers: list = None        # per run: the per-layer rules' text, or None
+
+    def __post_init__(self):
+        if self.layers is None:
+            self.layers = [None] * len(self.schedules)
+
+    @property
+    def entries(self) -> list[str]:
+        return [s if not lr else f"{s}@{lr}" for s, lr in zip(self.schedules, self.layers)]
 
 
 def measured_workload(workload) -> dict:
@@ -192,24 +282,23 @@ def load_measurements(workload, db=None, evidence=None) -> Measurements:
     from .evidence import need_evidence
 
     rows, key, path = need_evidence(evidence, "--quality db").measurements(measured_workload(workload), db)
-    # a per-layer run (issue 27) is not a run of its global schedule: the uniform model cannot take it
-    rows = uniform_rows(rows)
+    # a per-layer run (issue 27) keeps its rules: its features are its plan's, not its global schedule's
     if _is_text(workload.dataset):
         measure = {"key": "val_loss", "name": "validation loss per token (log perplexity)",
                    "higher_is_better": False}
         vals = [(r, _val_loss(r)) for r in rows]
-        used = [(r["schedule"], -v) for r, v in vals if v is not None]
+        used = [(r, -v) for r, v in vals if v is not None]
     else:
         measure = {"key": "val_acc", "name": "validation accuracy", "higher_is_better": True}
-        used = [(r["schedule"], float(r["val_acc"])) for r in rows if _finite(r.get("val_acc"))]
-    return Measurements(schedules=[s for s, _ in used], values=[v for _, v in used], measure=measure,
-                        workload_key=key, db=path, without_validation=len(rows) - len(used))
+        used = [(r, float(r["val_acc"])) for r in rows if _finite(r.get("val_acc"))]
+    return Measurements(schedules=[r["schedule"] for r, _ in used], values=[v for _, v in used], measure=measure,
+                        workload_key=key, db=path, without_validation=len(rows) - len(used),
+                        layers=[_layers_text(r) for r, _ in used])
 
 
-def uniform_rows(rows: list[dict]) -> list[dict]:
-    """The rows of runs whose every quantized layer followed the row's schedule (not a per-layer plan, whose rules
-    the row's ``extra["layers"]`` holds)."""
-    return [r for r in rows if not (r.get("extra") or {}).get("layers")]
+def _layers_text(row: dict) -> str | None:
+    lr = (row.get("extra") or {}).get("layers")
+    return lr if isinstance(lr, str) and lr.strip() else None
 
 
 def _finite(v) -> bool:
@@ -221,3 +310,40 @@ def _val_loss(row: dict) -> float | None:
     if not _finite(v):
         v = (row.get("extra") or {}).get("val_loss")  # rows written before the column existed
     return float(v) if _finite(v) else None
+
+
+def measured_features(m: Measurements, workload, hardware, base_bitops: float):
+    """The features of each measured run (rows of ``m``, in order) on the planner's ``workload``, the floor they
+    share (the lowest forward width of any measured run), and the runs left out because their per-layer rules do
+    not resolve on this workload's layers (InputError: e.g. a layer renamed since) as {entry: reason}. Returns
+    (X (n, 4) with NaN rows for the left-out runs, floor, left_out)."""
+    from cptsim.cost.schedules import parse_schedule
+    from cptsim.errors import InputError
+
+    bits: dict[str, PlanBits | None] = {}
+    left_out: dict[str, str] = {}
+    for e, s, lr in zip(m.entries, m.schedules, m.layers):
+        if e in bits:
+            continue
+        try:
+            bits[e] = plan_bits(workload, parse_schedule(s), lr, base_bitops, hardware)
+        except InputError as err:
+            bits[e], left_out[e] = None, str(err)
+    ok = [b for b in bits.values() if b is not None]
+    floor = min(b.lowest for b in ok) if ok else None
+    feats = {e: (b.features(floor) if b is not None else (np.nan,) * 4) for e, b in bits.items()}
+    X = np.array([feats[e] for e in m.entries], dtype=float).reshape(-1, 4)
+    return X, floor, left_out
+
+
+def share_above(cands, floor: int | None) -> np.ndarray:
+    """``above_floor`` of every uniform candidate: the share of its steps whose forward bits exceed ``floor``,
+    summed over the step counts the fast path keeps (``Candidates.steps_log``: blocks of (candidates, q, g, steps,
+    ragged steps)) -- no candidate's bits are materialised. 1.0 everywhere without a floor."""
+    out = np.zeros(len(cands))
+    if floor is None:
+        return out + 1.0
+    for idx, q, _g, n, _r in cands.steps_log:
+        q, n = np.broadcast_arrays(np.asarray(q), np.asarray(n))
+        out[np.asarray(idx)] += (n * (q > floor)).reshape(len(idx), -1).sum(axis=1)
+    return out / cands.workload.steps

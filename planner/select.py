@@ -182,6 +182,7 @@ class Plan:
     range_test: dict | None = None
     quality: dict | None = None
     timings: dict = field(default_factory=dict)
+    quality_model: Any = field(default=None, repr=False)  # --quality db's fitted QualityModel (not in plan.json)
 
     @property
     def metric(self) -> str:
@@ -257,44 +258,52 @@ def evaluation_json(schedule: Schedule, steps: int) -> dict:
 def _quality_rank(cands: Candidates, mask: np.ndarray, cost: np.ndarray, base_bitops: float, db,
                   notes: list[str], evidence=None) -> tuple[np.ndarray | None, dict]:
     """Candidates under ``mask`` ranked by accuracy predicted from measured runs (``quality.py``), or None (with
-    the reason in the returned document) when the database has too few runs of this workload."""
-    from .quality import MIN_SCHEDULES, fit_quality, features, load_measurements
-    from .score import score_bits
-    from cptsim.cost.schedules import parse_schedule
+    the reason in the returned document) when the database has too few runs of this workload. Measured per-layer
+    runs count with the features of their plans (``quality.plan_features``); the fitted model is returned in the
+    document under ``"model"`` (an object: the plan keeps it for the per-layer refinement, not plan.json)."""
+    from .quality import MIN_SCHEDULES, fit_quality, features, load_measurements, measured_features, share_above
 
     w = cands.workload
     m = load_measurements(w, db, evidence)
-    names, accs, path = m.schedules, m.values, m.db
-    doc = {"source": "db", "db": path, "workload_key": m.workload_key, "measure": m.measure, "runs": len(names),
-           "schedules": len(set(names)), "runs_without_validation": m.without_validation}
+    accs, path = m.values, m.db
+    doc = {"source": "db", "db": path, "workload_key": m.workload_key, "measure": m.measure, "runs": len(accs),
+           "schedules": len(set(m.entries)), "runs_without_validation": m.without_validation,
+           "per_layer_runs": sum(lr is not None for lr in m.layers)}
     if m.without_validation:
         notes.append(f"--quality db: {m.without_validation} run(s) of this workload in {path} recorded no "
                      "validation measure (swept with --val-split 0, or before sweeps held one out); they are left "
                      "out - decisions never use the test split")
     model = None
-    if names:
-        per: dict[str, tuple] = {}  # the features of each measured schedule, computed as for the candidates
-        for n in dict.fromkeys(names):
-            sch = parse_schedule(n)
-            q, g = sch.bits(w.steps), sch.grad_bits(w.steps)
-            per[n] = (float(score_bits(q, g)), float(q.mean()),
-                      float(w.estimate(sch, cands.hardware).bitops["total"]) / base_bitops)
-        model = fit_quality(names, features(*zip(*[per[n] for n in names])), np.asarray(accs))
+    names: list[str] = []
+    if accs:
+        X, floor, left_out = measured_features(m, w, cands.hardware, base_bitops)
+        keep = np.all(np.isfinite(X), axis=1)
+        if left_out:
+            doc["left_out"] = left_out
+            notes.append(f"--quality db: {int((~keep).sum())} per-layer run(s) left out: their layer rules do not "
+                         f"resolve on this workload ({next(iter(left_out.values()))})")
+        names = [e for e, k in zip(m.entries, keep) if k]
+        model = fit_quality(names, X[keep], np.asarray(accs)[keep])
+        if model is not None:
+            model.floor = floor
     if model is None:
         doc["fallback"] = "proxy"
         notes.append(f"--quality db: {len(set(names))} measured schedule(s) of this workload with a "
                      f"{m.measure['name']} in {path} (need {MIN_SCHEDULES}); ranked by the proxy score instead - "
                      "'cptsim sweep' measures more")
         return None, doc
-    Xc = features(cands.score, cands.mean_bits, cands.cost["bitops"] / base_bitops)
+    Xc = features(cands.score, cands.mean_bits, cands.cost["bitops"] / base_bitops,
+                  share_above(cands, model.floor))
     mean, std = model.predict(Xc)
     inside = model.in_range(Xc)
     doc.update(model.to_json())
     idx = np.flatnonzero(mask)
     ins, outs = idx[inside[idx]], idx[~inside[idx]]
     doc["in_range"], doc["extrapolated"] = int(ins.size), int(outs.size)
+    doc["model"] = model  # popped by select (an object, not JSON)
     rng = "; ".join(f"{label} {lo:.4g}-{hi:.4g}" for label, (lo, hi) in
-                    zip(("score", "mean bits", "BitOPs/baseline"), doc["feature_range"].values()))
+                    zip(("score", "mean bits", "BitOPs/baseline", f"work above {model.floor} bits"),
+                        doc["feature_range"].values()))
     if ins.size == 0:
         doc["fallback"] = "proxy"
         notes.append(f"--quality db: every one of the {outs.size} candidates within budget lies outside the range "
@@ -429,10 +438,11 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
     ranked = _ranked(cands, mask, cost)
     if quality not in ("proxy", "db"):
         raise InputError(f"--quality must be proxy or db, got {quality!r}")
-    quality_doc, predicted, ranking = {"source": "proxy"}, None, "proxy"
+    quality_doc, predicted, ranking, quality_model = {"source": "proxy"}, None, "proxy", None
     if quality == "db":
         by_model, quality_doc = _quality_rank(cands, mask, cost, float(base.bitops["total"]), db, notes,
                                               evidence)
+        quality_model = quality_doc.pop("model", None)
         if by_model is not None:
             ranked, ranking = by_model, "db"
             predicted = quality_doc.pop("predicted")
@@ -543,7 +553,7 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
     return Plan(workload=w, hardware=hw, budget=budget, budget_absolute=limit, space=space, schedule=sched,
                 estimate=est, baseline_schedule=base_sched, baseline=base, score=float(cands.score[chosen]),
                 alternatives=alternatives, frontier=frontier, notes=notes, candidates=cands, chosen_index=chosen,
-                ranking=ranking, pilot=pilot_doc, quality=quality_doc,
+                ranking=ranking, pilot=pilot_doc, quality=quality_doc, quality_model=quality_model,
                 timings={"profile_s": w.profile_s, "evaluate_s": cands.eval_s,
                          "select_s": time.perf_counter() - t0})
 

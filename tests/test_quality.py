@@ -95,7 +95,7 @@ def test_plan_quality_db_ranks_by_predicted_accuracy_and_records_it(digits_workl
             r.add_run(row)
     p = plan(digits_workload, "bitfusion", "65%", quality="db", db=str(db), evidence=LocalEvidence())
     doc = p.to_json()
-    assert p.ranking == "db" and doc["quality"]["name"] == "monotone-linear/1"
+    assert p.ranking == "db" and doc["quality"]["name"] == "monotone-linear/2"
     assert doc["quality"]["schedules"] == 7 and doc["quality"]["runs"] == 14
     alts = [a for a in doc["alternatives"] if a["within_budget"]]
     preds = [a["predicted_acc"] for a in alts if a["role"] != "cheapest" and not a["extrapolated"]]
@@ -187,14 +187,18 @@ def test_quality_db_fits_a_language_models_validation_loss_not_its_next_token_ac
     assert m.without_validation == 1
 
 
-def _measured_features(w, texts, base_bitops):
-    """The three features of each schedule, computed here from their definitions (score_bits of the schedule's
-    bits, their mean, its BitOPs over the baseline's)."""
+def _measured_features(w, texts, base_bitops, floor=None):
+    """The four features of each schedule, computed here from their definitions (score_bits of the schedule's
+    bits, their mean, its BitOPs over the baseline's, the share of its steps above ``floor``: by default the lowest
+    bits any of them runs)."""
+    bits = {t: parse_schedule(t).bits(w.steps) for t in texts}
+    floor = min(int(q.min()) for q in bits.values()) if floor is None else floor
     out = []
     for t in texts:
         s = parse_schedule(t)
-        q, g = s.bits(w.steps), s.grad_bits(w.steps)
-        out.append((float(score_bits(q, g)), float(q.mean()), w.estimate(s, "bitfusion").bitops["total"] / base_bitops))
+        q, g = bits[t], s.grad_bits(w.steps)
+        out.append((float(score_bits(q, g)), float(q.mean()), w.estimate(s, "bitfusion").bitops["total"] / base_bitops,
+                    float((q > floor).mean())))
     return np.array(out)
 
 
@@ -218,6 +222,8 @@ def test_quality_db_never_predicts_outside_the_measured_feature_range(digits_wor
     X = _measured_features(digits_workload, sorted({r["schedule"] for r in rows}), base)
     lo, hi = X.min(axis=0), X.max(axis=0)
     q = doc["quality"]
+    q_floor = 3  # the measured schedules' lowest bits (cos-rep:3-8, lin-tri:3-8, exp-rep:3-6)
+    assert q["floor_bits"] == q_floor
     assert p.ranking == "db"
     assert np.allclose([v for v in q["feature_range"].values()], np.column_stack([lo, hi]), rtol=1e-12)
     alts = [a for a in doc["alternatives"] if a["within_budget"] and a["role"] != "cheapest"]
@@ -226,7 +232,8 @@ def test_quality_db_never_predicts_outside_the_measured_feature_range(digits_wor
     assert len(alts) == len(proxy) == 400
     n_out, preds = 0, []
     for a, b in zip(alts, proxy):
-        x = np.array([a["score"], a["mean_bits"], a["bitops"] / base])
+        bits = parse_schedule(a["schedule"]).bits(T)
+        x = np.array([a["score"], a["mean_bits"], a["bitops"] / base, (bits > q_floor).mean()])
         inside = bool(np.all((x >= lo - 1e-9) & (x <= hi + 1e-9)))
         assert a["extrapolated"] is (not inside), a["schedule"]
         if inside:
