@@ -2,6 +2,7 @@
 
     python benchmarks/bench_gpu_optrace.py           # each traced step: measured vs modelled batch norms, and the step
     python benchmarks/bench_gpu_optrace.py --fit     # fit the NCHW batch-norm constants to the traced kernels
+    python benchmarks/bench_gpu_optrace.py --convs   # every traced convolution call: measured vs the shape model
     python benchmarks/bench_gpu_optrace.py --json
 
 The traces are benchmarks/gpu_optrace.py's (run on the lent H100 in the fourth session, benchmarks/gpu_session24.sh):
@@ -16,6 +17,18 @@ thread block, walking that channel's positions. ``--fit`` fits ``t = N H W max(C
 weighted by its time (the constants in hw_profiles/h100.toml, gpu_kernels.DEFAULTS); the default prints, per
 traced network, the measured batch-norm time against the model's from the network's shipped op list
 (benchmarks/data/timm/profiles-224.json.gz, its batch norms' shapes), and the whole step.
+
+``--convs`` (fifth session, no GPU: an offline reading of the same traces) prices every traced cuDNN convolution
+call -- forward, and backward as dgrad + wgrad -- with the shape model (gpu_kernels.gemm_times, the h100 profile's
+constants, FP16 tier, the trace's memory format) and prints measured / modelled time by kernel taps and input
+channels. What it shows: 1x1 convolutions are priced about right (ratios 0.75-1.1 up to 256 channels), but 3x3
+convolutions with few input channels run far slower than the model says -- 5-7x at 8-64 channels (HRNet's 18- and
+36-channel branches run at ~25 TFLOPS of the H100's 989), 2-3x at 64-128, 1.1-1.6x above 128 -- while the op list's
+memory-bound ops are priced above what the traces measure. The whole-network fits balance the two (h100's
+memory_efficiency came out at 0.48), which is why HRNet-style networks (many narrow 3x3 convs at high resolution)
+stay the worst held-out rows, especially in channels-last, where no batch-norm cost hides it. The next step it
+points to: per-kernel constants for convolutions (a reduction that runs tap by tap over C_in, with N and K tile
+quantisation) fitted on these calls, then the memory-bound efficiency refitted with the convolutions fixed.
 """
 
 from __future__ import annotations
@@ -116,12 +129,94 @@ def compare(traces: dict) -> list[dict]:
     return out
 
 
+def conv_calls(traces: dict) -> list[dict]:
+    """Every traced cuDNN convolution call of the timm traces (depthwise ones left out: their own model), with its
+    shape and measured time, and the shape model's time for it (h100 profile, FP16 tier)."""
+    from cptsim.cost.hardware import gpu_kernels as K
+    from cptsim.cost.hardware import load_profile
+
+    hw = load_profile("h100")
+    consts = {k: hw.kernel_constant(k) for k in K.DEFAULTS}
+    i16 = hw._tier_names.index("fp16")
+    rate = np.full((1, 1, 3), hw._tier_mac_rate[i16] * hw._tier_eff[i16])
+    fp32 = hw._tier_mac_rate[hw._tier_names.index("fp32")]
+    bw, sms = hw._bandwidth * hw._meff, float(hw.params["sm_count"])
+    out = []
+    for key, t in traces.items():
+        if not key.endswith(("-nchw", "-nhwc")):
+            continue
+        out_shape = {}  # the forward op records input and weight only: its output size from the backward op's
+        for o in t["ops"]:
+            if o["op"] == "aten::convolution_backward":
+                go, x, w = o["shapes"][:3]
+                out_shape[(tuple(x), tuple(w))] = go
+        for o in t["ops"]:
+            if o["op"] == "aten::cudnn_convolution":
+                x, w = o["shapes"][:2]
+                go, phase = out_shape.get((tuple(x), tuple(w))), "fwd"
+            elif o["op"] == "aten::convolution_backward":
+                (go, x, w), phase = o["shapes"][:3], "bwd"
+            else:
+                continue
+            if go is None:
+                continue
+            n_, c, h, wd = x
+            co, cig, kh, kw = w
+            g = c // cig
+            gemm = np.array([[g, co // g, cig * kh * kw, go[2] * go[3], 0]], dtype=float)
+            if K.is_depthwise(gemm)[0]:
+                continue
+            macs = np.full((1, 1, 3), float(n_ * go[2] * go[3] * co * cig * kh * kw))
+            nbytes = np.full((1, 1, 3), 2.0 * (n_ * c * h * wd + n_ * co * go[2] * go[3] + co * cig * kh * kw))
+            tt = K.gemm_times(gemm, np.array([True]), macs, np.array([float(n_)]), rate, np.ones((1, 1, 3), bool),
+                              fp32, nbytes, bw, sms, consts, channels_last=key.endswith("-nhwc"))[0, 0]
+            out.append({"trace": key, "phase": phase, "taps": kh * kw, "c_in": cig, "calls": o["calls"],
+                        "measured_s": o["us"] / o["calls"] * 1e-6,
+                        "modelled_s": float(tt[0] if phase == "fwd" else tt[1] + tt[2])})
+    return out
+
+
+CIN_BANDS = ((0, 8), (8, 32), (32, 64), (64, 128), (128, 256), (256, 1 << 20))
+
+
+def conv_table(calls: list[dict]) -> list[dict]:
+    """Measured and modelled time summed per (phase, taps, input-channel band)."""
+    rows = []
+    for phase in ("fwd", "bwd"):
+        for taps in sorted({c["taps"] for c in calls}):
+            for lo, hi in CIN_BANDS:
+                sel = [c for c in calls if c["phase"] == phase and c["taps"] == taps and lo < c["c_in"] <= hi]
+                if not sel:
+                    continue
+                m = sum(c["measured_s"] * c["calls"] for c in sel)
+                p = sum(c["modelled_s"] * c["calls"] for c in sel)
+                rows.append({"phase": phase, "taps": taps, "c_in": [lo, hi], "shapes": len(sel),
+                             "measured_ms": m * 1e3, "modelled_ms": p * 1e3, "ratio": m / p})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fit", action="store_true")
+    ap.add_argument("--convs", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     traces = load_traces()
+    if args.convs:
+        rows = conv_table(conv_calls(traces))
+        if args.json:
+            print(json.dumps({"convs": rows}, indent=1))
+            return 0
+        print("lent H100, AMP: traced cuDNN convolution calls (7 timm networks, NCHW and NHWC), measured vs the shape "
+              "model (h100)")
+        print(f"{'phase':5s} {'taps':>4s} {'C_in':>10s} {'shapes':>6s} {'meas ms':>8s} {'model ms':>8s} {'ratio':>6s}")
+        for r in rows:
+            lo, hi = r["c_in"]
+            band = f"({lo},{hi}]" if hi < 1 << 20 else f">{lo}"
+            print(f"{r['phase']:5s} {r['taps']:4d} {band:>10s} {r['shapes']:6d} {r['measured_ms']:8.1f} "
+                  f"{r['modelled_ms']:8.1f} {r['ratio']:6.2f}")
+        print("(bwd = dgrad + wgrad of one convolution_backward call; time summed over each band's calls per step)")
+        return 0
     doc = {"fit": fit(traces)} if args.fit else {"compare": compare(traces)}
     if args.json:
         print(json.dumps(doc, indent=1))
