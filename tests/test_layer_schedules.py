@@ -141,12 +141,19 @@ LAYER_RUN = ["train", "--epochs", "2", "--batch-size", "128", "--quiet", "--chec
              "--schedule", BASE, "--layer", "features.0=8", "--layer", "features.7=+1"]
 
 
-def test_a_per_layer_run_killed_and_resumed_equals_the_uninterrupted_run_and_its_plan(tmp_path):
-    from cptsim.run.rundir import RunDir
-
-    ref, cut = tmp_path / "ref", tmp_path / "cut"
+@pytest.fixture(scope="module")
+def layer_ref(tmp_path_factory):
+    """The uninterrupted per-layer run (LAYER_RUN), made once: the kill/resume test and the report test read it."""
+    ref = tmp_path_factory.mktemp("layer-run") / "ref"
     r = cptsim_here(*LAYER_RUN, "--out", ref)
     assert r.exit_code == 0, r.output
+    return ref
+
+
+def test_a_per_layer_run_killed_and_resumed_equals_the_uninterrupted_run_and_its_plan(tmp_path, layer_ref):
+    from cptsim.run.rundir import RunDir
+
+    ref, cut = layer_ref, tmp_path / "cut"
     k = cptsim(*LAYER_RUN, "--out", cut, env_extra={"CPTSIM_FAULT_KILL_AT_STEP": "17"})
     assert k.returncode == -signal.SIGKILL, k.stderr
     r = cptsim_here("train", "--resume", cut, "--quiet")
@@ -181,3 +188,44 @@ def test_a_per_layer_run_killed_and_resumed_equals_the_uninterrupted_run_and_its
     assert row["bitops"] != estimate(prof, ta, None).bitops["total"]  # what the global bits alone would give
     assert row["extra"]["layers"] == lp.rules.to_text() and row["schedule"] == base.to_text()
     assert _layers_text(row) == lp.rules.to_text() and _layers_text({"extra": {}}) is None
+
+
+def test_report_counts_a_per_layer_runs_planned_steps_bits_and_layers_each_at_its_own_bits(layer_ref):
+    """cptsim report of the per-layer run: the planned BitOPs of every step, the bits the plot draws (per group of
+    layers and forward-MAC-weighted) and the layer table, against a hand count from the rules and the trace's
+    samples per step (the last batch of each epoch is ragged)."""
+    from cptsim.study.report import build_report
+
+    rep = build_report(layer_ref, hardware=[])
+    s, d = rep.series, rep.data
+    prof = json.loads((layer_ref / "profile.json").read_text())
+    macs = {x["name"]: np.array([x["macs"][p] for p in ("fwd", "dgrad", "wgrad")], float) for x in prof["layers"]}
+    trace = [json.loads(x) for x in (layer_ref / "trace.jsonl").read_text().splitlines()]
+    T, n = len(trace), np.array([x["batch_size"] for x in trace], float)
+    own = {"features.0": make_schedule("cos-rep", 8, 8, 8, 4), "features.3": make_schedule("cos-rep", 3, 6, 8, 4),
+           "features.7": make_schedule("cos-rep", 4, 7, 8, 4)}
+    bits = {k: v.bits(T) for k, v in own.items()}
+    # per step: fwd M q q + dgrad M g q + wgrad M g q per quantized layer, the FP32 classifier at 32 x 32
+    hand = sum(n * (macs[k][0] * q * q + macs[k][1] * 8 * q + macs[k][2] * 8 * q) for k, q in bits.items())
+    hand = hand + n * macs["fc"].sum() * 32 * 32
+    assert s["planned_bitops"] == pytest.approx(hand, rel=1e-12)
+    assert s["executed_bitops"] == pytest.approx(hand, rel=1e-12)
+    assert s["planned_bitops"].sum() == pytest.approx(d["bitops"]["planned"]["total"], rel=1e-12)
+    assert d["bitops"]["within_tolerance"] and abs(d["bitops"]["diff_pct"]["total"]) < 1e-9
+    lb = s["layer_bits"]
+    m = np.array([macs[k][0] for k in QUANT])
+    eff = (m / m.sum()) @ np.array([bits[k] for k in QUANT])
+    assert lb["planned_effective"] == pytest.approx(eff, rel=1e-12)
+    assert lb["executed_effective"] == pytest.approx(eff, rel=1e-12)
+    groups = {g["schedule"]: g for g in lb["groups"]}
+    assert set(groups) == {own[k].to_text() for k in QUANT}
+    for k in QUANT:
+        g = groups[own[k].to_text()]
+        assert g["layers"] == [k] and g["mac_share"] == pytest.approx(macs[k][0] / m.sum())
+        assert g["bits"].tolist() == bits[k].tolist()
+    assert {r["name"]: r["bits"] for r in d["layers"]["top"]} == {"features.0": "8", "features.3": "3-6",
+                                                                    "features.7": "4-7", "fc": "32"}
+    pytest.importorskip("matplotlib")
+    from cptsim.study.plots import run_figure
+
+    assert run_figure(rep)[:4] == b"\x89PNG"

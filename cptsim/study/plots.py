@@ -51,6 +51,25 @@ def write_png(fig, path, flag: str = "--plot", **savefig_kw) -> None:
         raise InputError(f"{flag}: cannot write {str(path)!r}: {e.strerror or e}") from None
 
 
+_GROUP_COLORS = ("C2", "C1", "C4", "C8", "C5", "C9", "C6", "C7")  # not C0 (executed) nor C3 (gradient bits)
+
+
+def _layer_bits_lines(ax, ps, steps, lb: dict) -> None:
+    """The bits panel of a per-layer run (``report._layer_bits_series``): each group of layers on one schedule
+    (planned, thin), and the forward bits averaged over the quantized layers weighted by their forward MACs, planned
+    (thick, grey) and executed (the executed steps' bits per layer)."""
+    if lb.get("planned_effective") is not None:
+        ax.step(ps, lb["planned_effective"], where="post", lw=2.5, color="0.8",
+                label="planned forward bits, MAC-weighted over layers")
+    for k, grp in enumerate(g for g in lb["groups"] if g["bits"] is not None):
+        n = len(grp["layers"])
+        who = ("the other layers" if grp["global"] else grp["layers"][0] if n == 1 else f"{n} layers")
+        ax.step(ps, grp["bits"], where="post", lw=1.3, ls=(0, (3, 1.5)), color=_GROUP_COLORS[k % len(_GROUP_COLORS)],
+                label=f"planned {grp['schedule']}: {who} ({100 * grp['mac_share']:.0f}% of MACs)")
+    ax.step(steps, lb["executed_effective"], where="post", lw=1.0, color="C0",
+            label="executed forward bits, MAC-weighted over layers")
+
+
 def run_figure(report) -> bytes:
     """PNG bytes of one run's five panels (a ``cptsim.study.report.RunReport``): bits over steps, the test metric under
     it over the same steps; cumulative BitOPs planned vs executed; per-layer BitOPs share; host time per epoch,
@@ -70,12 +89,20 @@ def run_figure(report) -> bytes:
 
     if "step" in s:
         ps = np.arange(len(s["planned_bits"]))
-        ax_bits.step(ps, s["planned_bits"], where="post", lw=2.5, color="0.8", label="planned forward bits")
-        ax_bits.step(s["step"], s["bits"], where="post", lw=1.0, color="C0", label="executed forward bits")
+        lb = s.get("layer_bits")
+        if lb:  # a per-layer run: one thin line per group of layers sharing a schedule, and the MAC-weighted mean
+            _layer_bits_lines(ax_bits, ps, s["step"], lb)
+            extra = [g["bits"] for g in lb["groups"] if g["bits"] is not None]
+        else:
+            ax_bits.step(ps, s["planned_bits"], where="post", lw=2.5, color="0.8", label="planned forward bits")
+            ax_bits.step(s["step"], s["bits"], where="post", lw=1.0, color="C0", label="executed forward bits")
+            extra = []
         ax_bits.step(s["step"], s["grad_bits"], where="post", lw=1.0, ls="--", color="C3",
                      label="executed gradient bits")
-        lo = min(int(np.min(s["bits"])), int(np.min(s["grad_bits"])), int(np.min(s["planned_bits"])))
-        hi = max(int(np.max(s["bits"])), int(np.max(s["grad_bits"])), int(np.max(s["planned_bits"])))
+        lo = min([int(np.min(s["bits"])), int(np.min(s["grad_bits"])), int(np.min(s["planned_bits"]))]
+                 + [int(np.min(b)) for b in extra])
+        hi = max([int(np.max(s["bits"])), int(np.max(s["grad_bits"])), int(np.max(s["planned_bits"]))]
+                 + [int(np.max(b)) for b in extra])
         ax_bits.set_ylim(lo - 0.7, hi + 0.7)
         ax_bits.yaxis.set_major_locator(MaxNLocator(integer=True))
         names = run_format_names(d)

@@ -83,16 +83,44 @@ def _bits_range(values) -> str:
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
-def per_step_bitops(arrays, q, g, n) -> np.ndarray:
-    """BitOPs of each step (bits q, g and n samples), summed over layers and phases: ``cost.bitops`` per step kind."""
-    from cptsim.cost.model import bitops
+def per_step_bitops(arrays, q, g, n, groups=None) -> np.ndarray:
+    """BitOPs of each step (bits q, g and n samples), summed over layers and phases: ``cost.bitops`` per step kind.
+    ``groups``: a per-layer run's (group of each layer, forward bits of each group per step) (``layer_groups``, with
+    ``q`` the global bits): each layer counted at its own bits (``cost.layer_bitops``)."""
+    from cptsim.cost.model import bitops, layer_bitops
 
     q, g, n = (np.asarray(v, dtype=np.int64) for v in (q, g, n))
     if q.size == 0:
         return np.zeros(0)
+    if groups is not None:
+        gi, gq = groups
+        gq = np.asarray(gq, dtype=np.int64)
+        kinds, inverse = np.unique(np.vstack((gq, g, n)), axis=1, return_inverse=True)
+        per = np.array([layer_bitops(arrays.macs * int(k[-1]), arrays.quantized, k[:-2][gi], int(k[-2])).sum()
+                        for k in kinds.T], dtype=np.float64)
+        return per[inverse.reshape(-1)]
     kinds, inverse = np.unique(np.stack((q, g, n), axis=1), axis=0, return_inverse=True)
     per = np.array([bitops(arrays.macs * float(kn), arrays.quantized, kq, kg).sum() for kq, kg, kn in kinds])
     return per[inverse.reshape(-1)]
+
+
+def layer_groups(names, layers, steps: int, element=None):
+    """A per-layer plan (``cptsim.cost.layerplan.ResolvedLayers``) over ``steps`` steps: (the group of each layer of
+    ``names`` (L,), the forward bits of each group per step (G, steps), the groups' schedules). Group 0 is the global
+    schedule (and every layer no rule moved); ``element`` maps widths to the element bits a number format counts."""
+    scheds = [layers.base] + [s for s, _ in layers.groups()]
+    at = {s: i for i, s in enumerate(scheds)}
+    gi = np.array([at[layers.schedule_of(n)] for n in names], dtype=np.int64)
+    gq = np.array([s.bits(steps) for s in scheds], dtype=np.int64)
+    return gi, (gq if element is None else element(gq)), scheds
+
+
+def effective_bits(arrays, gi, gq) -> np.ndarray:
+    """Forward bits per step averaged over the quantized layers, each weighted by its forward MACs: what one number
+    per step says of a per-layer run (a uniform run: its bits)."""
+    m = np.where(arrays.quantized, arrays.macs[:, 0], 0.0)
+    w = np.bincount(gi, weights=m, minlength=len(gq))
+    return (w / w.sum()) @ gq if w.sum() > 0 else np.asarray(gq[0], dtype=np.float64)
 
 
 def planned_batches(steps: int, batch: int, dataset_size: int | None) -> np.ndarray:
@@ -201,9 +229,22 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
     executed_b = exe.bitops
     pq, pg = sched.bits(planned_steps), sched.grad_bits(planned_steps)
     pn = planned_batches(planned_steps, batch, train_size if models_ragged else None)
-    planned_step_bitops = per_step_bitops(plan_prof.arrays(), *_element_bits(fmap, pq, pg), pn)
+    # a per-layer run: each layer at its own bits, per step (the plan's layers when the plan's schedule ran)
+    elem = None if fmap is None else (lambda b: _element_bits(fmap, b, 0)[0])
+    plan_arrays = plan_prof.arrays()
+    pgroups = layer_groups(plan_arrays.names, layers, planned_steps, elem) \
+        if layers is not None and sched == run_sched else None
+    xgroups = layer_groups(arrays.names, layers, planned_steps, elem) if layers is not None else None
+    planned_step_bitops = per_step_bitops(plan_arrays, *_element_bits(fmap, pq, pg), pn, pgroups and pgroups[:2])
+    if xgroups is not None:  # what each layer ran at the executed steps: the global bits the trace records (group 0)
+        xq = np.full((len(xgroups[1]), len(q)), -1, dtype=np.int64)
+        ok = (step_ids >= 0) & (step_ids < planned_steps)  # a layer's bits are a function of the step
+        xq[:, ok] = xgroups[1][:, step_ids[ok]]
+        xq[0] = _element_bits(fmap, q, g)[0]
+        xgroups = (xgroups[0], xq, xgroups[2])
     executed_step_bitops = (np.array([sum(r["bitops"].values()) for r in steps], dtype=np.float64)
-                            if trace_sum is not None else per_step_bitops(arrays, *_element_bits(fmap, q, g), n))
+                            if trace_sum is not None else
+                            per_step_bitops(arrays, *_element_bits(fmap, q, g), n, xgroups and xgroups[:2]))
     reasons = _reasons(plan, cfg, sched, run_sched, executed, steps, step_ids, q, g, n, pq, pg, pn, planned_steps,
                        planned_step_bitops, plan_est, models_ragged, prof, plan_prof, batch, train_size)
     diff = {k: _pct(executed_b.get(k), planned.get(k)) for k in PHASE_KEYS}
@@ -227,6 +268,8 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
     }
     series.update(step=step_ids, bits=q, grad_bits=g, executed_bitops=executed_step_bitops,
                   planned_bits=pq, planned_grad_bits=pg, planned_bitops=planned_step_bitops)
+    if xgroups is not None:  # the plot draws a per-layer run's bits per layer group and MAC-weighted
+        series["layer_bits"] = _layer_bits_series(arrays, xgroups, pgroups, q)
 
     # ---- host time: modelled vs measured -------------------------------------------------------------------
     data["host_time"] = _host_time(run, cfg, prof, steps, host, metrics.records, world, warnings)
@@ -274,7 +317,7 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
     data["hardware"] = rows
 
     # ---- layers ---------------------------------------------------------------------------------------------
-    data["layers"] = _layers(exe, prof, q, g, top)
+    data["layers"] = _layers(exe, prof, q, g, top, xgroups)
     series["layers"] = data["layers"]
 
     # ---- host saving: modelled vs measured (issue 28) -------------------------------------------------------
@@ -524,6 +567,27 @@ def _trace_bitops(steps: list[dict]) -> dict | None:
     return out
 
 
+def _layer_bits_series(arrays, xgroups, pgroups, q) -> dict:
+    """What the plot draws of a per-layer run: per group of layers sharing a schedule its planned bits per step, and
+    the MAC-weighted forward bits per step planned and executed (``effective_bits``; executed: the global bits the
+    trace records, the other groups at their schedules' bits at the executed steps -- a layer's bits are a function
+    of the step, and the loop sets them so). NaN where a step lies beyond the plan."""
+    gi, xq, scheds = xgroups
+    m = np.where(arrays.quantized, arrays.macs[:, 0], 0.0)
+    share = np.bincount(gi, weights=m, minlength=len(scheds)) / (m.sum() or 1.0)
+    names = np.asarray(arrays.names)
+    groups = []
+    for k, s in enumerate(scheds):
+        members = [str(x) for x in names[(gi == k) & np.asarray(arrays.quantized, dtype=bool)]]
+        if members:
+            groups.append({"schedule": s.to_text(), "layers": members, "mac_share": float(share[k]),
+                           "global": k == 0, "bits": None if pgroups is None else pgroups[1][k]})
+    x_eff = effective_bits(arrays, gi, np.where(xq >= 0, xq, 0)).astype(np.float64)
+    x_eff[(xq < 0).any(axis=0)] = np.nan
+    return {"groups": groups, "executed_effective": x_eff,
+            "planned_effective": None if pgroups is None else effective_bits(arrays, pgroups[0], pgroups[1])}
+
+
 def _run_layers(cfg: dict, schedule):
     """A per-layer run's plan (config.json "layers", resolved again on its recorded layers), or None."""
     from cptsim.cost.layerplan import layers_of_run
@@ -750,16 +814,22 @@ def _default_targets(plan) -> list[str]:
     return names + list(DEFAULT_TARGETS)
 
 
-def _layers(exe, prof, q, g, top: int) -> dict:
+def _layers(exe, prof, q, g, top: int, groups=None) -> dict:
     rows = sorted(exe.per_layer, key=lambda r: -r["bitops"]["total"])
     total = exe.bitops["total"] or 1.0
     macs_total = exe.macs["total"] or 1.0
     types = {r.name: r.type for r in prof.layers}
     qb, gb = _bits_range(q.tolist()), _bits_range(g.tolist())
+    own = {}
+    if groups is not None:  # a per-layer run: each layer's own bits at the executed steps
+        gi, gq, _ = groups
+        ranges = [_bits_range(b[b >= 0].tolist()) if (b >= 0).any() else qb for b in gq]
+        own = {n: ranges[gi[i]] for i, n in enumerate(prof.arrays().names)}
 
     def row(r):
         return {"name": r["name"], "type": types.get(r["name"]), "quantized": r["quantized"],
-                "bits": qb if r["quantized"] else "32", "grad_bits": gb if r["quantized"] else "32",
+                "bits": own.get(r["name"], qb) if r["quantized"] else "32",
+                "grad_bits": gb if r["quantized"] else "32",
                 "bitops": r["bitops"]["total"], "share": r["bitops"]["total"] / total,
                 "macs": r["macs"]["total"], "macs_share": r["macs"]["total"] / macs_total}
 
