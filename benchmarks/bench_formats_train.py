@@ -107,6 +107,7 @@ def gpu_check(out: str | None) -> int:
                 bad.append(f"{name} dim {dim}: {(c != g).sum().item()} elements differ")
     print(f"quantize CPU == CUDA for {len(formats.format_names())} formats x 2 dims: "
           f"{'yes' if not bad else 'NO: ' + '; '.join(bad)}")
+    bad += scaled_mm_check()
     root = Path(out or tempfile.mkdtemp(prefix="cptsim-gpu-"))
     for family in ("int", "mx", "nvfp"):
         t0 = time.perf_counter()
@@ -119,6 +120,34 @@ def gpu_check(out: str | None) -> int:
               f"{1e3 * statistics.median(steady):.2f} ms, graphed {sum(1 for t in tr if t.get('graph'))}, "
               f"wall {time.perf_counter() - t0:.1f} s")
     return 1 if bad else 0
+
+
+def scaled_mm_check() -> list[str]:
+    """The FP8 forward GEMM through torch._scaled_mm on this GPU (cptsim.numerics.exact_gemm, issue 26 item 4):
+    whether the device takes it, and its product against the FP32 fake-quant one of the same operands (within K ulp
+    of sum |q_x||q_w| of the exact product, as tests/test_format_scaled_mm.py checks on the CPU emulation)."""
+    import torch
+
+    from cptsim.numerics import exact_gemm as E
+    from cptsim.numerics import formats
+
+    on, why = E.scaled_mm_device("cuda")
+    print(f"torch._scaled_mm for fp8e4m3 forward GEMMs on this GPU: {why}")
+    if not on:
+        return []
+    fmt = formats.parse_format("fp8e4m3")
+    g = torch.Generator().manual_seed(1)
+    x, w = (torch.randn(256, 512, generator=g) * 3).cuda(), torch.randn(384, 512, generator=g).cuda()
+    xq, wq = formats.quantize(x, fmt), formats.quantize(w, fmt)
+    y = E.scaled_mm_linear(x, xq, w, wq, None, fmt)
+    if y is None:
+        return ["scaled_mm_linear fell back on CUDA for a 256x512 @ 512x384 GEMM"]
+    exact = xq.double() @ wq.double().t()
+    bound = (xq.abs().double() @ wq.abs().double().t()) * 512 * 2.0 ** -24
+    ok = bool(((y.double() - exact).abs() <= bound).all())
+    print(f"  _scaled_mm vs the exact product: within K ulp {'yes' if ok else 'NO'}; max |fast - fake| "
+          f"{float((y - xq @ wq.t()).abs().max()):.3g}")
+    return [] if ok else ["_scaled_mm product outside the FP32 accumulation bound"]
 
 
 def step_time(reps: int = 30) -> int:
