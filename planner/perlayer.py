@@ -292,8 +292,9 @@ def refine(p, weights: dict | None = None, k: int = 3, offsets=DEFAULT_OFFSETS, 
     The ranking: by score (the sensitivity-weighted proxy; the uniform choice by its own score), unless the plan was
     made with ``--quality db`` and its model was fitted (``p.quality_model``): then, as the uniform path does, the
     model re-orders the plans that lie inside its measured range (``quality.plan_bits`` features: the per-layer
-    plan's MAC-weighted bits and exact BitOPs) among the places the proxy gives them, and a plan outside it keeps
-    its proxy place and gets no prediction."""
+    plan's bits weighted by the layers' MACs, or by ``weights`` when a sensitivity was measured -- the model is then
+    refitted with the measured per-layer runs weighted so too, ``_refit`` -- and its exact BitOPs) among the places
+    the proxy gives them, and a plan outside it keeps its proxy place and gets no prediction."""
     from .select import COST_KEYS
 
     cands, metric = p.candidates, p.metric
@@ -326,8 +327,11 @@ def refine(p, weights: dict | None = None, k: int = 3, offsets=DEFAULT_OFFSETS, 
         from .quality import plan_bits
 
         base_bitops = float(p.baseline.bitops["total"])
+        if weights and getattr(model, "measured", None) is not None:
+            model = _refit(p, model, weights, base_bitops)
         X = np.array([plan_bits(p.workload, p.schedule if lp is None else lp.base,
-                                None if lp is None else lp.resolved, base_bitops, p.hardware).features(model.floor)
+                                None if lp is None else lp.resolved, base_bitops, p.hardware,
+                                weights).features(model.floor)
                       for lp, _ in pool])
         mean, std = model.predict(X)
         ok = model.in_range(X)
@@ -349,6 +353,33 @@ def refine(p, weights: dict | None = None, k: int = 3, offsets=DEFAULT_OFFSETS, 
         best.ranked_by = "db" if model is not None and best.predicted and not best.predicted["extrapolated"] \
             else "proxy"
     return best, rows
+
+
+def _refit(p, model, weights: dict, base_bitops: float):
+    """The --quality db model refitted with the measured per-layer runs' layers weighted by the sensitivity the MILP
+    maximises (``quality.plan_bits`` weights; uniform runs' features do not change); recorded in the plan's quality
+    section as ``per_layer_model``. The MAC-weighted model when the refit has too few schedules."""
+    from .quality import fit_quality, measured_features
+
+    X, floor, _ = measured_features(model.measured, p.workload, p.hardware, base_bitops, weights)
+    keep = np.all(np.isfinite(X), axis=1)
+    names = [e for e, k in zip(model.measured.entries, keep) if k]
+    again = fit_quality(names, X[keep], np.asarray(model.measured.values)[keep])
+    if again is None:
+        return model
+    again.floor, again.measured = floor, model.measured
+    if isinstance(p.quality, dict):
+        p.quality["per_layer_model"] = again.to_json() | {"layers_weighted_by": "sensitivity"}
+    return again
+
+
+def _predicted_note(p, lp, section: dict) -> str:
+    """", predicted validation accuracy (or loss) A vs B uniform by --quality db" for the plan's note."""
+    lm = ((p.quality or {}).get("measure") or {}).get("key") == "val_loss"  # the model fits minus the loss
+    sign, what = (-1.0, "validation loss") if lm else (1.0, "validation accuracy")
+    uni = (section.get("uniform_prediction") or {}).get("predicted")
+    return (f", predicted {what} {sign * lp.predicted['predicted']:.4f} vs "
+            f"{sign * uni if uni is not None else float('nan'):.4f} uniform by --quality db")
 
 
 def plan_doc_with_layers(doc: dict, p, lp, rows: list, weights_from: str) -> dict:
@@ -389,8 +420,6 @@ def plan_doc_with_layers(doc: dict, p, lp, rows: list, weights_from: str) -> dic
     doc.setdefault("notes", []).append(
         f"per-layer plan: {lp.base.to_text()} with {len(lp.resolved.layers)} layer(s) offset "
         f"({lp.resolved.rules.to_text() or 'none'}), score {lp.score:.4f} vs {p.score:.4f} uniform"
-        + (f", predicted {lp.predicted['predicted']:.4f} vs "
-           f"{(section.get('uniform_prediction') or {}).get('predicted') or float('nan'):.4f} by --quality db"
-           if lp.ranked_by == "db" else "") + "; MILP "
+        + (_predicted_note(p, lp, section) if lp.ranked_by == "db" else "") + "; MILP "
         f"{lp.solution.status}, gap {lp.solution.gap:.2g}, {lp.solution.time_s:.3f} s")
     return doc

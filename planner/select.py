@@ -285,7 +285,7 @@ def _quality_rank(cands: Candidates, mask: np.ndarray, cost: np.ndarray, base_bi
         names = [e for e, k in zip(m.entries, keep) if k]
         model = fit_quality(names, X[keep], np.asarray(accs)[keep])
         if model is not None:
-            model.floor = floor
+            model.floor, model.measured = floor, m
     if model is None:
         doc["fallback"] = "proxy"
         notes.append(f"--quality db: {len(set(names))} measured schedule(s) of this workload with a "

@@ -21,7 +21,7 @@ def w():
     return Workload.build("digits-cnn", steps=T)
 
 
-def _hand(w, base: str, own: dict, floor: int):
+def _hand(w, base: str, own: dict, floor: int, weights=None):
     """The four features by hand: digits-cnn's quantized layers features.0/.3/.7, each layer's bits (``own`` or the
     base schedule's), weighted by its forward MACs; BitOPs = sum over steps of M_fwd q q + M_dgrad g q + M_wgrad g q
     (batch 64), the FP32 classifier at 32 x 32, over the baseline static 4 (g8: the space's highest)."""
@@ -31,7 +31,7 @@ def _hand(w, base: str, own: dict, floor: int):
     bits = {n: parse_schedule(own[n]).bits(T) if n in own else s.bits(T) for n in ("features.0", "features.3",
                                                                                      "features.7")}
     macs = dict(zip(a.names, a.macs * 64))
-    m = np.array([macs[n][0] for n in bits])
+    m = np.array([macs[n][0] for n in bits]) if weights is None else np.array([weights[n] for n in bits])
     wt = m / m.sum()
     Q = np.array(list(bits.values()))
     bitops = sum((macs[n][0] * q * q + macs[n][1] * g * q + macs[n][2] * g * q).sum() for n, q in bits.items())
@@ -118,6 +118,42 @@ def test_quality_db_fits_per_layer_runs_and_recovers_a_known_monotone_ranking(w,
     truth = np.array([_truth(x) for x in X])
     assert spearmanr(mean, truth)[0] > 0.95 and np.max(np.abs(mean - truth)) < 0.01
     assert m.coef[4] > 0  # the cliff is what the truth weighs most, and the model sees it
+
+
+SENSITIVITY = {"features.0": 8.0, "features.3": 1.0, "features.7": 1.0}  # as 'cptsim sensitivity' weights them
+
+
+def test_with_a_sensitivity_the_refinement_refits_the_model_on_sensitivity_weighted_layers(w, tmp_path):
+    """Measured quality that follows the sensitivity-weighted bits (the sensitive first layer matters, the big middle
+    conv does not): the MAC-weighted model cannot see it, the refit that --per-layer --sensitivity makes
+    (``perlayer._refit``) recovers it. Truth and features by hand."""
+    from cptsim.planner import plan
+    from cptsim.planner.perlayer import refine
+    from cptsim.planner.space import parse_space
+    from cptsim.study.results import ResultsDB
+    from scipy.stats import spearmanr
+
+    entries = MEASURED + ["static:2:g8@features.0=4", "static:3:g8@features.0=2", "cos-rep:2-4:g8:n2@features.0=4"]
+    own = {e: {r.split("=")[0]: (f"static:{r.split('=')[1]}:g8" if "-" not in r.split("=")[1] else
+                                 f"cos-rep:{r.split('=')[1]}:g8:n2") for r in e.partition("@")[2].split(";") if r}
+           for e in entries}
+    hand = {e: _hand(w, e.partition("@")[0], own[e], 2, SENSITIVITY) for e in entries}
+    db = tmp_path / "r.db"
+    with ResultsDB(db) as r:
+        for row in _rows(w, entries, lambda e, s: _truth(hand[e]), seeds=(0, 1)):
+            r.add_run(row)
+    p = plan(w, "bitfusion", "70%", parse_space(None, None, "2", "2-4", "8", None, None), quality="db", db=str(db),
+             evidence=LocalEvidence())
+    refine(p, SENSITIVITY)
+    pm = p.quality["per_layer_model"]
+    assert pm["layers_weighted_by"] == "sensitivity" and pm["floor_bits"] == 2 and pm["schedules"] == len(entries)
+    names = list(pm["coefficients"])
+    X = np.array([hand[e] for e in entries])
+    pred = pm["intercept"] + sum(pm["coefficients"][k] * (X[:, i] - pm["feature_mean"][k]) / pm["feature_std"][k]
+                                 for i, k in enumerate(names))
+    truth = np.array([_truth(x) for x in X])
+    assert spearmanr(pred, truth)[0] > 0.95 and np.max(np.abs(pred - truth)) < 1e-6
+    assert pm["loo_spearman"] > 0.9 and p.quality["loo_spearman"] < pm["loo_spearman"]
 
 
 def test_the_per_layer_refinement_ranks_its_plans_by_the_quality_model(w):
