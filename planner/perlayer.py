@@ -229,7 +229,7 @@ def layer_weights(qnames: list[str], weights: dict | None) -> np.ndarray:
 
 def plan_layers(workload, hardware, base, metric: str, budget: float, weights: dict | None = None,
                 offsets=DEFAULT_OFFSETS, ties: list | None = None, min_bits: int = 1, max_bits: int = 16,
-                time_limit: float = 10.0) -> LayerPlan | None:
+                time_limit: float = 10.0, cands=None) -> LayerPlan | None:
     """The best per-layer offsets of ``base`` on ``workload`` (planner.workload.Workload) whose cost on ``metric``
     (bitops, energy, latency) fits ``budget`` (absolute, base units). ``weights``: layer -> sensitivity (>= 0;
     None: equal). ``ties``: groups of layer names (default: ``resnet_ties``). None when nothing fits."""
@@ -260,7 +260,8 @@ def plan_layers(workload, hardware, base, metric: str, budget: float, weights: d
             const = float(getattr(est, key)["total"] - rows[qidx].sum())
         if ok[m]:
             cost[:, m] = rows[qidx]
-            sc[m] = float(score_bits(s.bits(T), s.grad_bits(T)))
+            i = cands.index(s) if cands is not None else None  # the fast path scored it already (same T)
+            sc[m] = float(cands.score[i]) if i is not None else float(score_bits(s.bits(T), s.grad_bits(T)))
     if const is None:
         raise ValueError("the menu must hold offset 0 (the base schedule)")
     w = layer_weights(qnames, weights)
@@ -312,7 +313,8 @@ def refine(p, weights: dict | None = None, k: int = 3, offsets=DEFAULT_OFFSETS, 
     rows, plans = [], []
     for i in dict.fromkeys(inside + above):
         base = cands.schedules[i]
-        lp = plan_layers(p.workload, p.hardware, base, metric, limit, weights, offsets, ties, min_bits, max_bits)
+        lp = plan_layers(p.workload, p.hardware, base, metric, limit, weights, offsets, ties, min_bits, max_bits,
+                         cands=cands)
         rows.append({"base": base.to_text(), "uniform_score": float(score[i]), "uniform_cost": float(cost[i]),
                      "per_layer_score": None if lp is None else lp.score,
                      "per_layer_cost": None if lp is None else lp.cost,
