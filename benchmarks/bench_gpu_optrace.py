@@ -3,6 +3,7 @@
     python benchmarks/bench_gpu_optrace.py           # each traced step: measured vs modelled batch norms, and the step
     python benchmarks/bench_gpu_optrace.py --fit     # fit the NCHW batch-norm constants to the traced kernels
     python benchmarks/bench_gpu_optrace.py --convs   # every traced convolution call: measured vs the shape model
+    python benchmarks/bench_gpu_optrace.py --steps   # per trace: GPU busy vs step, and where the non-GEMM time goes
     python benchmarks/bench_gpu_optrace.py --json
 
 The traces are benchmarks/gpu_optrace.py's (run on the lent H100 in the fourth session, benchmarks/gpu_session24.sh):
@@ -29,6 +30,18 @@ memory_efficiency came out at 0.48), which is why HRNet-style networks (many nar
 stay the worst held-out rows, especially in channels-last, where no batch-norm cost hides it. The next step it
 points to: per-kernel constants for convolutions (a reduction that runs tap by tap over C_in, with N and K tile
 quantisation) fitted on these calls, then the memory-bound efficiency refitted with the convolutions fixed.
+
+``--steps`` (also offline) prints per trace the step time, the GPU-busy time and launches, and splits the non-GEMM,
+non-norm kernel time into PyTorch's vectorised element-wise kernels and its strided / non-vectorised ones
+(``elementwise_kernel<128, ...>``, ``unrolled_elementwise_kernel``: operands in different layouts, channel slices,
+transposes). Two findings the model does not capture yet: (1) the strided kernels take 52 ms of gMLP's 112 ms of
+GPU time and 20-25 ms of MixNet's (its split/cat channel groups), at a third or less of the contiguous kernels'
+bandwidth -- the op counter does not record strides, so gMLP is priced +41% fast; (2) the eager LSTM-LM is host-bound,
+not GPU-bound: 22.5 ms of GPU work in a 49.6 ms step, its ~2,460 small kernels at ~2 us each on the GPU, while the
+model prices it GPU-bound at ~54 ms with the h100's fitted 14 us per kernel (kernel_overhead_us, fitted on CIFAR
+ResNet-20's graphed step, where it also absorbs the narrow 3x3 convolutions' missing time) and a host at 9.75 us per
+launch (an add_ loop; the LSTM's Python-issued forward ops cost ~48 us each). The FP32 row lands near its
+measurement by two errors that cancel; under AMP they do not (-27%).
 """
 
 from __future__ import annotations
@@ -176,6 +189,27 @@ def conv_calls(traces: dict) -> list[dict]:
     return out
 
 
+def step_split(traces: dict) -> list[dict]:
+    """Per trace: step and GPU-busy time, launches, and the non-GEMM, non-norm kernel time split into vectorised and
+    strided element-wise kernels (by kernel name)."""
+    gemm = ("aten::cudnn_convolution", "aten::convolution_backward", "aten::mm", "aten::addmm", "aten::bmm")
+    out = []
+    for key, t in traces.items():
+        strided = vector = 0.0
+        for o in t["ops"]:
+            if o["op"] in gemm or "norm" in o["op"]:
+                continue
+            ks = " ".join(o["kernels"])
+            if "elementwise_kernel<128" in ks or "unrolled_elementwise" in ks:
+                strided += o["us"]
+            else:
+                vector += o["us"]
+        out.append({"trace": key, "step_ms": t["step_ms_median"], "gpu_busy_ms": t["gpu_busy_ms"],
+                    "launches": t["kernel_launches"], "strided_elementwise_ms": strided / 1e3,
+                    "other_non_gemm_ms": vector / 1e3})
+    return out
+
+
 CIN_BANDS = ((0, 8), (8, 32), (32, 64), (64, 128), (128, 256), (256, 1 << 20))
 
 
@@ -199,9 +233,22 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--convs", action="store_true")
+    ap.add_argument("--steps", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     traces = load_traces()
+    if args.steps:
+        rows = step_split(traces)
+        if args.json:
+            print(json.dumps({"steps": rows}, indent=1))
+            return 0
+        print("lent H100: traced steps, GPU busy vs step, and the non-GEMM, non-norm kernels split by kind")
+        print(f"{'trace':30s} {'step ms':>8s} {'busy ms':>8s} {'launches':>8s} {'strided ew ms':>13s} "
+              f"{'other ms':>9s}")
+        for r in rows:
+            print(f"{r['trace']:30s} {r['step_ms']:8.1f} {r['gpu_busy_ms']:8.1f} {r['launches']:8.0f} "
+                  f"{r['strided_elementwise_ms']:13.1f} {r['other_non_gemm_ms']:9.1f}")
+        return 0
     if args.convs:
         rows = conv_table(conv_calls(traces))
         if args.json:
