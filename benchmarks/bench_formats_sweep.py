@@ -113,7 +113,7 @@ def table(a) -> dict:
         sj = Path(a.root) / name / "sweep.json"
         if sj.is_file():  # schedules the sweep trained beyond the named recipes: the planner's pick (--top)
             named = {sc for _, sc in recipes}
-            recipes += [(f"planner pick ({sc})", sc) for sc in json.loads(sj.read_text())["schedules"]
+            recipes += [("planner pick, B200", sc) for sc in json.loads(sj.read_text())["schedules"]
                         if sc not in named]
         for label, sched in recipes:
             dirs = [run_dir(a.root, name, sched, s) for s in seeds]
