@@ -193,8 +193,9 @@ def gemm_paths(model: torch.nn.Module, device: str) -> dict:
 #
 # Where: CUDA with compute capability 8.9 or newer (Ada, Hopper, Blackwell: the FP8 tensor cores), K and N multiples
 # of 16 (_scaled_mm's shape rule there); anything else runs the FP32 fake-quant path. CPTSIM_SCALED_MM=0 turns it off,
-# =1 also runs it on a CPU where this torch has a CPU _scaled_mm (2.14 does: an emulation, not faster; tests use it to
-# check the path's numerics). Unverified on a GPU: this session had none (the CUDA branch is the same call with
+# =1 also runs it on a CPU where this torch has a CPU _scaled_mm (2.14 does: an emulation, for checks only -- a
+# transformer-lm step took ~210 s with it against ~1 s on the fake-quant path; tests use it on small GEMMs to check
+# the path's numerics). Unverified on a GPU: this session had none (the CUDA branch is the same call with
 # device tensors). A layer's last forward path is ``layer.gemm_path["forward"]``; config.json ``host.gemm_paths``
 # records the rule and per layer the path its fp8 forward takes (``format_gemm_paths``).
 
