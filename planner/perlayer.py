@@ -33,6 +33,9 @@ import numpy as np
 
 from cptsim.errors import InputError
 
+from .evaluate import COST_KEYS
+from .score import layer_weights  # noqa: F401 - planner.perlayer.layer_weights, as before
+
 __all__ = ["Solution", "solve", "brute_force", "tie_units", "DEFAULT_OFFSETS", "LayerPlan", "plan_layers",
            "resnet_ties"]
 
@@ -212,21 +215,6 @@ def option_schedule(base, offset: int):
     return Schedule(base.name, lo, hi, base.g_min, base.g_max, base.cycles)
 
 
-def layer_weights(qnames: list[str], weights: dict | None) -> np.ndarray:
-    """Sensitivity weights of the quantized layers ``qnames``, clipped at 0 and normalised to sum 1 (equal without a
-    measurement). A quantized layer the measurement does not name -- an activation-by-activation matmul of attention
-    (``attn.scores``, ``attn.mix``), which has no weight for the Hessian or the one-layer probe to perturb -- counts
-    as an average layer: the mean of the measured ones. (Giving it 1.0 against measured weights that sum to 1 would
-    let four unmeasured matmuls outweigh the whole measured model.)"""
-    L = len(qnames)
-    if not weights:
-        return np.full(L, 1.0 / L)
-    known = [max(float(weights[n]), 0.0) for n in qnames if n in weights]
-    fill = float(np.mean(known)) if known else 1.0
-    w = np.array([max(float(weights[n]), 0.0) if n in weights else fill for n in qnames])
-    return w / w.sum() if w.sum() > 0 else np.full(L, 1.0 / L)
-
-
 def plan_layers(workload, hardware, base, metric: str, budget: float, weights: dict | None = None,
                 offsets=DEFAULT_OFFSETS, ties: list | None = None, min_bits: int = 1, max_bits: int = 16,
                 time_limit: float = 10.0, cands=None) -> LayerPlan | None:
@@ -296,7 +284,6 @@ def refine(p, weights: dict | None = None, k: int = 3, offsets=DEFAULT_OFFSETS, 
     plan's bits weighted by the layers' MACs, or by ``weights`` when a sensitivity was measured -- the model is then
     refitted with the measured per-layer runs weighted so too, ``_refit`` -- and its exact BitOPs) among the places
     the proxy gives them, and a plan outside it keeps its proxy place and gets no prediction."""
-    from .select import COST_KEYS
 
     cands, metric = p.candidates, p.metric
     cost = np.asarray(cands.cost[COST_KEYS[metric]])
@@ -387,7 +374,6 @@ def _predicted_note(p, lp, section: dict) -> str:
 def plan_doc_with_layers(doc: dict, p, lp, rows: list, weights_from: str) -> dict:
     """plan.json with the per-layer plan: ``layers`` (the rules; ``cptsim train --plan`` resolves them again on
     the model), its estimate re-costed per layer, and ``per_layer`` (solver, gap, time, the comparison)."""
-    from .select import COST_KEYS
 
     section = {"chosen": lp is not None, "weights_from": weights_from, "uniform_score": p.score,
                "candidates": rows}

@@ -128,7 +128,7 @@ def plan_bits(workload, schedule, layers=None, base_bitops: float | None = None,
     m = a.macs[q, 0]
     weight = m / m.sum() if m.sum() > 0 else np.full(len(q), 1.0 / max(len(q), 1))
     if weights:
-        from .perlayer import layer_weights
+        from .score import layer_weights
 
         weight = layer_weights(qnames, weights)
     if layers is None:

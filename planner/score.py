@@ -44,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["SCORE_NAME", "ALPHA", "TAU0", "SCORE_HELP", "operand_fidelity", "step_fidelity", "step_weights",
-           "score_bits", "score_json"]
+           "score_bits", "score_json", "layer_weights"]
 
 SCORE_NAME = "early-weighted-fidelity/1"
 ALPHA = 2.0
@@ -95,3 +95,18 @@ def score_json() -> dict:
     """What the plan records about the score it ranked by."""
     return {"name": SCORE_NAME, "definition": SCORE_DEFINITION, "params": {"alpha": ALPHA, "tau0": TAU0},
             "help": SCORE_HELP}
+
+
+def layer_weights(qnames: list[str], weights: dict | None) -> np.ndarray:
+    """Sensitivity weights of the quantized layers ``qnames``, clipped at 0 and normalised to sum 1 (equal without a
+    measurement). A quantized layer the measurement does not name -- an activation-by-activation matmul of attention
+    (``attn.scores``, ``attn.mix``), which has no weight for the Hessian or the one-layer probe to perturb -- counts
+    as an average layer: the mean of the measured ones. (Giving it 1.0 against measured weights that sum to 1 would
+    let four unmeasured matmuls outweigh the whole measured model.)"""
+    L = len(qnames)
+    if not weights:
+        return np.full(L, 1.0 / L)
+    known = [max(float(weights[n]), 0.0) for n in qnames if n in weights]
+    fill = float(np.mean(known)) if known else 1.0
+    w = np.array([max(float(weights[n]), 0.0) if n in weights else fill for n in qnames])
+    return w / w.sum() if w.sum() > 0 else np.full(L, 1.0 / L)
