@@ -104,3 +104,21 @@ def test_config_records_the_paths():
     assert doc["exact_gemm"].startswith("off") and doc["scaled_mm"].startswith("off (a CPU")
     assert set(doc["layers"]) == {"0", "2"} and doc["layers"]["0"]["forward"] == E.FAKE
     assert E.format_gemm_paths(m, "cpu", format_map("mx"))["scaled_mm"].startswith("off (no fp8e4m3")
+
+
+def test_a_cuda_graph_capture_takes_the_path_without_reading_the_range_back(monkeypatch):
+    """Inside a CUDA graph capture (cptsim train's default on CUDA) a device-to-host read fails the capture: the
+    range check is skipped there (a replay would not re-run it anyway); eagerly it runs."""
+    monkeypatch.setenv("CPTSIM_SCALED_MM", "1")
+    fmt = F.parse_format("fp8e4m3")
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(4, 32, generator=g), torch.randn(16, 32, generator=g)
+    xq, wq = F.quantize(x, fmt), F.quantize(w, fmt)
+    checked = []
+    monkeypatch.setattr(E, "_safe", lambda a: checked.append(float(a)) or True)
+    assert E.scaled_mm_linear(x, xq, w, wq, None, fmt) is not None and len(checked) == 2
+    checked.clear()
+    monkeypatch.setattr(E, "_capturing", lambda t: True)
+    y = E.scaled_mm_linear(x, xq, w, wq, None, fmt)
+    assert y is not None and checked == []
+    assert torch.allclose(y, xq @ wq.t(), rtol=1e-5, atol=1e-5)

@@ -289,6 +289,11 @@ class ScaledMMLinear(torch.autograd.Function):
         return gx, gw, gb, None, None
 
 
+def _capturing(x: torch.Tensor) -> bool:
+    """Whether ``x``'s device stream is being captured into a CUDA graph."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def scaled_mm_linear(x: torch.Tensor, xq: torch.Tensor, weight: torch.Tensor, wq: torch.Tensor,
                      bias: torch.Tensor | None, fmt) -> torch.Tensor | None:
     """The forward GEMM through torch._scaled_mm when ``fmt`` is fp8e4m3, the device has it and the shape and
@@ -300,9 +305,15 @@ def scaled_mm_linear(x: torch.Tensor, xq: torch.Tensor, weight: torch.Tensor, wq
             or x.dtype != torch.float32 or weight.dtype != torch.float32:
         return None
     sx, sw = per_tensor_scale(x, fmt), per_tensor_scale(weight, fmt)
-    ax, aw = fmt.element.max / sx, fmt.element.max / sw  # ~ the amaxes, enough for the range check
-    if not (_safe(ax) and _safe(aw)):
-        return None
+    # The range check reads two device scalars back to the host: eagerly that is a sync per layer, and inside a
+    # CUDA graph capture (cptsim train's default on CUDA) a read-back is not allowed at all -- the capture would fail
+    # and the run fall back to eager steps for good. A captured graph replays on later batches without re-running
+    # Python anyway, so a check at capture time would guard nothing: while capturing, the path is taken unchecked
+    # (amaxes outside 2^-100..2^100, an all-but-underflowed activation, are the only inputs it protects).
+    if not _capturing(x):
+        ax, aw = fmt.element.max / sx, fmt.element.max / sw  # ~ the amaxes, enough for the range check
+        if not (_safe(ax) and _safe(aw)):
+            return None
     return ScaledMMLinear.apply(xq, wq, bias, sx, sw)
 
 
