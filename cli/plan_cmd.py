@@ -259,10 +259,13 @@ def _layer_weights(src: str, workload, db, show: bool) -> dict | None:
         from cptsim.study.results import ResultsDB, sensitivity_weights
 
         method = src[3:]
-        got = sensitivity_weights(ResultsDB(db), workload.model, method)
+        family = workload.number_format or "int"
+        got = sensitivity_weights(ResultsDB(db), workload.model, method, family)
         if got is None:
+            fam = "" if family == "int" else f" --number-format {family}"
             raise InputError(f"--sensitivity {src}: the results database holds no {method} sensitivity of "
-                             f"{workload.model}; run 'cptsim sensitivity --model {workload.model} --db ...' first")
+                             f"{workload.model} in the {family} family; run 'cptsim sensitivity --model "
+                             f"{workload.model}{fam} --db ...' first")
         return got
     import json
 

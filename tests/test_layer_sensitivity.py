@@ -87,3 +87,44 @@ def test_plan_per_layer_writes_rules_that_train_runs_and_costs_as_planned(tmp_pa
     assert json.loads((run / "config.json").read_text())["layers"]["layers"] == doc["layers"]["layers"]
     assert "--sensitivity" in one_line_error(run_cli("plan", "--budget", "60%", "--per-layer", "--sensitivity", "nofile",
                                             "--out", tmp_path / "q.json"))
+
+
+def test_a_sensitivity_is_looked_up_in_its_own_number_format_family(tmp_path):
+    """An integer plan never takes a float-format measurement (a layer's sensitivity at MXFP4 is not its sensitivity
+    at int4), nor the other way round; a table written before the family column existed reads as integer rows and
+    gains the column on the next write."""
+    import sqlite3
+
+    from cptsim.study.results import ResultsDB, record_sensitivity, sensitivity_weights
+
+    def doc(key, weights, family=None):
+        d = {"workload_key": key, "model": "digits-cnn", "q_min": 2, "q_max": 8, "seed": 0,
+             "methods": {"loss": {"weights": weights, "time_s": 0.1}},
+             "layers": [{"name": n, "loss": w} for n, w in weights.items()]}
+        if family:
+            d["number_format"] = {"family": family, "grad_format": None}
+        return d
+
+    db = tmp_path / "r.db"
+    # the table as issue 27 first wrote it: no number_format column
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE sensitivity (id INTEGER PRIMARY KEY AUTOINCREMENT, workload_key TEXT NOT NULL, "
+                "model TEXT NOT NULL, method TEXT NOT NULL, layer TEXT NOT NULL, value REAL, weight REAL, "
+                "q_min INTEGER, q_max INTEGER, seed INTEGER, time_s REAL, created TEXT, "
+                "UNIQUE (workload_key, method, layer, q_min, q_max, seed))")
+    con.execute("INSERT INTO sensitivity (workload_key, model, method, layer, value, weight, q_min, q_max, seed, "
+                "time_s, created) VALUES ('k-old', 'digits-cnn', 'loss', 'a', 1, 0.9, 2, 8, 0, 0.1, '2026-01-01')")
+    con.execute("INSERT INTO sensitivity (workload_key, model, method, layer, value, weight, q_min, q_max, seed, "
+                "time_s, created) VALUES ('k-old', 'digits-cnn', 'loss', 'b', 1, 0.1, 2, 8, 0, 0.1, '2026-01-01')")
+    con.commit()
+    con.close()
+    assert sensitivity_weights(ResultsDB(db), "digits-cnn", "loss") == pytest.approx({"a": 0.9, "b": 0.1})
+    assert sensitivity_weights(ResultsDB(db), "digits-cnn", "loss", "mx") is None
+    record_sensitivity(ResultsDB(db), doc("k-mx", {"a": 0.2, "b": 0.8}, "mx"))
+    assert sensitivity_weights(ResultsDB(db), "digits-cnn", "loss", "mx") == pytest.approx({"a": 0.2, "b": 0.8})
+    # the newer MX measurement does not replace the integer one for an integer plan
+    assert sensitivity_weights(ResultsDB(db), "digits-cnn", "loss") == pytest.approx({"a": 0.9, "b": 0.1})
+    # a second integer workload at the same bits: the mean over the integer ones (as before), never the MX one's
+    record_sensitivity(ResultsDB(db), doc("k-int", {"a": 0.4, "b": 0.6}))
+    assert sensitivity_weights(ResultsDB(db), "digits-cnn", "loss", "int") == pytest.approx({"a": 0.65, "b": 0.35})
+    assert sensitivity_weights(ResultsDB(db), "digits-cnn", "loss", "fp") is None

@@ -406,29 +406,48 @@ CREATE TABLE IF NOT EXISTS sensitivity (
 def record_sensitivity(db: ResultsDB, doc: dict) -> int:
     """Store a sensitivity document's per-layer values (replacing an earlier measurement of the same workload,
     method, bits and seed). Returns the rows written."""
+    family = sensitivity_family(doc)
     rows = []
     for method, info in doc["methods"].items():
         for r in doc["layers"]:
             rows.append((doc["workload_key"], doc["model"], method, r["name"], r.get(method),
                          info["weights"].get(r["name"]), doc["q_min"], doc["q_max"], doc["seed"], info["time_s"],
-                         time.strftime("%Y-%m-%dT%H:%M:%S%z")))
+                         time.strftime("%Y-%m-%dT%H:%M:%S%z"), family))
     with db._write() as con:
         for stmt in _SENSITIVITY_SCHEMA:
             con.execute(stmt)
+        if not _has_family_column(con):  # a table written before the column existed: its rows are integer ones
+            con.execute("ALTER TABLE sensitivity ADD COLUMN number_format TEXT")
         con.executemany("INSERT INTO sensitivity (workload_key, model, method, layer, value, weight, q_min, q_max, "
-                        "seed, time_s, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (workload_key, "
-                        "method, layer, q_min, q_max, seed) DO UPDATE SET value = excluded.value, weight = "
-                        "excluded.weight, time_s = excluded.time_s, created = excluded.created", rows)
+                        "seed, time_s, created, number_format) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT "
+                        "(workload_key, method, layer, q_min, q_max, seed) DO UPDATE SET value = excluded.value, "
+                        "weight = excluded.weight, time_s = excluded.time_s, created = excluded.created, "
+                        "number_format = excluded.number_format", rows)
     return len(rows)
 
 
-def sensitivity_weights(db: ResultsDB, model: str, method: str) -> dict | None:
-    """{layer: weight} of the newest measurement of ``model`` by ``method`` (mean over seeds and workloads of that
-    newest q range), or None when the database holds none."""
+def sensitivity_family(doc: dict) -> str:
+    """The number-format family a sensitivity document was measured in: its ``number_format`` section's family
+    (issue 26), "int" for an integer document (which has none)."""
+    nf = doc.get("number_format")
+    return str(nf.get("family", "int")) if isinstance(nf, dict) else "int"
+
+
+def _has_family_column(con) -> bool:
+    return any(r[1] == "number_format" for r in con.execute("PRAGMA table_info(sensitivity)"))
+
+
+def sensitivity_weights(db: ResultsDB, model: str, method: str, number_format: str = "int") -> dict | None:
+    """{layer: weight} of the newest measurement of ``model`` by ``method`` in the format family ``number_format``
+    (mean over seeds and workloads of that newest q range), or None when the database holds none. A layer's
+    sensitivity at MXFP4 is not its sensitivity at int4 (issue 26): an integer plan never takes a float-format
+    measurement, nor the other way round; rows written before the family was recorded are integer ones."""
     if db._con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sensitivity'").fetchone() is None:
         return None
-    cur = db._con.execute("SELECT layer, AVG(weight) FROM sensitivity WHERE model = ? AND method = ? AND "
+    fam = "COALESCE(number_format, 'int') = ?" if _has_family_column(db._con) else "'int' = ?"
+    cur = db._con.execute(f"SELECT layer, AVG(weight) FROM sensitivity WHERE model = ? AND method = ? AND {fam} AND "
                           "(q_min, q_max) = (SELECT q_min, q_max FROM sensitivity WHERE model = ? AND method = ? "
-                          "ORDER BY created DESC, id DESC LIMIT 1) GROUP BY layer", (model, method, model, method))
+                          f"AND {fam} ORDER BY created DESC, id DESC LIMIT 1) GROUP BY layer",
+                          (model, method, number_format, model, method, number_format))
     got = {r[0]: float(r[1]) for r in cur.fetchall() if r[1] is not None}
     return got or None
