@@ -30,8 +30,9 @@ per group (``cptsim.measure.profiler.GEMM_KEYS``):
   layer takes the faster of the two. Where FP32 has no tensor tier (V100) or the CUDA cores match TF32's tensor
   rate (GA102/AD102: RTX 3090 35.6 vs 35.6 TFLOPS, RTX 4090 82.6 vs 82.6) Winograd wins; on an A100 or H100,
   whose TF32 tensor rate is 8x their FP32 rate, it almost never does. 16-bit (AMP) steps run tensor-core implicit
-  GEMMs only. Checked, not fitted, on the published FP32/TF32 ResNet-50 rows (bench_gpu_datasheet.py: V100 FP32
-  -20.0% -> -4.8%, RTX 3090 TF32 -12.1% -> -0.5%, RTX 4090 TF32 -14.3% -> -7.6%; A100 TF32 unchanged).
+  GEMMs only. Checked, not fitted, on the published FP32/TF32 ResNet-50 rows (bench_gpu_datasheet.py: NVIDIA's
+  V100 FP32 -20.0% -> -8.0%, Lambda's -19.1% -> -7.0%, RTX 3090 TF32 -12.1% -> -2.6%, RTX 4090 TF32 -14.3% ->
+  -9.6%; A100 and H100 rows unchanged).
 
 * Every kernel is also bounded by its DRAM bytes at ``memory_efficiency`` x bandwidth (the caller's roofline).
 
