@@ -101,15 +101,24 @@ def workload_rows() -> list[dict]:
     return out
 
 
+_PROFILES: dict = {}  # one count per workload: its FP32 and AMP rows price the same step's profile
+
+
 def _profile(w: dict):
     from cptsim.measure.profiler import profile_named_model
     from gpu_zoo_profiles import load_profiles
     from cptsim.measure.profiler import LayerProfile
 
-    if w["model"].startswith("timm:"):
-        return LayerProfile.from_json(load_profiles()[w["model"][5:]]["profile"])
-    return profile_named_model(w["model"], tuple(w["input_shape"]), int(w["num_classes"]),
-                               graph_edges=w.get("graph_edges"), optimizer=w["optimizer"], fp_layers=[])
+    key = json.dumps([w["model"], w.get("input_shape"), w.get("num_classes"), w.get("graph_edges"),
+                      w.get("optimizer")])
+    if key not in _PROFILES:
+        if w["model"].startswith("timm:"):
+            _PROFILES[key] = LayerProfile.from_json(load_profiles()[w["model"][5:]]["profile"])
+        else:
+            _PROFILES[key] = profile_named_model(w["model"], tuple(w["input_shape"]), int(w["num_classes"]),
+                                                 graph_edges=w.get("graph_edges"), optimizer=w["optimizer"],
+                                                 fp_layers=[])
+    return _PROFILES[key]
 
 
 def price(prof, hw, batch: int, bits: int, eager: bool) -> dict:
