@@ -875,16 +875,24 @@ def workload_train_step(torch, dev, w, precision):
     net.train()
     opt = {"adam": lambda p: torch.optim.Adam(p, lr=1e-3), "adamw": lambda p: torch.optim.AdamW(p, lr=1e-4),
            "sgd": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9)}[optname](net.parameters())
-    amp = precision == "amp"
+
+    def loss_of():
+        # cptsim's training loss (over rows: cptsim.models.loss); before the fourth session this was
+        # F.cross_entropy(out.float(), y), whose strided softmax took 40% of transformer-lm's AMP step
+        return class_cross_entropy(net(x).float(), y)
+
+    return train_step(torch, dev, opt, precision == "amp", loss_of), net, desc
+
+
+def train_step(torch, dev, opt, amp: bool, loss_of):
+    """One training step of ``loss_of()`` with ``opt``: under autocast when ``amp`` (fp16 with a GradScaler on CUDA,
+    bf16 elsewhere), else FP32. benchmarks/gpu_optrace.py builds its steps with it too."""
     scaler = torch.amp.GradScaler("cuda") if (amp and dev.type == "cuda") else None
 
     def step():
         opt.zero_grad(set_to_none=False)
         with torch.autocast(dev.type, dtype=torch.float16 if dev.type == "cuda" else torch.bfloat16, enabled=amp):
-            out = net(x)
-            # cptsim's training loss (over rows: cptsim.models.loss); before the fourth session this was
-            # F.cross_entropy(out.float(), y), whose strided softmax took 40% of transformer-lm's AMP step
-            loss = class_cross_entropy(out.float(), y)
+            loss = loss_of()
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.step(opt)
@@ -893,7 +901,7 @@ def workload_train_step(torch, dev, w, precision):
             loss.backward()
             opt.step()
 
-    return step, net, desc
+    return step
 
 
 def run_workload(R, torch, dev, args, w, precision, nv, h):

@@ -103,21 +103,11 @@ def profile_step(torch, step, steps=2):
 
 
 def sgd_step(torch, opt, amp: bool, loss_of):
-    """One training step: ``loss_of()`` under fp16 autocast with a GradScaler when ``amp``, else FP32."""
-    scaler = torch.amp.GradScaler("cuda") if amp else None
+    """One training step on the GPU: ``loss_of()`` under fp16 autocast with a GradScaler when ``amp``, else FP32
+    (gpu_measure.train_step, the held-out runs' own)."""
+    import gpu_measure
 
-    def step():
-        opt.zero_grad(set_to_none=False)
-        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-            loss = loss_of()
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        else:
-            loss.backward()
-            opt.step()
-    return step
+    return gpu_measure.train_step(torch, torch.device("cuda"), opt, amp, loss_of)
 
 
 def timm_step(torch, name, batch, fmt, dev):
