@@ -13,7 +13,8 @@ trace: each workload (timm networks in NCHW/NHWC AMP as benchmarks/gpu_measure.p
 
 quant: torchvision ResNet-50, batch 128, 224x224, eager, NCHW: the step time of AMP (fp16 autocast + GradScaler),
   FP32 (PyTorch defaults: TF32 convolutions, strict FP32 matmuls), and cptsim's quantized layers at 8/8 bits with
-  the defaults and with TF32 off; then one quantized 3x3 convolution of ResNet-50's shapes at 8 bits computed four
+  the defaults, with TF32 off, and on cptsim's integer-codes path (quant8_codes: CPTSIM_EXACT_GEMM=1, exact_gemm's
+  "Integer codes on TF32"); then one quantized 3x3 convolution of ResNet-50's shapes at 8 bits computed four
   ways -- fake-quantized values with TF32 (what a quantized step runs today, cuDNN's default), fake-quantized values
   in strict FP32, the integer codes with TF32 and the scales applied after (exact products: 8-bit codes fit TF32's
   11-bit significand), and a float64 reference -- with each one's error against the reference.
@@ -246,10 +247,20 @@ def section_quant(torch, args, out: Path):
             pre = quantize_model(m)
             pre.set(8, 8)
         opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
-        return sgd_step(torch, opt, kind == "amp", lambda: F.cross_entropy(m(x), y))
+        st = sgd_step(torch, opt, kind == "amp", lambda: F.cross_entropy(m(x), y))
+        if kind != "quant8_codes":
+            return st
+
+        def codes_step():  # cptsim's integer-codes path (exact_gemm, CPTSIM_EXACT_GEMM=1 on CUDA) for this step only
+            os.environ["CPTSIM_EXACT_GEMM"] = "1"
+            try:
+                return st()
+            finally:
+                os.environ.pop("CPTSIM_EXACT_GEMM", None)
+        return codes_step
 
     steps = {}
-    for kind in ("amp", "fp32", "quant8", "quant8_notf32"):
+    for kind in ("amp", "fp32", "quant8", "quant8_notf32", "quant8_codes"):
         if left(args) < 10:
             say(f"skip quant {kind}: budget")
             continue
@@ -277,6 +288,10 @@ def section_quant(torch, args, out: Path):
         res["quant8_over_amp"] = med["quant8"] / med["amp"]
     if "fp32" in med and "quant8" in med:
         res["quant8_over_fp32"] = med["quant8"] / med["fp32"]
+    if "quant8_codes" in med and "quant8" in med:  # issue 28: exact on the integers, and how fast against today's
+        res["codes_over_quant8"] = med["quant8_codes"] / med["quant8"]
+        if "amp" in med:
+            res["codes_over_amp"] = med["quant8_codes"] / med["amp"]
     say("resnet50 b%d step ms: %s" % (b, ", ".join(f"{k} {v:.1f}" for k, v in med.items())))
     steps.clear()
     torch.cuda.empty_cache()

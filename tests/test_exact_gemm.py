@@ -183,7 +183,9 @@ def test_gemm_paths_for_config(monkeypatch):
     paths = exact_gemm.gemm_paths(m, "cpu")
     assert paths["exact_gemm"] == "on" and paths["layers"]["head"]["forward"] == "int8-exact"
     assert paths["layers"]["blocks.0.attn.scores"]["forward"] == "fp32-fake-quant"  # QMatmul: not a Linear
-    assert exact_gemm.gemm_paths(m, "cuda")["layers"]["head"]["forward"] == "fp32-fake-quant"
+    cuda = exact_gemm.gemm_paths(m, "cuda")  # =1 on CUDA: the integer codes on TF32 (tests/test_int_codes.py)
+    assert cuda["layers"]["head"] == {"forward": "tf32-int-codes", "dgrad": "fp32-fake-quant", "wgrad": "tf32-int-codes"}
+    assert cuda["layers"]["blocks.0.attn.scores"]["forward"] == "fp32-fake-quant"
 
 
 def test_per_tensor_qparams_are_the_quantizers():

@@ -1,4 +1,6 @@
-"""Exact integer GEMMs for quantized Linear layers on a CPU (issue 28, item 1: Linear layers, CPU only).
+"""Exact GEMMs for quantized layers (issue 28, item 1): int8 ``torch._int_mm`` for Linear layers on a CPU (below),
+integer codes on TF32 for Conv2d and Linear layers on CUDA (section "Integer codes on TF32"), and FP8
+``torch._scaled_mm`` forwards (section "FP8 forward GEMMs").
 
 A fake-quantized operand is a small integer times a scale: ``q = (k - zp) * s`` with ``k`` in ``0..2**b - 1``
 (cptsim.numerics.quant: activations and errors one (s, zp) per tensor, weights one per output channel). At b <= 8
@@ -23,7 +25,7 @@ Which GEMMs take it (``QLinear`` and every ``nn.Linear`` of the LM transforms, c
   out of the sum: this GEMM stays on today's FP32 fake-quant path (exact only with one weight scale per tensor,
   which is not cptsim's quantizer).
 
-Everything else -- bits above 8 or 32, a non-CPU device, eval / no-grad, no C quantizer kernels, a dispatch mode,
+Everything else -- bits above 8 or 32, a non-CPU device (CUDA: the integer-codes section below), eval / no-grad, no C quantizer kernels, a dispatch mode,
 float64 weights, convolutions, attention's activation-by-activation products -- runs today's path, per layer and
 per call. The quantizers are the same calls in the same order (the stochastic rounding of the error included), so
 the random stream and kill/resume exactness within a path are unchanged; the integer codes are derived from the
@@ -165,6 +167,8 @@ def wgrad_path(bits: int, grad_bits: int, tokens: int) -> str:
 def gemm_paths(model: torch.nn.Module, device: str) -> dict:
     """What config.json records (``host.gemm_paths``): the rule, and per quantized layer the path of each GEMM at
     forward/gradient bits <= 8 (above 8 bits every GEMM is the fake-quant path)."""
+    if codes_on(device):
+        return codes_gemm_paths(model, device)
     on = enabled() and str(device).startswith("cpu")
     layers = {}
     for name, m in model.named_modules():
@@ -177,6 +181,99 @@ def gemm_paths(model: torch.nn.Module, device: str) -> dict:
             "rule": f"{INT8}: forward at bits <= {MAX_BITS}; wgrad at bits and grad bits <= {MAX_BITS} and "
                     f"{MIN_WGRAD_TOKENS}..{MAX_K} tokens per call (an LSTM's per-step calls: fewer); dgrad stays {FAKE} (per-channel weight scales lie along its K); training "
                     "only; anything else " + FAKE,
+            "layers": layers}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Integer codes on TF32: exact quantized convolutions and linears on CUDA (issue 28, item 1: the CUDA part)
+#
+# Why: a CUDA quantized layer today convolves the fake-quantized FP32 values under PyTorch's default
+# torch.backends.cudnn.allow_tf32 = True, so cuDNN rounds every ``(k - zp) * s`` operand to TF32's 11-bit significand
+# before multiplying: measured on an H100 (issue 28, fourth session; one ResNet-50 3x3 conv, 64x256x14x14, 8 bits,
+# against float64) the output was off by up to 3.2e-4 of max|y| -- not the quantized layer cptsim says it trains
+# (strict FP32: 4.6e-7). The integer part ``k - zp`` (|.| <= 2**b - 1) is exact in TF32 for b <= 11. So the layer
+# runs its GEMMs on the integers and applies the scales after -- activation per tensor, weight per output channel,
+# both constant along the forward GEMM's reduction:
+#
+#     conv(Qa(x), Qw(W))[n, c] = s_x s_w[c] conv(X, Wi)[n, c]        X = Qa(x) / s_x,  Wi = Qw(W) / s_w  (integers)
+#
+# with TF32 on for that call: the products are exact, the sums FP32 (exact below 2**24, else FP32 accumulation
+# rounding -- the fake path's own order of error), then one rounding for the scale. Zero padding is exact: a padded 0
+# is the integer 0 (the quantizer's zero point keeps 0 on the grid). Measured on that H100: error 6.9e-8, and 0.134
+# ms against 0.149 ms for today's TF32 conv of the same layer (strict FP32: 0.273 ms) -- exact and no slower.
+#
+# wgrad ``Qe(g) x Qa(x)``: both scales per tensor, so wgrad takes the integers too (error bits <= 11). dgrad
+# ``Qe(g) x Qw(W)``: the weight's per-channel scale lies along dgrad's reduction and does not factor out; dgrad stays
+# on the fake-quantized values under the user's TF32 setting (today's path). The integers come from the quantizers'
+# own outputs (``int_values``: q / s is within ~1e-6 of its integer), so every quantizer (fused CUDA, eager, C) and
+# its random stream are unchanged and the path needs no quantizer of its own.
+#
+# Where: CPTSIM_EXACT_GEMM=1 on a CUDA device (opt-in, as the CPU int8 path: the whole-step speed has not been
+# measured on a GPU yet; the one-layer figures above have), float32 QConv2d/QLinear layers (zero padding), forward
+# bits <= 11, no autocast (fp16 operands would round the output to 11 bits), no per-forward weight cache (the LSTM's
+# hidden-to-hidden layer). ``CPTSIM_EXACT_GEMM=codes`` runs the same path on a CPU, for checks only (FP32 convs of
+# integer-valued floats: exact, and slower than today's path by the extra passes). config.json host.gemm_paths
+# records it per layer (``gemm_paths``).
+
+TF32_CODES = "tf32-int-codes"
+MAX_TF32_BITS = 11  # |k - zp| <= 2**11 - 1 = 2047: exact in TF32's (and FP16's) 11-bit significand
+
+
+def codes_on(device) -> bool:
+    """Whether quantized layers on ``device`` take the integer-codes path (CPTSIM_EXACT_GEMM=1 on CUDA, =codes
+    anywhere)."""
+    mode = os.environ.get("CPTSIM_EXACT_GEMM", "0")
+    return mode == "codes" or (mode == "1" and torch.device(device).type == "cuda")
+
+
+def int_values(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The integers ``k - zp`` of a fake-quantized ``q = (k - zp) * scale`` (scale 0-d or broadcastable), as float32:
+    ``q * (1/scale)`` is within three float32 roundings (~2e-7 relative) of an integer of magnitude < 2**12, so
+    rounding gives it exactly."""
+    return torch.mul(q, scale.reciprocal()).round_()
+
+
+def channel_scale(w: torch.Tensor, bits: int) -> torch.Tensor:
+    """The per-output-channel scale (shape (out,)) that quantize_weight used for ``w``: the same range and the same
+    float32 operations (quant.choose_qparams)."""
+    lo, hi = torch.aminmax(w.detach().reshape(w.shape[0], -1), dim=1)
+    return choose_qparams(lo, hi, bits)[0]
+
+
+def tensor_scale(t: torch.Tensor, bits: int) -> torch.Tensor:
+    """The per-tensor scale (0-d) of a min/max quantizer of ``t`` (quantize_error's, from the same range)."""
+    lo, hi = torch.aminmax(t.detach())
+    return choose_qparams(lo, hi, bits)[0]
+
+
+class tf32:
+    """TF32 on for cuDNN convolutions and cuBLAS matmuls inside the block (integer operands: exact), restored after.
+    The flags are read when a kernel is chosen, so this also holds inside a CUDA graph capture."""
+
+    def __enter__(self):
+        self.saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        return self
+
+    def __exit__(self, *exc):
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self.saved
+
+
+def codes_gemm_paths(model: torch.nn.Module, device: str) -> dict:
+    """config.json ``host.gemm_paths`` where the integer-codes path is on (``codes_on``): per quantized layer that
+    can take it, forward and wgrad on the integers, dgrad on the fake-quantized values."""
+    layers = {}
+    for name, m in model.named_modules():
+        if not hasattr(m, "precision") or not hasattr(m, "act_count"):
+            continue
+        ok = getattr(m, "_codes_capable", False)
+        layers[name] = {"forward": TF32_CODES if ok else FAKE, "dgrad": FAKE, "wgrad": TF32_CODES if ok else FAKE}
+    return {"exact_gemm": TF32_CODES,
+            "rule": f"{TF32_CODES}: a Conv2d/Linear layer's forward at bits <= {MAX_TF32_BITS} and its wgrad at "
+                    f"gradient bits <= {MAX_TF32_BITS} on the integer codes with TF32 on, the scales after; dgrad "
+                    f"{FAKE} under torch's TF32 setting (per-channel weight scales lie along its K); float32, no "
+                    "autocast, zero padding; anything else " + FAKE,
             "layers": layers}
 
 

@@ -42,7 +42,8 @@ from cptsim.numerics import ckernels
 from . import exact_gemm
 from . import formats as _formats
 from .graph_layers import AggregationQuantizer, check_has_aggregation, quantize_aggregations, unquantized_parameters
-from .quant import FULL_PRECISION, check_bits, qrange, quantize_activation, quantize_error, quantize_weight
+from .quant import (FULL_PRECISION, check_bits, choose_qparams, qrange, quantize_activation, quantize_error,
+                    quantize_weight)
 from .quant import QuantActivationSTE as _QuantInput  # per-tensor fake quantization, straight-through gradient
 
 ACT_MOMENTUM = 0.9  # running-range momentum for eval, as in the SBM/CPT code
@@ -191,6 +192,59 @@ class _ExactLinearCPU(torch.autograd.Function):
         return gx, gw, gb, None, None, None
 
 
+class _IntCodesLayer(torch.autograd.Function):
+    """A quantized Conv2d / Linear with its forward and wgrad GEMMs on the integer codes, TF32 on, the scales after
+    (cptsim.numerics.exact_gemm, "Integer codes on TF32"): exact on CUDA, where today's path convolves fake-quantized
+    values that TF32 rounds. The same quantizer calls as the general path -- Qa(x) with the batch range and the
+    running-range update, Qw(W) per output channel, the error with stochastic rounding in backward -- and the same
+    straight-through gradients; dgrad on the fake-quantized values (today's GEMM). Qa(x) is recomputed in backward
+    from x and its range (the same function of the same operands: the same tensor), as the general path does."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer, bits, grad_bits):
+        lo, hi = layer._input_range(x)
+        sx = choose_qparams(lo, hi, bits)[0]
+        xi = exact_gemm.int_values(quantize_activation(x, lo, hi, bits), sx)
+        wq = quantize_weight(weight, bits)
+        sw = exact_gemm.channel_scale(weight, bits)
+        wi = exact_gemm.int_values(wq, sw.view(-1, *[1] * (weight.dim() - 1)))
+        with exact_gemm.tf32():
+            y = layer._op(xi, wi, None)
+        del xi, wi
+        shape = [1] * y.dim()
+        shape[layer._channel_dim] = -1
+        y.mul_((sx * sw).view(shape))
+        if bias is not None:
+            y.add_(bias.view(shape))
+        ctx.save_for_backward(x, lo, hi, sx)
+        ctx.wq, ctx.layer, ctx.bits, ctx.grad_bits, ctx.has_bias = wq, layer, bits, grad_bits, bias is not None
+        wpath = exact_gemm.TF32_CODES if grad_bits <= exact_gemm.MAX_TF32_BITS else exact_gemm.FAKE
+        layer.__dict__["gemm_path"] = {"forward": exact_gemm.TF32_CODES, "dgrad": exact_gemm.FAKE, "wgrad": wpath}
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        x, lo, hi, sx = ctx.saved_tensors
+        layer, g, need = ctx.layer, ctx.grad_bits, ctx.needs_input_grad
+        gq = grad if g == FULL_PRECISION else quantize_error(grad, g)
+        gx = gw = gb = None
+        if need[0] or (ctx.has_bias and need[2]):
+            gx, _, gb = layer._op_backward(gq, x, ctx.wq, (need[0], False, ctx.has_bias and need[2]))
+        if need[1]:
+            xq = quantize_activation(x, lo, hi, ctx.bits)  # forward's Qa(x), bit for bit
+            if g <= exact_gemm.MAX_TF32_BITS:
+                sg = exact_gemm.tensor_scale(grad, g)  # quantize_error's scale: the same range, the same formula
+                ei = exact_gemm.int_values(gq, sg)
+                with exact_gemm.tf32():
+                    gw = layer._op_backward(ei, exact_gemm.int_values(xq, sx), ctx.wq, (False, True, False))[1]
+                gw.mul_(sg * sx)
+            else:
+                gw = layer._op_backward(gq, xq, ctx.wq, (False, True, False))[1]
+        ctx.wq = None
+        return gx, gw, gb, None, None, None
+
+
 class _QuantWeight(torch.autograd.Function):
     """Per-output-channel fake quantization with a straight-through gradient."""
 
@@ -304,6 +358,8 @@ class _QuantMixin:
         fmt = self.precision.forward_format()
         if fmt is not None:  # a float format (number_format fp | mx | nvfp): its own path, below
             return self._format_call(op, x, fmt)
+        if self._codes(x, bits):  # exact GEMMs on the integer codes (CUDA with CPTSIM_EXACT_GEMM=1)
+            return _IntCodesLayer.apply(x, self.weight, self.bias, self, bits, self.precision.grad_bits)
         kernel_input = self._kernel_input(x)
         if kernel_input and self._exact(x, bits):
             return _ExactLinearCPU.apply(x, self.weight, self.bias, self, bits, self.precision.grad_bits)
@@ -387,6 +443,18 @@ class _QuantMixin:
     def _exact(self, x: torch.Tensor, bits: int) -> bool:
         """The exact integer path (cptsim.numerics.exact_gemm): a linear layer only (see _QuantLinearMixin)."""
         return False
+
+    _codes_capable = False  # QConv2d and the Linear mixin: _IntCodesLayer can run them (exact_gemm.codes_gemm_paths)
+
+    def _codes(self, x: torch.Tensor, bits: int) -> bool:
+        """The integer-codes path (_IntCodesLayer): on where exact_gemm.codes_on says, for a layer class that can
+        take it, bits <= 11, float32 input and weight on one device, no autocast, no per-forward weight cache."""
+        if not (self._codes_capable and bits <= exact_gemm.MAX_TF32_BITS and exact_gemm.codes_on(x.device)):
+            return False
+        w = self.weight
+        return (x.dtype == torch.float32 and w.dtype == torch.float32 and w.device == x.device
+                and (self.bias is None or self.bias.dtype == torch.float32)
+                and "_wq_cache" not in self.__dict__ and not torch.is_autocast_enabled(x.device.type))
 
     def _quantized_weight(self, bits: int) -> torch.Tensor:
         # Inside reuse_quantized_weights (an LSTM's hidden-to-hidden layer, called once per time step of one
@@ -472,6 +540,10 @@ class QConv2d(_QuantMixin, nn.Conv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._quantized_call(lambda a, w: self._conv_forward(a, w, self.bias), x)
 
+    @property
+    def _codes_capable(self) -> bool:  # aten.convolution_backward takes numeric zero padding (as _one_node)
+        return self.padding_mode == "zeros" and not isinstance(self.padding, str)
+
     def _one_node(self, x: torch.Tensor) -> bool:
         # aten.convolution_backward takes numeric zero padding: 'same'/'valid' and padded modes take the general path
         return self.padding_mode == "zeros" and not isinstance(self.padding, str) and super()._one_node(x)
@@ -494,6 +566,7 @@ class _QuantLinearMixin(_QuantMixin):
         return self._quantized_call(lambda a, w: F.linear(a, w, self.bias), x)
 
     _exact_capable = True  # exact_gemm.gemm_paths: this layer can take the int8 path
+    _codes_capable = True  # _IntCodesLayer (exact_gemm: integer codes on TF32)
 
     def _op(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, w, b)
