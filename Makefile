@@ -28,8 +28,11 @@ demo: $(STAMP)
 	@echo "== 3/3 report: planned vs executed, and the saving (E/t) realised on each hardware"
 	$(VENV)/bin/cptsim report runs/demo/run --hw $(DEMO_HW),stripes,h100
 
+# Two workers (pytest-xdist): the suite is CPU-bound and mostly one thread per test, so on the 2-core machines CI
+# runs on it takes ~2/3 of the serial time (6:40 against 7:55-10:11 measured on one); each worker builds its own
+# session fixtures and kernel cache (tests/conftest.py gives each its own CPTSIM_HOME and results database).
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_quant_step.py
