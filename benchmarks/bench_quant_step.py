@@ -24,6 +24,17 @@ unless --no-eager) runs one training step in a fresh process of its own (1 threa
 medians reported, plus the quantized / FP32 ratio. Measured twice: with glibc's mmap threshold fixed, which makes
 the figure the memory the step holds, and with glibc's default, which adds the allocator's heap retention (see
 MALLOC_MODES).
+GEMM paths (``--models M [M ...]``, issue 28 item 3): for each model, copies with the same weights take alternating
+steps on one batch: FP32, the quantized layers on today's FP32 fake-quant GEMMs (CPTSIM_EXACT_GEMM=0), on the exact
+int8 GEMMs of cptsim.numerics.exact_gemm (=1: a Linear's forward and wgrad as torch._int_mm on a CPU), and on CUDA
+also AMP (fp16 autocast + GradScaler) and the integer-codes path (=1 on CUDA: convs and linears on the integers with
+TF32). Models: resnet20 (batch 128, CIFAR shapes), transformer-lm (16 x 256 tokens), lstm-lm (Zaremba medium, 20 x
+35), gcn (full batch on synthetic-graph:20000,128,40:14), vocabularies 10,000; the model's default full-precision
+layers (its classifier for resnet20 and gcn) as cptsim train keeps them. Beside the measured ratios, on a CPU, the
+BOUND of the exact path: the FP32 step with each int8-eligible GEMM's FP32 time replaced by its torch._int_mm time
+(the layer calls recorded in one forward, each GEMM shape timed alone, int8 vs FP32, side by side) and the quantizers
+costing nothing -- the fastest any exact step with these GEMM rules could be on this machine -- and the same with
+dgrad in int8 too (what one weight scale per tensor, not cptsim's per channel, would allow).
 """
 
 from __future__ import annotations
@@ -175,6 +186,202 @@ def _memory(a, pairs: int) -> dict:
     return res
 
 
+# ------------------------------------------------------------------------------------------------- GEMM paths (--models)
+
+PATH_SHAPES = {"resnet20": 128, "transformer-lm": (16, 256), "lstm-lm": (20, 35)}
+GRAPH = "synthetic-graph:20000,128,40:14"
+
+
+def _workload(name: str, vocab: int):
+    """(a builder of the model, x, y, the loss) for one of the --models."""
+    from cptsim.models.loss import class_cross_entropy
+
+    torch.manual_seed(0)
+    if name == "gcn" or name.startswith(("gcn:", "sage", "gat")):
+        from cptsim.data import load_datasets
+        from cptsim.models.graph import bind_graph
+
+        train_set, _, info = load_datasets(GRAPH, None)
+        x, y = train_set.gather([0], "cpu")
+
+        def build():
+            torch.manual_seed(0)
+            m = create_model(name, num_classes=info.num_classes, in_channels=info.input_shape[0],
+                             input_shape=tuple(info.input_shape))
+            bind_graph(m, train_set.graph.edge_index)
+            return m
+        return build, x, y, class_cross_entropy
+    if name.split(":")[0] in ("transformer-lm", "lstm-lm"):
+        batch, T = PATH_SHAPES[name.split(":")[0]]
+        x, y = torch.randint(0, vocab, (batch, T)), torch.randint(0, vocab, (batch, T))
+
+        def build():
+            torch.manual_seed(0)
+            return create_model(name, num_classes=vocab, input_shape=(T,))
+        return build, x, y, class_cross_entropy
+    batch = PATH_SHAPES.get(name, 128)
+    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+
+    def build():
+        torch.manual_seed(0)
+        return create_model(name, num_classes=10, in_channels=3, input_shape=(3, 32, 32))
+    return build, x, y, class_cross_entropy
+
+
+def _timed(fn, reps: int = 5) -> float:
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _linear_calls(model, x) -> dict:
+    """{(tokens, in, out): calls} of the quantized Linear layers in one forward (an LSTM's hidden-to-hidden layer:
+    one call per time step)."""
+    from collections import Counter
+
+    calls: Counter = Counter()
+    hooks = [m.register_forward_hook(lambda mod, i, o: calls.update(
+        [(i[0].numel() // mod.weight.shape[1], mod.weight.shape[1], mod.weight.shape[0])]))
+        for m in model.modules() if getattr(m, "_exact_capable", False) and hasattr(m, "precision")]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return dict(calls)
+
+
+def _gemm_bound(model, x, fp32_s: float, bits: int, grad_bits: int) -> dict:
+    """The exact path's bound (module docstring): each recorded Linear call's three GEMMs timed alone, FP32 vs int8."""
+    from cptsim.numerics import exact_gemm
+
+    rows, fp_moved, i8_moved, fp_all, i8_all = [], 0.0, 0.0, 0.0, 0.0
+    for (t, k, n), count in sorted(_linear_calls(model, x).items()):
+        a, w, g = torch.randn(t, k), torch.randn(n, k), torch.randn(t, n)
+        ai, wi = torch.randint(-128, 128, (t, k), dtype=torch.int8), torch.randint(-128, 128, (k, n), dtype=torch.int8)
+        gi = torch.randint(-128, 128, (t, n), dtype=torch.int8)
+        wti = wi.t().contiguous()
+        f = {"fwd": _timed(lambda: torch.mm(a, w.t())), "dgrad": _timed(lambda: torch.mm(g, w)),
+             "wgrad": _timed(lambda: torch.mm(g.t(), a))}
+        i = {"fwd": _timed(lambda: torch._int_mm(ai, wi)), "dgrad": _timed(lambda: torch._int_mm(gi, wti)),
+             "wgrad": _timed(lambda: torch._int_mm(gi.t(), ai))}
+        fwd8 = exact_gemm.forward_path(bits, k) == exact_gemm.INT8
+        wg8 = exact_gemm.wgrad_path(bits, grad_bits, t) == exact_gemm.INT8
+        fp_moved += count * ((f["fwd"] if fwd8 else 0) + (f["wgrad"] if wg8 else 0))
+        i8_moved += count * ((i["fwd"] if fwd8 else 0) + (i["wgrad"] if wg8 else 0))
+        fp_all += count * sum(f.values())
+        i8_all += count * sum(min(i[p], f[p]) for p in f)
+        rows.append({"tokens": t, "in": k, "out": n, "calls": count,
+                     **{f"fp32_{p}_ms": round(f[p] * 1e3, 3) for p in f},
+                     **{f"int8_{p}_ms": round(i[p] * 1e3, 3) for p in i}})
+    return {"linear_gemms": rows,
+            "fp32_linear_gemm_ms": round(fp_all * 1e3, 1),
+            "bound_exact": round((fp32_s - fp_moved + i8_moved) / fp32_s, 3),
+            "bound_all_int8": round((fp32_s - fp_all + i8_all) / fp32_s, 3)}
+
+
+def paths_bench(name: str, vocab: int, rounds: int, bits: int, grad_bits: int, device: str) -> dict:
+    from cptsim.models import default_fp_layers
+
+    build, x, y, loss_fn = _workload(name, vocab)
+    dev = torch.device(device)
+    x, y = x.to(dev), y.to(dev)
+    cuda = dev.type == "cuda"
+    base = build()
+    kinds = ["fp32", "fake", "exact"] + (["amp"] if cuda else [])
+    env = {"fake": "0", "exact": "1"}
+    copies = {}
+    for k in kinds:
+        m = build()
+        m.load_state_dict(base.state_dict())
+        if k in env:
+            quantize_model(m, fp_layers=default_fp_layers(m)).set(bits, grad_bits)
+        m.to(dev).train()
+        copies[k] = (m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9))
+    scaler = torch.amp.GradScaler("cuda") if cuda else None
+
+    def step(k) -> float:
+        m, opt = copies[k]
+        if k in env:
+            os.environ["CPTSIM_EXACT_GEMM"] = env[k]
+        try:
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.autocast("cuda", dtype=torch.float16, enabled=k == "amp"):
+                loss = loss_fn(m(x), y)
+            opt.zero_grad(set_to_none=True)
+            if k == "amp":
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+            if cuda:
+                torch.cuda.synchronize()
+            return time.perf_counter() - t0
+        finally:
+            os.environ.pop("CPTSIM_EXACT_GEMM", None)
+
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    for r in range(3 + rounds):  # 3 warm-up rounds; the order reverses every round
+        for k in (kinds if r % 2 == 0 else kinds[::-1]):
+            t = step(k)
+            if r >= 3:
+                times[k].append(t)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ex = copies["exact"][0]
+    paths = [p for mod in ex.modules() if isinstance(p := mod.__dict__.get("gemm_path"), dict)]
+    exact_name = "tf32-int-codes" if cuda else "int8-exact"
+    res = {"model": name, "device": str(dev), "threads": torch.get_num_threads(), "rounds": rounds,
+           "bits": bits, "grad_bits": grad_bits, "input": list(x.shape),
+           **{f"{k}_step_ms": round(v * 1e3, 1) for k, v in med.items()},
+           **{f"{k}_over_fp32": round(v / med["fp32"], 3) for k, v in med.items() if k != "fp32"},
+           "exact_over_fake": round(med["exact"] / med["fake"], 3),
+           "exact_over_fp32_paired_median": round(statistics.median(
+               e / f for f, e in zip(times["fp32"], times["exact"])), 3),
+           "exact_layers": f"{sum(1 for p in paths if p.get('forward') == exact_name)}/{len(paths)} ({exact_name})"}
+    if cuda:
+        res["exact_over_amp"] = round(med["exact"] / med["amp"], 3)
+    else:
+        res.update(_gemm_bound(copies["exact"][0], x, med["fp32"], bits, grad_bits))
+    return res
+
+
+def paths_main(a) -> None:
+    out = [paths_bench(n, a.vocab, a.rounds, a.bits, a.grad_bits, a.device) for n in a.models]
+    if a.json:
+        print(json.dumps(out, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    cuda = a.device.startswith("cuda")
+    t = Table(title=f"quantized ({a.bits}/{a.grad_bits}) training steps by GEMM path, {out[0]['threads']} threads, "
+                    f"{a.device}: medians of {a.rounds} alternating rounds")
+    for c in ["model", "FP32 ms", "fake-quant", "exact"] + (["AMP", "exact / AMP"] if cuda else
+                                                           ["exact layers", "bound", "bound, dgrad int8 too"]):
+        t.add_column(c, justify="left" if c == "model" else "right")
+    for r in out:
+        row = [r["model"], f"{r['fp32_step_ms']:.1f}", f"{r['fake_over_fp32']:.3f}x",
+               f"{r['exact_over_fp32']:.3f}x ({r['exact_over_fake']:.3f}x fake)"]
+        if cuda:
+            row += [f"{r['amp_over_fp32']:.3f}x", f"{r['exact_over_amp']:.3f}x"]
+        else:
+            row += [r["exact_layers"], f"{r['bound_exact']:.3f}x", f"{r['bound_all_int8']:.3f}x"]
+        t.add_row(*row)
+    Console().print(t)
+    if not cuda:
+        print("bound: the FP32 step with the exact path's int8 GEMMs at their measured torch._int_mm time and the "
+              "quantizers free -- no exact step with these GEMM rules is faster on this machine.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="resnet20")
@@ -188,9 +395,15 @@ def main() -> None:
     ap.add_argument("--no-eager", action="store_true", help="skip the eager-quantizer copy")
     ap.add_argument("--no-floor", action="store_true", help="skip the floor copy (quantizers replaced by copies)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--models", nargs="+", help="GEMM-path mode (see above): e.g. resnet20 transformer-lm lstm-lm gcn")
+    ap.add_argument("--vocab", type=int, default=10000, help="GEMM-path mode: the LMs' vocabulary")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="GEMM-path mode")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.models:
+        paths_main(a)
+        return
     if a.memory_child:
         _memory_child(a.model, a.batch_size, a.bits, a.grad_bits, a.memory_child == "quant")
         return
