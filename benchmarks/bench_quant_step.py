@@ -365,21 +365,22 @@ def paths_main(a) -> None:
     cuda = a.device.startswith("cuda")
     t = Table(title=f"quantized ({a.bits}/{a.grad_bits}) training steps by GEMM path, {out[0]['threads']} threads, "
                     f"{a.device}: medians of {a.rounds} alternating rounds")
-    for c in ["model", "FP32 ms", "fake-quant", "exact"] + (["AMP", "exact / AMP"] if cuda else
-                                                           ["exact layers", "bound", "bound, dgrad int8 too"]):
-        t.add_column(c, justify="left" if c == "model" else "right")
+    for c in ["model", "FP32 ms", "fake/FP32", "exact/FP32", "exact/fake", "exact layers"] + (
+            ["AMP/FP32", "exact/AMP"] if cuda else ["floor/FP32", "floor, dgrad int8"]):
+        t.add_column(c, justify="left" if c == "model" else "right", no_wrap=True)
     for r in out:
-        row = [r["model"], f"{r['fp32_step_ms']:.1f}", f"{r['fake_over_fp32']:.3f}x",
-               f"{r['exact_over_fp32']:.3f}x ({r['exact_over_fake']:.3f}x fake)"]
+        row = [r["model"], f"{r['fp32_step_ms']:.1f}", f"{r['fake_over_fp32']:.3f}", f"{r['exact_over_fp32']:.3f}",
+               f"{r['exact_over_fake']:.3f}", r["exact_layers"].split(" ")[0]]
         if cuda:
-            row += [f"{r['amp_over_fp32']:.3f}x", f"{r['exact_over_amp']:.3f}x"]
+            row += [f"{r['amp_over_fp32']:.3f}", f"{r['exact_over_amp']:.3f}"]
         else:
-            row += [r["exact_layers"], f"{r['bound_exact']:.3f}x", f"{r['bound_all_int8']:.3f}x"]
+            row += [f"{r['bound_exact']:.3f}", f"{r['bound_all_int8']:.3f}"]
         t.add_row(*row)
-    Console().print(t)
-    if not cuda:
-        print("bound: the FP32 step with the exact path's int8 GEMMs at their measured torch._int_mm time and the "
-              "quantizers free -- no exact step with these GEMM rules is faster on this machine.")
+    Console(width=200).print(t)
+    print(f"exact: {'the integer codes on TF32' if cuda else 'int8 torch._int_mm'} (CPTSIM_EXACT_GEMM=1)"
+          + ("" if cuda else "; floor: the FP32 step with the exact path's int8 GEMMs at their own measured "
+             "torch._int_mm time and the quantizers free -- no exact step with these GEMM rules is faster here; "
+             "'dgrad int8': the same with dgrad in int8 too (one weight scale per tensor would allow it)"))
 
 
 def main() -> None:
