@@ -25,11 +25,12 @@ Which GEMMs take it (``QLinear`` and every ``nn.Linear`` of the LM transforms, c
   out of the sum: this GEMM stays on today's FP32 fake-quant path (exact only with one weight scale per tensor,
   which is not cptsim's quantizer).
 
-Everything else -- bits above 8 or 32, a non-CPU device (CUDA: the integer-codes section below), eval / no-grad, no C quantizer kernels, a dispatch mode,
-float64 weights, convolutions, attention's activation-by-activation products -- runs today's path, per layer and
-per call. The quantizers are the same calls in the same order (the stochastic rounding of the error included), so
-the random stream and kill/resume exactness within a path are unchanged; the integer codes are derived from the
-fake-quantized tensors (``codes``), never re-quantized.
+Everything else -- bits above 8 or 32, a non-CPU device (CUDA: the integer-codes section below), eval / no-grad,
+no C quantizer kernels, a dispatch mode, float64 weights, convolutions (measured slower on an int8 im2col path:
+benchmarks/bench_exact_gemm.py --convs), attention's activation-by-activation products -- runs today's path, per
+layer and per call. The quantizers are the same calls in the same order (the stochastic rounding of the error
+included), so the random stream and kill/resume exactness within a path are unchanged (tests/test_exact_resume.py);
+the integer codes are derived from the fake-quantized tensors (``codes``), never re-quantized.
 
 Off by default: ``CPTSIM_EXACT_GEMM=1`` turns it on (``0`` or unset: today's FP32 fake-quant path everywhere).
 It is exact, but not measured faster on this project's 2-core CPU (benchmarks/bench_exact_gemm.py, 1 thread, 8/8
