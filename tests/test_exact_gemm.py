@@ -75,6 +75,21 @@ def test_weight_codes_in_one_call_equal_the_separate_passes(bits):
         assert all(torch.equal(a, b) for a, b in zip(old, new)), shape
 
 
+@pytest.mark.parametrize("bits", [3, 8])
+def test_error_and_its_codes_in_one_pass_equal_quantize_error_then_codes(bits):
+    """ckernels.fake_quant_sr_codes (the exact path's backward): under the same seed, the same key and stream as
+    quantize_error's C pass, so the quantized error bit for bit, and the codes of its levels as exact_gemm.codes."""
+    g = torch.randn(37, 1000) * 0.01
+    lo, hi = ckernels.minmax(g)
+    torch.manual_seed(5)
+    ref = ckernels.fake_quant_sr(g, (1 << bits) - 1)
+    torch.manual_seed(5)
+    gq, codes = ckernels.fake_quant_sr_codes(g, lo, hi, (1 << bits) - 1)
+    assert torch.equal(gq, ref)
+    s, zp = exact_gemm.per_tensor_qparams(lo, hi, bits)
+    assert torch.equal(codes, exact_gemm.codes(ref, s, zp))
+
+
 def _pair(fin, fout, bias=True, seed=0):
     torch.manual_seed(seed)
     lin = nn.Linear(fin, fout, bias=bias)
@@ -84,18 +99,25 @@ def _pair(fin, fout, bias=True, seed=0):
 
 
 class _Record:
-    """Records the fake-quantized error the layer's backward consumes (the one quantize_error call)."""
+    """Records the fake-quantized error the layer's backward consumes: the one quantize_error call, or on the exact
+    path the one ckernels.fake_quant_sr_codes call (the same error and the codes of its levels, in one pass)."""
 
     def __init__(self, monkeypatch):
         self.seen = []
-        real = layers.quantize_error
+        real, real_codes = layers.quantize_error, ckernels.fake_quant_sr_codes
 
         def rec(g, bits, scratch=None):
             out = real(g, bits, scratch=scratch)
             self.seen.append(out.clone())
             return out
 
+        def rec_codes(*args, **kwargs):
+            out = real_codes(*args, **kwargs)
+            self.seen.append(out[0].clone())
+            return out
+
         monkeypatch.setattr(layers, "quantize_error", rec)
+        monkeypatch.setattr(ckernels, "fake_quant_sr_codes", rec_codes)
 
 
 def _run(layer, x, G, env, monkeypatch, bits=8, grad_bits=8):

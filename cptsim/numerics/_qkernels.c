@@ -408,3 +408,44 @@ void cpt_transpose_i8(const int8_t *src, int8_t *dst, int64_t rows, int64_t cols
         }
     }
 }
+
+/* cpt_fq_sr with the int8 code k - 128 of each element's level k written beside it (the exact path's wgrad operand):
+ * the same range, key, stream and operations, so out is bit for bit cpt_fq_sr's. */
+static inline void sr_codes_span(const float *restrict x, float *restrict out, int8_t *restrict codes,
+                                 const uint32_t *restrict w, int64_t len, int sh, float mulk, float addc, float invk,
+                                 float qmax, float zp, float scale) {
+    for (int64_t j = 0; j < len; j++) {
+        float v = x[j] * mulk;
+        v = v + (float)(int32_t)((w[j] >> sh) & 255u);
+        v = v + addc;
+        v = v * invk;
+        v = floorf(v);
+        v = clampf(v, qmax);
+        codes[j] = (int8_t)((int32_t)v - 128);
+        v = v - zp;
+        out[j] = v * scale;
+    }
+}
+
+void cpt_fq_sr_codes(const float *x, float *out, int8_t *codes, int64_t n, float lo, float hi, float qmax,
+                     uint32_t k0, uint32_t k1, uint32_t stream, int threads) {
+    float inv, zp, scale;
+    qparams(lo, hi, qmax, &inv, &zp, &scale);
+    (void)inv;
+    const float k = 256.0f, mulk = k / scale, addc = zp * k + 0.5f, invk = 1.0f / k;
+    const uint32_t key[2] = {k0, k1};
+    const int64_t nc = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n >= PAR_MIN)
+    for (int64_t c = 0; c < nc; c++) {
+        uint32_t w[CHUNK / 4];
+        chunk_words(c, key, stream, w);
+        const int64_t i0 = c * CHUNK, m = n - i0 < CHUNK ? n - i0 : CHUNK;
+        for (int t = 0; t < 4; t++) {
+            const int64_t p0 = (int64_t)t * (CHUNK / 4);
+            if (p0 >= m) break;
+            const int64_t len = m - p0 < CHUNK / 4 ? m - p0 : CHUNK / 4;
+            sr_codes_span(x + i0 + p0, out + i0 + p0, codes + i0 + p0, w, len, 8 * t, mulk, addc, invk, qmax, zp,
+                          scale);
+        }
+    }
+}

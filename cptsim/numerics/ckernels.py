@@ -110,9 +110,10 @@ def _build() -> ctypes.CDLL:
     lib.cpt_int_epilogue.argtypes = [p, p, i64, i64, p, p, p, p, p, i32]
     lib.cpt_fq_rows_codes.argtypes = [p, p, p, p, p, p, i64, i64, f, i32]
     lib.cpt_transpose_i8.argtypes = [p, p, i64, i64, i32]
+    lib.cpt_fq_sr_codes.argtypes = [p, p, p, i64, f, f, f, u32, u32, u32, i32]
     for fn in (lib.cpt_fq_rtn, lib.cpt_fq_rtn_rows, lib.cpt_fq_sr_auto, lib.cpt_fq_rtn_tracked,
                lib.cpt_minmax, lib.cpt_uniform_bytes, lib.cpt_philox4x32_10, lib.cpt_codes, lib.cpt_int_epilogue,
-               lib.cpt_fq_rows_codes, lib.cpt_transpose_i8):
+               lib.cpt_fq_rows_codes, lib.cpt_transpose_i8, lib.cpt_fq_sr_codes):
         fn.restype = None
     return lib
 
@@ -259,6 +260,19 @@ def fake_quant_sr(x: torch.Tensor, qmax: int, generator: torch.Generator | None 
     x, out = _dense_in_out(x, slot)  # last: no small tensor is born above the output on the heap
     _lib.cpt_fq_sr_auto(x.data_ptr(), out.data_ptr(), x.numel(), float(qmax), k0, k1, stream, torch.get_num_threads())
     return out
+
+
+def fake_quant_sr_codes(x: torch.Tensor, lo: float, hi: float, qmax: int, slot: str | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fake_quant_sr(x, qmax, slot=slot)`` given x's own range (``minmax(x)``: the range fake_quant_sr would
+    compute) -- the same key and stream, so bit for bit its output -- and the int8 codes k - 128 of the same levels,
+    in x's (dense) storage order: the exact path's quantized error and its wgrad operand in one pass."""
+    (k0, k1), stream = _key_and_stream(None)
+    x, out = _dense_in_out(x, slot)
+    codes = torch.empty(x.shape, dtype=torch.int8).as_strided(x.shape, x.stride())
+    _lib.cpt_fq_sr_codes(x.data_ptr(), out.data_ptr(), codes.data_ptr(), x.numel(), lo, hi, float(qmax), k0, k1,
+                         stream, torch.get_num_threads())
+    return out, codes
 
 
 def codes(q: torch.Tensor, inv: torch.Tensor, zpa: torch.Tensor) -> torch.Tensor:

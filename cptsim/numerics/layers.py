@@ -174,10 +174,14 @@ class _ExactLinearCPU(torch.autograd.Function):
         if ctx.ax is not None:  # wgrad on the integers: the error's range first (quantize_error takes the same)
             lo, hi = ckernels.minmax(g2)
             sg, zg = exact_gemm.per_tensor_qparams(lo, hi, ctx.grad_bits)
-            gq = quantize_error(grad, ctx.grad_bits, scratch="err")
+            if ckernels.usable(grad):  # quantize_error's output bit for bit, and the codes of the same levels
+                gq, ag = ckernels.fake_quant_sr_codes(grad, lo, hi, qrange(ctx.grad_bits)[1], slot="err")
+                ag = ag.view(-1, ag.shape[-1])
+            else:
+                gq = quantize_error(grad, ctx.grad_bits, scratch="err")
+                ag = exact_gemm.codes(gq.reshape(-1, gq.shape[-1]), sg, zg) if need[1] else None
             gq2 = gq.reshape(-1, gq.shape[-1])
             if need[1]:
-                ag = exact_gemm.codes(gq2, sg, zg)
                 gw = exact_gemm.int_linear(ag.t(), ctx.ax, exact_gemm.offset(zg), ctx.ox, sg * ctx.sx, None,
                                            (ag.shape[1], ctx.ax.shape[1]))
         else:
