@@ -5,8 +5,8 @@
 
 For digits-cnn and transformer-lm (the registry's small default: 2 layers, width 128, 4 heads, on the embedded
 pydoc-chars text, 64 characters per sequence, batch 64 -> 4,096 tokens per GEMM call), each with the exact int8
-GEMMs off (the default: every GEMM FP32 fake-quant) and on (CPTSIM_EXACT_GEMM=1: a quantized Linear layer's forward
-and wgrad at <= 8 bits as torch._int_mm): calibrates this machine once (`cptsim hw calibrate`, 1 thread, int8 and
+GEMMs off (CPTSIM_EXACT_GEMM=0: every GEMM FP32 fake-quant) and on (=1, the CPU default since the sixth session: a
+quantized Linear layer's forward and wgrad at <= 8 bits as torch._int_mm): calibrates this machine once (`cptsim hw calibrate`, 1 thread, int8 and
 bf16 tiers included), trains a short run of a cyclic schedule that visits 3..8 bits, and runs
 `cptsim report RUN --measure-host N` on it. Prints per case the modelled saving of the schedule over static 32 and
 static 8 (the host profile, its int8 tier priced only where the run's exact path ran int8), the measured saving (a

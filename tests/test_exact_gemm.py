@@ -218,7 +218,13 @@ def test_gemm_paths_for_config(monkeypatch):
 
     m = create_model("transformer-lm:layers=1,width=32,heads=2,context=16", num_classes=30, input_shape=(16,))
     quantize_model(m)
-    assert exact_gemm.gemm_paths(m, "cpu")["layers"]["head"]["forward"] == "fp32-fake-quant"  # off by default
+    monkeypatch.setenv("CPTSIM_EXACT_GEMM", "0")
+    off = exact_gemm.gemm_paths(m, "cpu")
+    assert off["exact_gemm"] == "off (CPTSIM_EXACT_GEMM=0)" and off["layers"]["head"]["forward"] == "fp32-fake-quant"
+    monkeypatch.delenv("CPTSIM_EXACT_GEMM")
+    paths = exact_gemm.gemm_paths(m, "cpu")  # on by default on a CPU
+    assert paths["exact_gemm"] == "on" and paths["layers"]["head"]["forward"] == "int8-exact"
+    assert exact_gemm.gemm_paths(m, "cuda")["layers"]["head"]["forward"] == "fp32-fake-quant"  # CUDA: opt-in
     monkeypatch.setenv("CPTSIM_EXACT_GEMM", "1")
     paths = exact_gemm.gemm_paths(m, "cpu")
     assert paths["exact_gemm"] == "on" and paths["layers"]["head"]["forward"] == "int8-exact"

@@ -307,6 +307,10 @@ def test_hh_weight_is_quantized_once_per_forward_with_the_same_result(monkeypatc
         calls = []
         real = cptsim.numerics.layers.quantize_weight
         monkeypatch.setattr(cptsim.numerics.layers, "quantize_weight", lambda w, b: calls.append(w.shape) or real(w, b))
+        # the exact int8 path (the CPU default) quantizes a weight with its codes in one call
+        real_codes = cptsim.numerics.exact_gemm.weight_codes
+        monkeypatch.setattr(cptsim.numerics.exact_gemm, "weight_codes",
+                            lambda w, b: calls.append(w.shape) or real_codes(w, b))
         m = _lm(TINY_LSTM, T=T, bits=6)
         m.train()
         torch.manual_seed(5)  # the same error rounding noise in both

@@ -7,7 +7,7 @@ Four figures, each the median of repeated timings within a fixed time budget, wi
 * element-wise rate of cptsim's quantizers (``cptsim.numerics.quant``: one round-to-nearest and one stochastic pass, 4M elements);
 * the fixed cost of one layer-phase: a training step of tiny quantized conv + BN + ReLU layers, per layer-phase;
 * on a CPU, the rate of every GEMM tier torch reaches here (issue 28): int8 ``torch._int_mm`` (VNNI / AMX: what the
-  exact path, CPTSIM_EXACT_GEMM=1, runs a quantized Linear layer's forward and wgrad on) and bf16 ``torch.mm``
+  exact path, on by default on a CPU, runs a quantized Linear layer's forward and wgrad on) and bf16 ``torch.mm``
   (for reference: no training GEMM runs in bf16), each the median over INT_SHAPES of per-shape medians, beside the
   FP32 rate. A tier this torch or CPU cannot run is recorded as 0 (not measured), with the reason.
 
@@ -294,13 +294,13 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
                 "bandwidth_gb_s": "copy: bytes read + written per s",
                 "elementwise_gelem_s": "quantizer elements per s",
                 "layer_overhead_us": "per layer-phase, tiny-layer training step", "power_w": power_note,
-                "int8_gmac_s": "torch._int_mm int8, median over shapes: the exact path's tier (CPTSIM_EXACT_GEMM=1)",
+                "int8_gmac_s": "torch._int_mm int8, median over shapes: the exact path's tier (on unless CPTSIM_EXACT_GEMM=0)",
                 "bf16_gmac_s": "bf16 torch.mm, median over shapes (reference only: no training GEMM runs in bf16)"}
     header = [f"Written by `cptsim hw calibrate` at {measured['measured_at']}. Re-run it to refresh; "
               "`cptsim report --fit` fits [calibration] to measured runs.",
               "time = macs / matmul rate + bytes / bandwidth + quantizer elements / rate "
               "+ layer_overhead per executed layer-phase",
-              "int8 tier: only the GEMMs CPTSIM_EXACT_GEMM=1 routes to torch._int_mm (Linear fwd / wgrad at <= 8 "
+              "int8 tier: only the GEMMs the exact path (CPTSIM_EXACT_GEMM) routes to torch._int_mm (Linear fwd / wgrad at <= 8 "
               "bits; cptsim.cost.hardware.host); everything else FP32"]
     if tiers:  # (autocal reads this line: a CPU file written before the tiers has none, and is measured again)
         header.append("GEMM tiers measured: " + "; ".join(f"{t} {r.get('note', '')}" + (

@@ -32,12 +32,16 @@ layer and per call. The quantizers are the same calls in the same order (the sto
 included), so the random stream and kill/resume exactness within a path are unchanged (tests/test_exact_resume.py);
 the integer codes are derived from the fake-quantized tensors (``codes``), never re-quantized.
 
-Off by default: ``CPTSIM_EXACT_GEMM=1`` turns it on (``0`` or unset: today's FP32 fake-quant path everywhere).
-It is exact, but not measured faster on this project's 2-core CPU (benchmarks/bench_exact_gemm.py, 1 thread, 8/8
-bits, medians of 7 alternating rounds: transformer-lm 1.03x the fake-quant step, lstm-lm 0.99x; both ~1.15x FP32):
-the int8 GEMMs save ~40% of the GEMM time, and the codes pass, the epilogue, the error's range pass and dgrad
-(still FP32) eat it. The default flips when a measurement shows a gain. config.json records each layer's paths (``host.gemm_paths``,
-``gemm_paths`` below); a layer's last call's paths are on the layer (``layer.gemm_path``).
+On by default on a CPU (since the sixth session; ``CPTSIM_EXACT_GEMM=0`` turns it off, ``=1`` also turns on the
+CUDA path below, which is off by default until a GPU measures it). Measured side by side
+(``python benchmarks/bench_quant_step.py --models resnet20 transformer-lm lstm-lm gcn``, 2 threads, two runs,
+benchmarks/results/issue28-quant-step-paths.txt): the exact step is 0.85-0.88x the fake-quant step on lstm-lm
+(0.96-1.01x FP32), 0.94-1.00x on transformer-lm, 0.99x on gcn, and resnet20 has no int8 layer (the same step); peak memory the
+same within 3%. What made it pay: the weight's range, Qw(W), codes, sums and transpose in one C call
+(``weight_codes``, 37 -> 11 ms for lstm-lm's head) and the error's stochastic rounding with its codes in one pass
+(``ckernels.fake_quant_sr_codes``); before them it measured 0.99-1.03x the fake-quant step. config.json records each
+layer's paths (``host.gemm_paths``, ``gemm_paths`` below); a layer's last call's paths are on the layer
+(``layer.gemm_path``).
 
 Memory: the forward keeps the int8 codes of Qa(x) for wgrad (1 byte per input element) instead of re-quantizing x
 in backward, and the layer keeps a float32 Qw(W) for dgrad as before.
@@ -63,9 +67,16 @@ FAKE = "fp32-fake-quant"
 INT8 = "int8-exact"
 
 
+def mode() -> str:
+    """CPTSIM_EXACT_GEMM: "auto" (unset: the CPU int8 path on, the CUDA codes path off), "1" (both on), "0" (both
+    off), "codes" (the integer-codes path everywhere, for checks on a CPU)."""
+    m = os.environ.get("CPTSIM_EXACT_GEMM", "auto").strip().lower()
+    return m if m in ("0", "1", "codes") else "auto"
+
+
 def enabled() -> bool:
-    """The exact path is on with CPTSIM_EXACT_GEMM=1 (off by default: see the module docstring)."""
-    return os.environ.get("CPTSIM_EXACT_GEMM", "0") == "1" and hasattr(torch, "_int_mm")
+    """The CPU int8 path is on: by default, and with CPTSIM_EXACT_GEMM=1 (see the module docstring)."""
+    return mode() in ("auto", "1") and hasattr(torch, "_int_mm")
 
 
 def codes(q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor) -> torch.Tensor:
@@ -192,7 +203,8 @@ def gemm_paths(model: torch.nn.Module, device: str) -> dict:
         linear = getattr(m, "_exact_capable", False)
         fwd = INT8 if on and linear and m.weight.shape[-1] <= MAX_K else FAKE
         layers[name] = {"forward": fwd, "dgrad": FAKE, "wgrad": fwd}
-    return {"exact_gemm": "on" if on else ("off (default; CPTSIM_EXACT_GEMM=1 turns it on)" if not enabled() else "off (not a CPU)"),
+    why_off = "off (not a CPU)" if enabled() else "off (CPTSIM_EXACT_GEMM=0)"
+    return {"exact_gemm": "on" if on else why_off,
             "rule": f"{INT8}: forward at bits <= {MAX_BITS}; wgrad at bits and grad bits <= {MAX_BITS} and "
                     f"{MIN_WGRAD_TOKENS}..{MAX_K} tokens per call (an LSTM's per-step calls: fewer); dgrad stays {FAKE} (per-channel weight scales lie along its K); training "
                     "only; anything else " + FAKE,
@@ -236,9 +248,9 @@ MAX_TF32_BITS = 11  # |k - zp| <= 2**11 - 1 = 2047: exact in TF32's (and FP16's)
 
 def codes_on(device) -> bool:
     """Whether quantized layers on ``device`` take the integer-codes path (CPTSIM_EXACT_GEMM=1 on CUDA, =codes
-    anywhere)."""
-    mode = os.environ.get("CPTSIM_EXACT_GEMM", "0")
-    return mode == "codes" or (mode == "1" and torch.device(device).type == "cuda")
+    anywhere; off by default)."""
+    m = mode()
+    return m == "codes" or (m == "1" and torch.device(device).type == "cuda")
 
 
 def int_values(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

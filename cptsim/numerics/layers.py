@@ -140,7 +140,8 @@ class _ExactLinearCPU(torch.autograd.Function):
     """_QuantLayerCPU for a linear layer with the exact integer GEMMs of cptsim.numerics.exact_gemm: the same
     quantizer calls in the same order (so the same random stream), the forward GEMM and (at gradient bits <= 8)
     wgrad as int8 ``torch._int_mm`` with the scales and offsets factored out, dgrad on the fake-quantized values as
-    today. Used only when ``_QuantLinearMixin._exact`` says so (CPU training, bits <= 8, CPTSIM_EXACT_GEMM=1)."""
+    today. Used only when ``_QuantLinearMixin._exact`` says so (CPU training, bits <= 8, exact_gemm.enabled(): by
+    default, CPTSIM_EXACT_GEMM=0 turns it off)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, layer, bits, grad_bits):
@@ -576,7 +577,7 @@ class _QuantLinearMixin(_QuantMixin):
         return F.linear(x, w, b)
 
     def _exact(self, x: torch.Tensor, bits: int) -> bool:
-        """Training on a CPU with the C kernels (the caller checked), bits <= 8, CPTSIM_EXACT_GEMM=1, float32
+        """Training on a CPU with the C kernels (the caller checked), bits <= 8, exact_gemm.enabled(), float32
         weight and bias on the CPU, a K the int32 bracket holds. Otherwise today's path (``gemm_path`` says so)."""
         w, b = self.weight, self.bias
         ok = (bits <= exact_gemm.MAX_BITS and exact_gemm.enabled() and w.dim() == 2 and x.dim() >= 2

@@ -3,12 +3,12 @@
 Tiers (issue 28): the host measures its FP32 matmul rate and, where torch reaches them on this CPU, int8
 ``torch._int_mm`` (VNNI / AMX) and bf16 matmul rates. Which tier a GEMM runs on is what really runs, not what could:
 
-* FP32 for every GEMM by default -- fake-quantized training computes in FP32 whatever the bits;
-* int8 only when the exact path is on (``CPTSIM_EXACT_GEMM=1``, cptsim.numerics.exact_gemm) on a CPU, and only for
-  the GEMMs that path routes to ``_int_mm``: a quantized Linear layer's forward at bits <= 8 (K = in_features <=
-  MAX_K) and its wgrad at bits and gradient bits <= 8 with MIN_WGRAD_TOKENS..MAX_K tokens per call. dgrad,
-  convolutions, attention's activation-by-activation products, graph aggregations and full-precision layers stay
-  FP32 (``host_gemm_tiers``; tests/test_host_tiers.py checks it against exact_gemm's own routing functions);
+* FP32 for every GEMM the exact path does not take -- fake-quantized training computes in FP32 whatever the bits;
+* int8 only when the exact path is on (by default on a CPU; ``CPTSIM_EXACT_GEMM=0`` turns it off;
+  cptsim.numerics.exact_gemm), and only for the GEMMs that path routes to ``_int_mm``: a quantized Linear layer's
+  forward at bits <= 8 (K = in_features <= MAX_K) and its wgrad at bits and gradient bits <= 8 with
+  MIN_WGRAD_TOKENS..MAX_K tokens per call. dgrad, convolutions, attention's activation-by-activation products,
+  graph aggregations and full-precision layers stay FP32 (``host_gemm_tiers``; tests/test_host_tiers.py checks it against exact_gemm's own routing functions);
 * bf16 is measured and shown (``cptsim hw show host``), but no training GEMM runs on it: no GEMM is priced there.
 
 An int8 GEMM also costs the exact path's extra passes, streaming C loops priced as memory traffic at the measured
@@ -53,7 +53,7 @@ class HostProfile(HardwareProfile):
     of a CIFAR ResNet at batch 32 on a CPU is dominated by per-op costs, not by arithmetic.
     energy = power_w x time            (power_w = 0 means unknown: energy is reported as 0)
     Rates are measured by ``cptsim hw calibrate`` (cptsim.calibration.calibrate); the shipped host.toml is a placeholder.
-    GEMM tiers (issue 28, module docstring): with the exact path on (CPTSIM_EXACT_GEMM=1, or a run that recorded
+    GEMM tiers (issue 28, module docstring): with the exact path on (the CPU default, or a run that recorded
     it: ``with_exact_gemm``) and an int8 rate measured, the Linear GEMMs exact_gemm routes to ``_int_mm`` are priced
     at ``int8_gmac_s`` plus the bytes of the path's extra passes; through ``shaped_gemm_cost``, which the cost model calls
     while ``shape_model`` is true (it needs the layers' types and shapes). ``time_components`` -- what
@@ -85,7 +85,7 @@ class HostProfile(HardwareProfile):
         Field("measured_at", "string", "when it was measured (ISO 8601)", "never"),
         # issue 28 (added, optional: a host.toml without them reads as before, FP32 only)
         Field("int8_gmac_s", "nonneg", "int8 torch._int_mm rate in 1e9 MAC/s (VNNI/AMX; what the exact path "
-              "CPTSIM_EXACT_GEMM=1 runs its int8 GEMMs on); 0 = not measured", 0.0),
+              "CPTSIM_EXACT_GEMM runs its int8 GEMMs on, by default on a CPU); 0 = not measured", 0.0),
         Field("bf16_gmac_s", "nonneg", "bf16 matmul rate in 1e9 MAC/s (measured for reference: no training GEMM "
               "runs in bf16); 0 = not measured", 0.0),
     )
@@ -106,7 +106,9 @@ class HostProfile(HardwareProfile):
             self.notes.append("placeholder numbers, not measured here: run `cptsim hw calibrate`")
         self._int8_rate = float(p.get("int8_gmac_s") or 0.0) * 1e9
         # the exact path as this process would run it; a report sets the run's own (with_exact_gemm)
-        self.exact_gemm = os.environ.get("CPTSIM_EXACT_GEMM", "0") == "1"
+        from cptsim.numerics.exact_gemm import enabled  # (numerics lies below cost: no cycle)
+
+        self.exact_gemm = enabled()
 
     # -- tiers (issue 28) ----------------------------------------------------------------------------------------------
 
@@ -137,8 +139,8 @@ class HostProfile(HardwareProfile):
         if p.get("int8_gmac_s"):
             out.append({"name": "int8", "bits": 8, "macs_per_s": self._int8_rate,
                         "runs": ("Linear forward (bits <= 8) and wgrad (bits, grad bits <= 8, enough tokens)"
-                                 if self.int8_active else "nothing now: CPTSIM_EXACT_GEMM=1 routes Linear forward / "
-                                 "wgrad here")})
+                                 if self.int8_active else "nothing now: the exact path (on unless "
+                                 "CPTSIM_EXACT_GEMM=0) routes Linear forward / wgrad here")})
         if p.get("bf16_gmac_s"):
             out.append({"name": "bf16", "bits": 16, "macs_per_s": float(p["bf16_gmac_s"]) * 1e9,
                         "runs": "nothing (measured for reference)"})
