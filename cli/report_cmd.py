@@ -383,8 +383,9 @@ def _print_saving(s) -> None:
     for n in s["notes"]:
         out.print(f"  note: {n}", highlight=False)
     out.print("  saving = 1 - schedule time / static time of the same steps; gap = measured - modelled; fake-quant "
-              "steps run every GEMM in FP32, so quantizing saves nothing here unless CPTSIM_EXACT_GEMM=1 runs Linear "
-              "layers as int8 (--json: host_saving.note says more)", highlight=False)
+              "steps run every GEMM in FP32, so quantizing saves time here only where the exact path (the CPU "
+              "default; CPTSIM_EXACT_GEMM=0 turns it off) runs a quantized Linear layer as int8 (--json: "
+              "host_saving.note says more)", highlight=False)
 
 
 def _print_comparison(rows) -> None:

@@ -235,7 +235,7 @@ def gemm_paths(model: torch.nn.Module, device: str) -> dict:
 # own outputs (``int_values``: q / s is within ~1e-6 of its integer), so every quantizer (fused CUDA, eager, C) and
 # its random stream are unchanged and the path needs no quantizer of its own.
 #
-# Where: CPTSIM_EXACT_GEMM=1 on a CUDA device (opt-in, as the CPU int8 path: the whole-step speed has not been
+# Where: CPTSIM_EXACT_GEMM=1 on a CUDA device (opt-in, unlike the CPU int8 path: the whole-step speed has not been
 # measured on a GPU yet; the one-layer figures above have), float32 QConv2d/QLinear layers (zero padding), forward
 # bits <= 11, no autocast (fp16 operands would round the output to 11 bits), no per-forward weight cache (the LSTM's
 # hidden-to-hidden layer). ``CPTSIM_EXACT_GEMM=codes`` runs the same path on a CPU, for checks only (FP32 convs of

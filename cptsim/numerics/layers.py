@@ -363,7 +363,7 @@ class _QuantMixin:
         fmt = self.precision.forward_format()
         if fmt is not None:  # a float format (number_format fp | mx | nvfp): its own path, below
             return self._format_call(op, x, fmt)
-        if self._codes(x, bits):  # exact GEMMs on the integer codes (CUDA with CPTSIM_EXACT_GEMM=1)
+        if self._codes(x, bits):  # exact GEMMs on the integer codes (CUDA with CPTSIM_EXACT_GEMM=1, opt-in)
             return _IntCodesLayer.apply(x, self.weight, self.bias, self, bits, self.precision.grad_bits)
         kernel_input = self._kernel_input(x)
         if kernel_input and self._exact(x, bits):
