@@ -17,7 +17,8 @@ quant: torchvision ResNet-50, batch 128, 224x224, eager, NCHW: the step time of 
   "Integer codes on TF32"); then one quantized 3x3 convolution of ResNet-50's shapes at 8 bits computed four
   ways -- fake-quantized values with TF32 (what a quantized step runs today, cuDNN's default), fake-quantized values
   in strict FP32, the integer codes with TF32 and the scales applied after (exact products: 8-bit codes fit TF32's
-  11-bit significand), and a float64 reference -- with each one's error against the reference.
+  11-bit significand), and a float64 reference -- with each one's error against the reference; and a 1x1 conv's
+  routes as a GEMM of the codes (``pointwise_gemm_routes``: FP16 with FP32 output, int8) against today's conv.
 """
 
 from __future__ import annotations
@@ -228,6 +229,64 @@ def conv_exactness(torch, dev):
     return res
 
 
+def pointwise_gemm_routes(torch, dev):
+    """Issue 28's next step on a GPU: a ResNet-50 1x1 conv (256 -> 64 channels at 56x56, batch 128; 1x1 convs are
+    about half of ResNet-50's FLOPs) at 8 bits, channels-last, as a GEMM of the integer codes (N*H*W, C) x (C, O):
+    exact? and how fast, against today's conv. Routes: the fake-quantized TF32 conv (today), the codes TF32 conv
+    (cptsim's codes path), the codes as FP16 with FP32 output through ``torch.mm(..., out_dtype=torch.float32)``
+    (aten::mm.dtype: FP16 tensor cores, exact for codes < 2**11 if cuBLAS accumulates and writes in FP32), int8
+    ``torch._int_mm`` on codes - 128 (offsets not applied: time only), and the plain FP16 conv (AMP's speed)."""
+    import torch.nn.functional as F
+
+    from cptsim.numerics.quant import choose_qparams, quantize_weight
+
+    g = torch.Generator(device="cpu").manual_seed(1)
+    N, C, H, O, bits = 128, 256, 56, 64, 8
+    x = torch.randn(N, C, H, H, generator=g).relu_().to(dev).contiguous(memory_format=torch.channels_last)
+    w = (torch.randn(O, C, 1, 1, generator=g) * 0.05).to(dev)
+    lo, hi = torch.aminmax(x)
+    s, zp = choose_qparams(lo, hi, bits)
+    kx = torch.clamp(torch.round(x / s) + zp, 0, 2 ** bits - 1) - zp
+    xq = kx * s
+    wq = quantize_weight(w, bits)
+    lw, hw_ = torch.aminmax(w.reshape(O, -1), dim=1)
+    sw = choose_qparams(lw, hw_, bits)[0]
+    kw = torch.round(wq / sw.view(-1, 1, 1, 1))
+    a16 = kx.permute(0, 2, 3, 1).reshape(-1, C).half()  # channels-last: a view, then one cast
+    b16 = kw.reshape(O, C).t().half()
+    ints_ref = (kx.permute(0, 2, 3, 1).reshape(-1, C).double().cpu() @ kw.reshape(O, C).t().double().cpu())
+    res = {"shape": [N, C, H, H, O]}
+    try:
+        y = torch.mm(a16, b16, out_dtype=torch.float32)
+        res["mm_fp16_out_fp32_integer_max_abs_error"] = float((y.double().cpu() - ints_ref).abs().max())
+        res["integer_sums_max"] = float(ints_ref.abs().max())
+    except Exception as e:  # noqa: BLE001 - a torch without aten::mm.dtype: say so
+        res["mm_fp16_out_fp32"] = f"unavailable: {type(e).__name__}: {str(e)[:120]}"
+    ai = (kx + zp - 128).permute(0, 2, 3, 1).reshape(-1, C).to(torch.int8)
+    bi = kw.reshape(O, C).clamp(-128, 127).to(torch.int8).t()  # (C, O) column-major, as cuBLASLt takes it
+    xh, wh = xq.half(), wq.half()
+    routes = {"fake_quant_tf32_conv": (lambda: F.conv2d(xq, wq), True),
+              "codes_tf32_conv": (lambda: F.conv2d(kx, kw), True),
+              "codes_fp16_mm_out_fp32": (lambda: torch.mm(a16, b16, out_dtype=torch.float32), True),
+              "codes_int8_int_mm": (lambda: torch._int_mm(ai, bi), True),
+              "fp16_conv": (lambda: F.conv2d(xh, wh), True)}
+    tm = {}
+    old = torch.backends.cudnn.allow_tf32
+    try:
+        for nm, (fn, tf32) in routes.items():
+            torch.backends.cudnn.allow_tf32 = tf32
+            try:
+                for _ in range(3):
+                    fn()
+                tm[nm] = statistics.median(time_steps(torch, fn, 20))
+            except Exception as e:  # noqa: BLE001
+                tm[nm] = f"failed: {type(e).__name__}: {str(e)[:120]}"
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
+    res["ms"] = tm
+    return res
+
+
 def section_quant(torch, args, out: Path):
     import torch.nn.functional as F
     import torchvision
@@ -300,6 +359,11 @@ def section_quant(torch, args, out: Path):
         say("conv exactness: " + json.dumps(res["conv_exactness"]))
     except Exception as e:
         say(f"conv exactness: FAILED {type(e).__name__}: {str(e)[:300]}")
+    try:
+        res["pointwise_routes"] = pointwise_gemm_routes(torch, dev)
+        say("1x1 conv routes: " + json.dumps(res["pointwise_routes"]))
+    except Exception as e:
+        say(f"1x1 conv routes: FAILED {type(e).__name__}: {str(e)[:300]}")
     (out / "quant-resnet50.json").write_text(json.dumps(res, indent=1))
 
 
