@@ -6,8 +6,9 @@
 #    tests/test_cuda.py): the integer-codes path exact where TF32 fake-quant is not, and _scaled_mm's fp8 forward --
 #    neither has run on a GPU yet;
 # 2. benchmarks/gpu_optrace.py --sections quant: torchvision ResNet-50 at batch 128, AMP vs FP32 vs cptsim's
-#    quantized 8/8 today (TF32 on, off) vs the integer-codes path (quant8_codes, CPTSIM_EXACT_GEMM=1), and one conv's
-#    exactness four ways -> $OUT/quant-resnet50.json (acceptance: quantized <= 1.3x AMP and <= 0.8x today's);
+#    quantized 8/8 today (TF32 on, off) vs the integer-codes path (quant8_codes, CPTSIM_EXACT_GEMM=1), one conv's
+#    exactness four ways, and a 1x1 conv's routes as a GEMM of the codes (FP16 with FP32 output via aten::mm.dtype,
+#    int8) -> $OUT/quant-resnet50.json (acceptance: quantized <= 1.3x AMP and <= 0.8x today's);
 # 3. benchmarks/bench_quant_step.py --models ... --device cuda: FP32, fake-quant, integer codes and AMP whole steps of
 #    resnet20, transformer-lm, lstm-lm and gcn -> $OUT/paths-cuda.json.
 # If the codes path measures no slower than today's on (2) and (3), flip its default on CUDA (exact_gemm.codes_on).
