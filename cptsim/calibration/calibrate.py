@@ -294,14 +294,15 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
                 "bandwidth_gb_s": "copy: bytes read + written per s",
                 "elementwise_gelem_s": "quantizer elements per s",
                 "layer_overhead_us": "per layer-phase, tiny-layer training step", "power_w": power_note,
-                "int8_gmac_s": "torch._int_mm int8, median over shapes: the exact path's tier (on unless CPTSIM_EXACT_GEMM=0)",
+                "int8_gmac_s": "torch._int_mm int8, median over shapes: the exact path's tier (on unless "
+                               "CPTSIM_EXACT_GEMM=0)",
                 "bf16_gmac_s": "bf16 torch.mm, median over shapes (reference only: no training GEMM runs in bf16)"}
     header = [f"Written by `cptsim hw calibrate` at {measured['measured_at']}. Re-run it to refresh; "
               "`cptsim report --fit` fits [calibration] to measured runs.",
               "time = macs / matmul rate + bytes / bandwidth + quantizer elements / rate "
               "+ layer_overhead per executed layer-phase",
-              "int8 tier: only the GEMMs the exact path (CPTSIM_EXACT_GEMM) routes to torch._int_mm (Linear fwd / wgrad at <= 8 "
-              "bits; cptsim.cost.hardware.host); everything else FP32"]
+              "int8 tier: only the GEMMs the exact path (CPTSIM_EXACT_GEMM) routes to torch._int_mm (Linear fwd / "
+              "wgrad at <= 8 bits; cptsim.cost.hardware.host); everything else FP32"]
     if tiers:  # (autocal reads this line: a CPU file written before the tiers has none, and is measured again)
         header.append("GEMM tiers measured: " + "; ".join(f"{t} {r.get('note', '')}" + (
             f" {_sig(r['macs_per_s'] / 1e9)} GMAC/s" if r.get("macs_per_s") else "") for t, r in tiers.items()))

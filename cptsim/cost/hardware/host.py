@@ -8,7 +8,8 @@ Tiers (issue 28): the host measures its FP32 matmul rate and, where torch reache
   cptsim.numerics.exact_gemm), and only for the GEMMs that path routes to ``_int_mm``: a quantized Linear layer's
   forward at bits <= 8 (K = in_features <= MAX_K) and its wgrad at bits and gradient bits <= 8 with
   MIN_WGRAD_TOKENS..MAX_K tokens per call. dgrad, convolutions, attention's activation-by-activation products,
-  graph aggregations and full-precision layers stay FP32 (``host_gemm_tiers``; tests/test_host_tiers.py checks it against exact_gemm's own routing functions);
+  graph aggregations and full-precision layers stay FP32 (``host_gemm_tiers``; tests/test_host_tiers.py checks it
+  against exact_gemm's own routing functions);
 * bf16 is measured and shown (``cptsim hw show host``), but no training GEMM runs on it: no GEMM is priced there.
 
 An int8 GEMM also costs the exact path's extra passes, streaming C loops priced as memory traffic at the measured
@@ -21,7 +22,6 @@ calls), priced as before.
 from __future__ import annotations
 
 import copy
-import os
 
 import numpy as np
 
