@@ -34,7 +34,9 @@ layers (its classifier for resnet20 and gcn) as cptsim train keeps them. Beside 
 BOUND of the exact path: the FP32 step with each int8-eligible GEMM's FP32 time replaced by its torch._int_mm time
 (the layer calls recorded in one forward, each GEMM shape timed alone, int8 vs FP32, side by side) and the quantizers
 costing nothing -- the fastest any exact step with these GEMM rules could be on this machine -- and the same with
-dgrad in int8 too (what one weight scale per tensor, not cptsim's per channel, would allow).
+dgrad in int8 too (what one weight scale per tensor, not cptsim's per channel, would allow). ``--path-memory N``
+adds each path's peak memory: two steps in a fresh process (1 thread, glibc's mmap threshold fixed), N processes per
+path in alternating order, medians.
 """
 
 from __future__ import annotations
@@ -354,8 +356,58 @@ def paths_bench(name: str, vocab: int, rounds: int, bits: int, grad_bits: int, d
     return res
 
 
+def _path_memory_child(name: str, kind: str, vocab: int, bits: int, grad_bits: int) -> None:
+    """In a fresh process (1 thread, CPU): two training steps of ``name`` on GEMM path ``kind`` (fp32, fake, exact);
+    prints the max RSS above the RSS just before them, in MB."""
+    from cptsim.models import default_fp_layers
+    from cptsim.numerics import ckernels
+
+    torch.set_num_threads(1)
+    ckernels.library()
+    os.environ["CPTSIM_EXACT_GEMM"] = "1" if kind == "exact" else "0"
+    build, x, y, loss_fn = _workload(name, vocab)
+    m = build()
+    if kind != "fp32":
+        quantize_model(m, fp_layers=default_fp_layers(m)).set(bits, grad_bits)
+    m.train()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+
+    def status_mb(key: str) -> float:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(key + ":")) / 1024
+
+    base = status_mb("VmRSS")
+    for _ in range(2):
+        loss = loss_fn(m(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    print(json.dumps({"extra_mb": status_mb("VmHWM") - base}))
+
+
+def _path_memory(a, name: str) -> dict:
+    """Peak memory of each path (``--path-memory N``): N fresh processes per path, the order alternating, medians,
+    with glibc's mmap threshold fixed (MALLOC_MODES["fixed"]: the figure is the memory the steps hold)."""
+    import subprocess
+    import sys
+
+    kinds = ["fp32", "fake", "exact"]
+    mb: dict[str, list[float]] = {k: [] for k in kinds}
+    for i in range(a.path_memory):
+        for k in (kinds if i % 2 == 0 else kinds[::-1]):
+            env = dict(os.environ, **MALLOC_MODES["fixed"])
+            out = subprocess.run([sys.executable, __file__, "--path-memory-child", name, k, "--vocab", str(a.vocab),
+                                  "--bits", str(a.bits), "--grad-bits", str(a.grad_bits)],
+                                 check=True, capture_output=True, text=True, env=env).stdout
+            mb[k].append(json.loads(out.strip().splitlines()[-1])["extra_mb"])
+    return {f"{k}_peak_mb": round(statistics.median(v), 1) for k, v in mb.items()}
+
+
 def paths_main(a) -> None:
     out = [paths_bench(n, a.vocab, a.rounds, a.bits, a.grad_bits, a.device) for n in a.models]
+    if a.path_memory > 0:
+        for r in out:
+            r.update(_path_memory(a, r["model"]))
     if a.json:
         print(json.dumps(out, indent=2))
         return
@@ -365,8 +417,10 @@ def paths_main(a) -> None:
     cuda = a.device.startswith("cuda")
     t = Table(title=f"quantized ({a.bits}/{a.grad_bits}) training steps by GEMM path, {out[0]['threads']} threads, "
                     f"{a.device}: medians of {a.rounds} alternating rounds")
+    mem = a.path_memory > 0
     for c in ["model", "FP32 ms", "fake/FP32", "exact/FP32", "exact/fake", "exact layers"] + (
-            ["AMP/FP32", "exact/AMP"] if cuda else ["floor/FP32", "floor, dgrad int8"]):
+            ["AMP/FP32", "exact/AMP"] if cuda else ["floor/FP32", "floor, dgrad int8"]) + (
+            ["peak MB fp32 / fake / exact"] if mem else []):
         t.add_column(c, justify="left" if c == "model" else "right", no_wrap=True)
     for r in out:
         row = [r["model"], f"{r['fp32_step_ms']:.1f}", f"{r['fake_over_fp32']:.3f}", f"{r['exact_over_fp32']:.3f}",
@@ -375,6 +429,8 @@ def paths_main(a) -> None:
             row += [f"{r['amp_over_fp32']:.3f}", f"{r['exact_over_amp']:.3f}"]
         else:
             row += [f"{r['bound_exact']:.3f}", f"{r['bound_all_int8']:.3f}"]
+        if mem:
+            row.append(f"{r['fp32_peak_mb']:.0f} / {r['fake_peak_mb']:.0f} / {r['exact_peak_mb']:.0f}")
         t.add_row(*row)
     Console(width=200).print(t)
     print(f"exact: {'the integer codes on TF32' if cuda else 'int8 torch._int_mm'} (CPTSIM_EXACT_GEMM=1)"
@@ -399,9 +455,15 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", help="GEMM-path mode (see above): e.g. resnet20 transformer-lm lstm-lm gcn")
     ap.add_argument("--vocab", type=int, default=10000, help="GEMM-path mode: the LMs' vocabulary")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="GEMM-path mode")
+    ap.add_argument("--path-memory", type=int, default=0, metavar="N",
+                    help="GEMM-path mode, CPU: peak memory of two steps per path, N fresh processes each (1 thread)")
+    ap.add_argument("--path-memory-child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.path_memory_child:
+        _path_memory_child(*a.path_memory_child, a.vocab, a.bits, a.grad_bits)
+        return
     if a.models:
         paths_main(a)
         return
