@@ -266,19 +266,45 @@ void cpt_fq_rtn_tracked(const float *x, float *out, int64_t n, float qmax, float
 }
 
 /* Round-to-nearest with one min/max range per row of a (rows, len) tensor: a weight's output channels
- * (quant.fake_quant_per_channel with axis 0). */
-void cpt_fq_rtn_rows(const float *x, float *out, int64_t rows, int64_t len, float qmax, int threads) {
+ * (quant.fake_quant_per_channel with axis 0). With ``codes`` (cpt_fq_rows_codes) also, from the same rounded level k
+ * of each element, the int8 code k - 128, the row's sum of codes, and its scale and zero point. */
+static void rtn_rows(const float *x, float *out, int8_t *codes, int32_t *rowsum, float *scale_out, float *zp_out,
+                     int64_t rows, int64_t len, float qmax, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows * len >= PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * len;
+        const float *restrict xr = x + r * len;
+        float *restrict o = out + r * len;
         float lo, hi;
         int bad;
         minmax_span(xr, len, &lo, &hi, &bad);
         if (bad) lo = hi = NAN; /* torch.aminmax: a NaN anywhere makes the range NaN */
         float inv, zp, scale;
         qparams(lo, hi, qmax, &inv, &zp, &scale);
-        rtn_span(xr, out + r * len, len, inv, zp, qmax, scale);
+        if (!codes) {
+            rtn_span(xr, o, len, inv, zp, qmax, scale);
+            continue;
+        }
+        int8_t *restrict c = codes + r * len;
+        int32_t sum = 0;
+        for (int64_t i = 0; i < len; i++) { /* rtn_span's operations, the level k kept on the way */
+            float v = xr[i] * inv;
+            v = v + zp;
+            v = nearbyintf(v);
+            v = clampf(v, qmax);
+            int32_t k = (int32_t)v - 128;
+            c[i] = (int8_t)k;
+            sum += k;
+            v = v - zp;
+            o[i] = v * scale;
+        }
+        rowsum[r] = sum;
+        scale_out[r] = scale;
+        zp_out[r] = zp;
     }
+}
+
+void cpt_fq_rtn_rows(const float *x, float *out, int64_t rows, int64_t len, float qmax, int threads) {
+    rtn_rows(x, out, NULL, NULL, NULL, NULL, rows, len, qmax, threads);
 }
 
 static inline void sr_span(const float *restrict x, float *restrict out, const uint32_t *restrict w, int64_t len,
@@ -295,9 +321,14 @@ static inline void sr_span(const float *restrict x, float *restrict out, const u
     }
 }
 
-/* Stochastic rounding with one range [lo, hi] (quant.fake_quant_stochastic: the error's own min/max). */
-void cpt_fq_sr(const float *x, float *out, int64_t n, float lo, float hi, float qmax, uint32_t k0, uint32_t k1,
-               uint32_t stream, int threads) {
+/* Stochastic rounding with one range [lo, hi] (quant.fake_quant_stochastic: the error's own min/max); with ``codes``
+ * (cpt_fq_sr_codes) also the int8 code k - 128 of each element's level k. */
+static inline void sr_codes_span(const float *restrict x, float *restrict out, int8_t *restrict codes,
+                                 const uint32_t *restrict w, int64_t len, int sh, float mulk, float addc, float invk,
+                                 float qmax, float zp, float scale);
+
+static void sr_pass(const float *x, float *out, int8_t *codes, int64_t n, float lo, float hi, float qmax, uint32_t k0,
+                    uint32_t k1, uint32_t stream, int threads) {
     float inv, zp, scale;
     qparams(lo, hi, qmax, &inv, &zp, &scale);
     (void)inv;
@@ -313,9 +344,18 @@ void cpt_fq_sr(const float *x, float *out, int64_t n, float lo, float hi, float 
             const int64_t p0 = (int64_t)t * (CHUNK / 4);
             if (p0 >= m) break;
             const int64_t len = m - p0 < CHUNK / 4 ? m - p0 : CHUNK / 4;
-            sr_span(x + i0 + p0, out + i0 + p0, w, len, 8 * t, mulk, addc, invk, qmax, zp, scale);
+            if (codes)
+                sr_codes_span(x + i0 + p0, out + i0 + p0, codes + i0 + p0, w, len, 8 * t, mulk, addc, invk, qmax, zp,
+                              scale);
+            else
+                sr_span(x + i0 + p0, out + i0 + p0, w, len, 8 * t, mulk, addc, invk, qmax, zp, scale);
         }
     }
+}
+
+void cpt_fq_sr(const float *x, float *out, int64_t n, float lo, float hi, float qmax, uint32_t k0, uint32_t k1,
+               uint32_t stream, int threads) {
+    sr_pass(x, out, NULL, n, lo, hi, qmax, k0, k1, stream, threads);
 }
 
 /* Stochastic rounding with the tensor's own range (quant.fake_quant_stochastic: torch.aminmax, then the pass). */
@@ -360,39 +400,12 @@ void cpt_int_epilogue(const int32_t *p, float *y, int64_t rows, int64_t cols, co
     }
 }
 
-/* A quantized weight for the exact int8 path in one call per row (cptsim.numerics.exact_gemm.weight_codes): the row's
- * min/max range and qparams as cpt_fq_rtn_rows (the same operations: out is bit for bit its output), and from the
- * same rounded level k of each element the int8 code k - 128, the row's sum of codes, and its scale and zero point.
- * Codes row-major (rows, len); cpt_transpose_i8 lays them out as _int_mm's right operand. */
+/* A quantized weight for the exact int8 path in one call per row (cptsim.numerics.exact_gemm.weight_codes): out bit
+ * for bit cpt_fq_rtn_rows's, and the codes, row sums, scales and zero points (rtn_rows). Codes row-major (rows,
+ * len); cpt_transpose_i8 lays them out as _int_mm's right operand. */
 void cpt_fq_rows_codes(const float *x, float *out, int8_t *codes, int32_t *rowsum, float *scale_out, float *zp_out,
                        int64_t rows, int64_t len, float qmax, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows * len >= PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *restrict xr = x + r * len;
-        float *restrict o = out + r * len;
-        int8_t *restrict c = codes + r * len;
-        float lo, hi;
-        int bad;
-        minmax_span(xr, len, &lo, &hi, &bad);
-        if (bad) lo = hi = NAN;
-        float inv, zp, scale;
-        qparams(lo, hi, qmax, &inv, &zp, &scale);
-        int32_t sum = 0;
-        for (int64_t i = 0; i < len; i++) {
-            float v = xr[i] * inv;
-            v = v + zp;
-            v = nearbyintf(v);
-            v = clampf(v, qmax);
-            int32_t k = (int32_t)v - 128;
-            c[i] = (int8_t)k;
-            sum += k;
-            v = v - zp;
-            o[i] = v * scale;
-        }
-        rowsum[r] = sum;
-        scale_out[r] = scale;
-        zp_out[r] = zp;
-    }
+    rtn_rows(x, out, codes, rowsum, scale_out, zp_out, rows, len, qmax, threads);
 }
 
 /* dst (cols, rows) = src (rows, cols)^T for int8, in 64 x 64 tiles (torch's strided int8 copy walks the destination
@@ -409,8 +422,7 @@ void cpt_transpose_i8(const int8_t *src, int8_t *dst, int64_t rows, int64_t cols
     }
 }
 
-/* cpt_fq_sr with the int8 code k - 128 of each element's level k written beside it (the exact path's wgrad operand):
- * the same range, key, stream and operations, so out is bit for bit cpt_fq_sr's. */
+/* sr_span's operations with the level k's code written beside each element (the exact path's wgrad operand). */
 static inline void sr_codes_span(const float *restrict x, float *restrict out, int8_t *restrict codes,
                                  const uint32_t *restrict w, int64_t len, int sh, float mulk, float addc, float invk,
                                  float qmax, float zp, float scale) {
@@ -427,25 +439,9 @@ static inline void sr_codes_span(const float *restrict x, float *restrict out, i
     }
 }
 
+/* cpt_fq_sr and the codes of the same levels (the same range, key, stream and operations: out is bit for bit
+ * cpt_fq_sr's). */
 void cpt_fq_sr_codes(const float *x, float *out, int8_t *codes, int64_t n, float lo, float hi, float qmax,
                      uint32_t k0, uint32_t k1, uint32_t stream, int threads) {
-    float inv, zp, scale;
-    qparams(lo, hi, qmax, &inv, &zp, &scale);
-    (void)inv;
-    const float k = 256.0f, mulk = k / scale, addc = zp * k + 0.5f, invk = 1.0f / k;
-    const uint32_t key[2] = {k0, k1};
-    const int64_t nc = (n + CHUNK - 1) / CHUNK;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n >= PAR_MIN)
-    for (int64_t c = 0; c < nc; c++) {
-        uint32_t w[CHUNK / 4];
-        chunk_words(c, key, stream, w);
-        const int64_t i0 = c * CHUNK, m = n - i0 < CHUNK ? n - i0 : CHUNK;
-        for (int t = 0; t < 4; t++) {
-            const int64_t p0 = (int64_t)t * (CHUNK / 4);
-            if (p0 >= m) break;
-            const int64_t len = m - p0 < CHUNK / 4 ? m - p0 : CHUNK / 4;
-            sr_codes_span(x + i0 + p0, out + i0 + p0, codes + i0 + p0, w, len, 8 * t, mulk, addc, invk, qmax, zp,
-                          scale);
-        }
-    }
+    sr_pass(x, out, codes, n, lo, hi, qmax, k0, k1, stream, threads);
 }

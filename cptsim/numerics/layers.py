@@ -546,12 +546,13 @@ class QConv2d(_QuantMixin, nn.Conv2d):
         return self._quantized_call(lambda a, w: self._conv_forward(a, w, self.bias), x)
 
     @property
-    def _codes_capable(self) -> bool:  # aten.convolution_backward takes numeric zero padding (as _one_node)
+    def _codes_capable(self) -> bool:
+        # aten.convolution_backward (which _IntCodesLayer and _QuantLayerCPU call) takes numeric zero padding:
+        # 'same'/'valid' and padded modes take the general path
         return self.padding_mode == "zeros" and not isinstance(self.padding, str)
 
     def _one_node(self, x: torch.Tensor) -> bool:
-        # aten.convolution_backward takes numeric zero padding: 'same'/'valid' and padded modes take the general path
-        return self.padding_mode == "zeros" and not isinstance(self.padding, str) and super()._one_node(x)
+        return self._codes_capable and super()._one_node(x)
 
     def _op(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, self.groups)
