@@ -88,6 +88,30 @@ def test_digits_are_normalized_with_train_split_statistics(digits):
     np.testing.assert_allclose(x_te.reshape(-1, 64).numpy(), (raw_te - mean) / std, atol=1e-5)
 
 
+def test_digits_are_sklearns_split_exactly_without_importing_sklearn():
+    """The shipped split indices and the file read straight from scikit-learn's package give exactly what
+    load_digits + train_test_split give (the split every digits run has trained on), and loading them in a fresh
+    process imports no scikit-learn (its ~1.5 s was in every digits run's start)."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from cptsim.data.registry import DIGITS_SPLIT_SEED, _digits_split
+
+    d = load_digits()
+    want = train_test_split(d.data.astype(np.float32) / 16.0, d.target, test_size=0.2, stratify=d.target,
+                            random_state=DIGITS_SPLIT_SEED)
+    got = _digits_split()
+    for a, b in zip(got, want):
+        assert np.array_equal(a.reshape(len(b), -1), b.reshape(len(b), -1))
+    code = ("import sys; from cptsim.data import load_datasets; load_datasets('digits'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sklearn', 'scipy')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
+
+
 def test_digits_ignore_data_dir_and_augment(digits):
     train, _, _ = load_datasets("digits", data_dir="/nonexistent", augment=False)
     assert torch.equal(train.tensors[0], digits[0].tensors[0])

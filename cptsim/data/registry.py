@@ -210,14 +210,43 @@ def nominal_info(name: str) -> DataInfo:
 # sklearn digits: 1797 8x8 grey images, shipped inside scikit-learn
 
 
-def _digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The 1797 images (N, 1, 8, 8) in [0, 1] and their labels, read straight from the file scikit-learn ships:
+    ``load_digits`` would import all of scikit-learn and SciPy's statistics first (~1.5 s of every run's start)."""
+    import gzip
+    import importlib.util
+    from pathlib import Path
 
-    digits = load_digits()
-    x = (digits.data.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)
-    y = digits.target.astype(np.int64)
-    return train_test_split(x, y, test_size=0.2, stratify=y, random_state=DIGITS_SPLIT_SEED)
+    spec = importlib.util.find_spec("sklearn")  # finds the package without running it
+    path = None if spec is None or not spec.submodule_search_locations else \
+        Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz"
+    if path is not None and path.is_file():
+        with gzip.open(path, "rt") as f:
+            data = np.loadtxt(f, delimiter=",")
+        x, y = data[:, :-1], data[:, -1]
+    else:  # a scikit-learn that keeps it elsewhere
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        x, y = d.data, d.target
+    return (x.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8), y.astype(np.int64)
+
+
+def digits_split_indices() -> tuple[np.ndarray, np.ndarray]:
+    """Row indices of the train and test split, in the order scikit-learn's ``train_test_split(test_size=0.2,
+    stratify=y, random_state=DIGITS_SPLIT_SEED)`` returns them (shipped, so that no run imports scikit-learn's
+    model selection; tests/test_data.py checks them against it)."""
+    import json
+    from pathlib import Path
+
+    d = json.loads((Path(__file__).with_name("digits_split.json")).read_text())
+    return np.asarray(d["train"], dtype=np.int64), np.asarray(d["test"], dtype=np.int64)
+
+
+def _digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    x, y = _digits_arrays()
+    tr, te = digits_split_indices()
+    return x[tr], x[te], y[tr], y[te]
 
 
 @_register(DataInfo("digits", (1, 8, 8), 10, 1437, 360), needs_dir=None)

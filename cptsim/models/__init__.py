@@ -13,13 +13,13 @@
 May import: ``cptsim.errors``, ``cptsim.numerics``. Never data, measurement, cost or anything later in the flow.
 """
 
-from .registry import (FP_LAYERS_ATTR, _REGISTRY, create_model, default_fp_layers, list_models, model_info,  # noqa: F401
-                       register_model, register_resolver)
+from .registry import (FP_LAYERS_ATTR, _REGISTRY, create_model, default_fp_layers, list_models, meta_model,  # noqa: F401
+                       model_info, register_model, register_resolver)
 from . import vision, text, graph, external  # noqa: E402,F401  (each family registers its models)
 from .vision import (BasicBlock, CifarResNet, DigitsCNN, MLP, MobileNetV2, TokenMLP,  # noqa: E402,F401
                      cifar_resnet_depths)
 from .graph import GAT, GCN, GraphNet, GraphSAGE, bind_graph, is_graph_model, random_graph  # noqa: E402,F401
 
-__all__ = ["create_model", "list_models", "model_info", "default_fp_layers", "register_model", "register_resolver",
+__all__ = ["create_model", "meta_model", "list_models", "model_info", "default_fp_layers", "register_model", "register_resolver",
            "cifar_resnet_depths", "CifarResNet", "BasicBlock", "MobileNetV2", "DigitsCNN", "MLP", "TokenMLP",
            "GraphNet", "GCN", "GraphSAGE", "GAT", "bind_graph", "random_graph", "is_graph_model"]

@@ -15,11 +15,13 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
 import torch.nn as nn
+from torch.overrides import TorchFunctionMode
 
 from cptsim.errors import InputError
 
-__all__ = ["create_model", "list_models", "model_info", "default_fp_layers", "register_model", "register_resolver"]
+__all__ = ["create_model", "meta_model", "list_models", "model_info", "default_fp_layers", "register_model", "register_resolver"]
 
 # The attribute a model carries its own full-precision layer names in; its home is the quantizer layer's convention
 from cptsim.numerics.layers import FP_LAYERS_ATTR, resolve_fp_layers  # noqa: E402
@@ -123,6 +125,35 @@ def create_model(name: str, num_classes: int = 10, in_channels: int = 3, input_s
         raise InputError(f"{name} is an image model; a text dataset (sequence input {shape}) needs a "
                          "language model: lstm-lm or transformer-lm")
     return entry.builder(num_classes, in_channels, input_shape)
+
+
+# In-place initialisers a module runs on its fresh parameters. On the meta device they have no data to fill, yet
+# torch implements several of their meta kernels in Python (torch._refs), whose first call imports torch._dynamo:
+# ~2 s of every `cptsim train` start on a 2-core machine, for a check that needs only names and shapes.
+_META_NOOPS = frozenset({"normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_",
+                         "xavier_uniform_", "xavier_normal_", "orthogonal_", "constant_", "zeros_", "ones_",
+                         "erfinv_", "exponential_", "random_", "bernoulli_", "log_normal_"})
+
+
+class _SkipMetaInit(TorchFunctionMode):
+    """Returns a meta tensor unchanged from the initialisers above; everything else runs as usual."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        t = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
+        if getattr(func, "__name__", "") in _META_NOOPS and isinstance(t, torch.Tensor) and t.is_meta:
+            return t
+        return func(*args, **kwargs)
+
+
+def meta_model(name: str, num_classes: int = 10, in_channels: int = 3, input_shape=None,
+               graph: bool | None = None) -> nn.Module:
+    """``create_model`` on the meta device with its random initialisers skipped: the model's names, shapes and
+    model/data pairing, for the checks a command makes before it builds the real one (same arguments, same
+    InputErrors). Its parameters hold no values."""
+    with torch.device("meta"), _SkipMetaInit():
+        return create_model(name, num_classes=num_classes, in_channels=in_channels, input_shape=input_shape,
+                            graph=graph)
 
 
 def list_models(pattern: str | None = None) -> list[str]:

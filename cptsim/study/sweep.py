@@ -135,7 +135,7 @@ class SweepSettings:
         started, so a bad flag fails once here rather than once per run. ``device_here`` False: the runs train
         elsewhere (Slurm nodes), so --device cuda is not asked of this machine (a login node has no GPU)."""
         from cptsim.data import dataset_info
-        from cptsim.models import create_model
+        from cptsim.models import meta_model
         from cptsim.run.config import TrainConfig, validate
 
         device = self.device
@@ -157,8 +157,8 @@ class SweepSettings:
             format_map(self.number_format or "int", self.grad_format)  # the names, and the pairing, checked once
         info = dataset_info(self.dataset, self.data_dir, self.image_size)
         shape = tuple(int(d) for d in info.input_shape)
-        create_model(self.model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape,
-                     graph=info.graph_edges is not None)
+        meta_model(self.model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape,
+                   graph=info.graph_edges is not None)
 
     def train_flags(self) -> list[str]:
         """`cptsim train` flags for this workload; every value spelled out, so train's defaults cannot drift."""
@@ -278,20 +278,17 @@ def check_layers(settings: "SweepSettings", entries: list[str]) -> None:
     ruled = [(s, r) for s, r in map(split_entry, entries) if r]
     if not ruled:
         return
-    import torch
-
     from cptsim.cost.layerplan import parse_layer_text
     from cptsim.cost.schedules import parse_schedule
     from cptsim.data import dataset_info
-    from cptsim.models import create_model, default_fp_layers
+    from cptsim.models import default_fp_layers, meta_model
     from cptsim.numerics.layers import quantizable_layers, resolve_fp_layers
 
     info = dataset_info(settings.dataset, settings.data_dir, settings.image_size)
     shape = tuple(int(d) for d in info.input_shape)
     try:
-        with torch.device("meta"):
-            meta = create_model(settings.model, num_classes=info.num_classes, in_channels=shape[0],
-                                input_shape=shape, graph=info.graph_edges is not None)
+        meta = meta_model(settings.model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape,
+                          graph=info.graph_edges is not None)
     except InputError:
         raise
     except Exception:  # noqa: BLE001 - a model that cannot be built on meta: each run's train checks its rules
