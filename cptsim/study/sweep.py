@@ -135,7 +135,7 @@ class SweepSettings:
         started, so a bad flag fails once here rather than once per run. ``device_here`` False: the runs train
         elsewhere (Slurm nodes), so --device cuda is not asked of this machine (a login node has no GPU)."""
         from cptsim.data import dataset_info
-        from cptsim.models import meta_model
+        from cptsim.models import create_model, meta_model
         from cptsim.run.config import TrainConfig, validate
 
         device = self.device
@@ -157,8 +157,14 @@ class SweepSettings:
             format_map(self.number_format or "int", self.grad_format)  # the names, and the pairing, checked once
         info = dataset_info(self.dataset, self.data_dir, self.image_size)
         shape = tuple(int(d) for d in info.input_shape)
-        meta_model(self.model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape,
-                   graph=info.graph_edges is not None)
+        kw = dict(num_classes=info.num_classes, in_channels=shape[0], input_shape=shape,
+                  graph=info.graph_edges is not None)
+        try:
+            meta_model(self.model, **kw)
+        except InputError:
+            raise
+        except Exception:  # noqa: BLE001 - a model that cannot be built on meta: build it for real
+            create_model(self.model, **kw)
 
     def train_flags(self) -> list[str]:
         """`cptsim train` flags for this workload; every value spelled out, so train's defaults cannot drift."""
