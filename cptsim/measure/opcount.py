@@ -166,10 +166,13 @@ def is_batch_norm(op: str) -> bool:
     return "batch_norm" in op
 
 
+_NORM = re.compile(r"(batch|layer|group|instance)_norm")
+
+
 def is_norm(op: str) -> bool:
     """Batch, layer, group and instance norm ops, forward and backward (their own achieved bandwidth on a GPU:
     statistics reduced per channel or row, then applied)."""
-    return re.search(r"(batch|layer|group|instance)_norm", op) is not None
+    return _NORM.search(op) is not None
 
 
 def attention_macs(base: str, tensors: list) -> int:
@@ -369,7 +372,19 @@ class OpProfile:
         """Per phase: memory-op bytes per sample and fixed, kernel launches (all kinds), GEMM launches and the
         convolutions' among them, the
         fused attention kernels' MACs and bytes per sample, and the graph aggregation's kernels' bytes (counted
-        apart: the cost model prices the aggregation from its layer entries)."""
+        apart: the cost model prices the aggregation from its layer entries).
+
+        Kept for as long as ``records`` holds the same record objects: the cost model asks for it on every
+        estimate, and a fit or a planner search estimates one profile thousands of times. Callers only read it."""
+        recs = self.records
+        cached = self.__dict__.get("_summary_cache")
+        if cached is not None and len(cached[0]) == len(recs) and all(a is b for a, b in zip(cached[0], recs)):
+            return cached[1]
+        s = self._summary()
+        self.__dict__["_summary_cache"] = (tuple(recs), s)
+        return s
+
+    def _summary(self) -> dict[str, dict[str, float]]:
         s = {p: {"bytes_per_sample": 0.0, "bytes_fixed": 0.0, "launches": 0.0, "gemm_launches": 0.0,
                  "conv_launches": 0.0,
                  "attention_macs_per_sample": 0.0, "attention_bytes_per_sample": 0.0,
