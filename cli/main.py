@@ -37,8 +37,9 @@ class CptsimGroup(click.Group):
             die(str(e), 2)
         except RunFailed as e:
             die(str(e), 1)
-        except RunStopped as e:
-            die(str(e), 130)
+        except RunStopped as e:  # stopped as asked (^C), with what to do next: a notice, not an error
+            click.echo(str(e), err=True)
+            sys.exit(130)
         except KeyboardInterrupt as e:
             die(str(e) or "interrupted", 130)
         except Exception as e:  # anything else is our bug or the environment's; say so on one line
@@ -47,12 +48,78 @@ class CptsimGroup(click.Group):
             die(f"{type(e).__name__}: {e} (set CPTSIM_DEBUG=1 for the traceback)", 1)
         sys.exit(rv if isinstance(rv, int) else 0)
 
-    # The main job first (plan -> train -> report), then the building blocks; click would sort them by name.
-    ORDER = ("plan", "train", "report", "cost", "sweep", "profile", "schedules", "hw", "range-test")
+    # Each command's module is imported only when that command runs (click's "lazy group"): most of them import
+    # torch, which takes seconds, and `cptsim --version` or `cptsim --help` needs none of them. So the group itself
+    # knows every command's name, module and one-line help; loading a command gives it that same short help, so
+    # the listing reads the same whether or not the command has been loaded. The main job first (plan -> train ->
+    # report), then the building blocks; click would sort them by name.
+    LAZY = {
+        "plan": ("plan_cmd", "plan",
+                 "Search precision schedules for the best one that fits a budget; write plan.json."),
+        "train": ("train_cmd", "train",
+                  "Run real quantized training with a cyclic precision schedule and record what ran."),
+        "report": ("report_cmd", "report", "Compare a run's executed cost with its plan, the host estimate with "
+                                           "the measured time; plots and fit."),
+        "cost": ("cost_cmd", "cost", "Cost one precision schedule on several hardware profiles: BitOPs, energy, "
+                                     "latency, and the saving over static q_max."),
+        "sweep": ("sweep_cmd", "sweep",
+                  "Train schedules x seeds of one workload in parallel or on Slurm; report accuracy vs cost."),
+        "profile": ("profile_cmd", "profile", "Per-layer MACs (forward, dgrad, wgrad) of a model, and what one "
+                                              "training step costs on a hardware profile."),
+        "schedules": ("schedules_cmd", "schedules", "The precision schedules: CPT's cosine schedule, the "
+                                                    "ten-schedule suite of Wolfe & Kyrillidis, the static baseline."),
+        "hw": ("hw_cmd", "hw", "Hardware profiles: what a GEMM at given bit widths costs on a machine."),
+        "range-test": ("rangetest_cmd", "range_test",
+                       "CPT's precision range test: short training at rising bits, suggests q_min."),
+        "sensitivity": ("sensitivity_cmd", "sensitivity", "Measure per-layer sensitivity to low precision "
+                                                          "(Hutchinson Hessian trace and one-layer loss increase)."),
+    }
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.commands = _LazyCommands(self)
 
     def list_commands(self, ctx):
-        names = super().list_commands(ctx)
-        return [n for n in self.ORDER if n in names] + [n for n in names if n not in self.ORDER]
+        return list(self.LAZY) + [n for n in self.commands if n not in self.LAZY]
+
+    def get_command(self, ctx, cmd_name):
+        return self.commands.get(cmd_name)
+
+    def load(self, name: str) -> click.Command:
+        import importlib
+
+        module, attr, short_help = self.LAZY[name]
+        cmd = getattr(importlib.import_module(f"cptsim.cli.{module}"), attr)
+        cmd.short_help = short_help
+        return cmd
+
+    def format_commands(self, ctx, formatter):
+        # The listing from the table alone, so that `--help` imports no command module.
+        rows = [(n, spec[2]) for n, spec in self.LAZY.items()]
+        rows += [(n, c.get_short_help_str()) for n, c in self.commands.items() if n not in self.LAZY]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+class _LazyCommands(dict):
+    """The group's name -> command map, filled from the group's table on first use of a name, so that
+    ``cli.commands["train"]`` works as on an ordinary click group."""
+
+    def __init__(self, group: CptsimGroup):
+        super().__init__()
+        self._group = group
+
+    def __missing__(self, name):
+        if name not in self._group.LAZY:
+            raise KeyError(name)
+        cmd = self[name] = self._group.load(name)
+        return cmd
+
+    def get(self, name, default=None):
+        try:
+            return self[name]
+        except KeyError:
+            return default
 
 
 @click.group(cls=CptsimGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -75,35 +142,6 @@ def cli() -> None:
       cptsim sweep                     schedules x seeds in parallel, a results database, accuracy vs cost
       cptsim hw list | show | calibrate  hardware profiles (GPUs, Bit Fusion, bit-serial, int8 array, this host)
     """
-
-
-def _register() -> None:
-    from cptsim.cli import hw_cmd, schedules_cmd, train_cmd
-    from cptsim.cli import rangetest_cmd
-
-    cli.add_command(train_cmd.train)
-    cli.add_command(schedules_cmd.schedules)
-    from cptsim.cli import cost_cmd, profile_cmd
-
-    cli.add_command(profile_cmd.profile)
-    cli.add_command(cost_cmd.cost)
-    cli.add_command(hw_cmd.hw)
-    cli.add_command(rangetest_cmd.range_test)
-    from cptsim.cli import report_cmd
-
-    cli.add_command(report_cmd.report)
-    from cptsim.cli import plan_cmd
-
-    cli.add_command(plan_cmd.plan)
-    from cptsim.cli import sweep_cmd
-
-    cli.add_command(sweep_cmd.sweep)
-    from cptsim.cli import sensitivity_cmd
-
-    cli.add_command(sensitivity_cmd.sensitivity)
-
-
-_register()
 
 
 def main() -> None:

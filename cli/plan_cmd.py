@@ -73,8 +73,7 @@ baseline, the alternatives, the cost-vs-score Pareto frontier and notes.
 """
 
 
-@click.command("plan", epilog=_EPILOG,
-               short_help="Search precision schedules for the best one that fits a budget; write plan.json.")
+@click.command("plan", epilog=_EPILOG)  # its short help is in cli/main.py's table
 @click.option("--budget", required=True, help="NUMBER UNIT: 65%, 2.5e17bitops, 500kJ, 3h (grammar below).")
 @click.option("--metric", type=click.Choice(["bitops", "energy", "latency"]), default=None,
               help="What a % budget is a fraction of [default: bitops; an absolute unit picks its own metric].")
@@ -337,20 +336,46 @@ def _predicted_cell(a: dict) -> str:
     return "-"
 
 
+_UNIFORM = "u"  # the table's mark of the best uniform schedule when a per-layer plan replaced it
+
+
+def _per_layer(doc: dict) -> bool:
+    """Whether plan.json holds a per-layer plan (a schedule and layer rules that replace the uniform pick)."""
+    return isinstance(doc.get("layers"), dict)
+
+
+def chosen_text(doc: dict) -> str:
+    """What plan.json holds, as `cptsim train --plan` will run it: the schedule, and a per-layer plan's layer rule."""
+    text = doc["schedule"]["text"]
+    ran = (doc.get("number_format") or {}).get("run")
+    if ran:  # a float family: the text form alone reads as integers
+        fwd = list(dict.fromkeys(ran["forward"].values()))
+        grad = list(dict.fromkeys(ran["gradient"].values()))
+        text += f" in {'/'.join(fwd)}" + ("" if grad == fwd else f", gradients {'/'.join(grad)}")
+    if _per_layer(doc):
+        text += f" with layer rule {doc['layers'].get('text') or '(none)'}"
+    return text
+
+
 def print_plan(p, doc: dict) -> None:
     """The top candidates, the chosen one highlighted, then baseline and notes."""
     from cptsim.planner.search import METRIC_NAMES
 
     w = p.workload
+    layered = _per_layer(doc)
     what = METRIC_NAMES[p.metric]
     base = p.baseline_schedule.to_text()
     t = Table(title=f"plan: {w.describe()}; {p.hardware.name}; budget {p.budget.describe()} "
                     f"= {si(p.budget_absolute, {'bitops': '', 'energy': 'J', 'latency': 's'}[p.metric])}"
                     f"{' BitOPs' if p.metric == 'bitops' else ''}",
               title_justify="left",
-              caption=f"{len(p.candidates)} candidates; n = cycles, bits = mean forward bits, budget = % of the budget "
-                      f"used, static = {what} as % of {base}; "
-                      f"ranked by {_RANKED_BY.get(p.ranking, 'score')}",
+              caption=f"{len(p.candidates)} candidates; n = cycles, bits = mean forward bits"
+                      + (" (the schedule's nominal widths; BitOPs count each format's element bits)"
+                         if doc.get("number_format") else "")
+                      + f", budget = % of the budget used, static = {what} as % of {base}; "
+                      f"ranked by {_RANKED_BY.get(p.ranking, 'score')}"
+                      + (f"; {_UNIFORM}1 = the best uniform schedule, which the per-layer plan below replaces"
+                         if layered else ""),
               caption_justify="left", box=None, pad_edge=False, collapse_padding=True, padding=(0, 1),
               header_style="bold underline")
     t.add_column("#", justify="right", no_wrap=True)
@@ -364,18 +389,21 @@ def print_plan(p, doc: dict) -> None:
             t.add_section()
         chosen = a["role"] == "chosen"
         label = "min" if a["role"] == "cheapest" else str(a["rank"])
-        t.add_row((">" if chosen else "") + label, a["schedule"],
+        mark = (_UNIFORM if layered else ">") if chosen else ""
+        t.add_row(mark + label, a["schedule"],
                   "-" if a["name"] == "static" else str(a["cycles"]), f"{a['mean_bits']:.2f}",
                   si(a["bitops"]), si(a["energy_j"], "J"), si(a["latency_s"], "s"), _pct(a["budget_fraction"]),
                   _pct(a["vs_baseline"]), f"{a['score']:.4f}",
                   *((_predicted_cell(a),) if predicted else ()),
-                  style="bold green" if chosen else None)
+                  style=("green" if layered else "bold green") if chosen else None)
     budgeted = {"bitops": "BitOPs", "energy": "energy", "latency": "latency"}[p.metric]  # never left out
     print_table(t, drop=tuple(c for c in ("n", "static", "bits", "latency", "energy", "BitOPs") if c != budgeted))
     est, b = doc["estimate"], doc["baseline"]
-    out.print(f"[bold]chosen[/]: {p.schedule.to_text()}: {si(est['bitops']['total'])} BitOPs, "
+    out.print(f"[bold]chosen[/]: {chosen_text(doc)}: {si(est['bitops']['total'])} BitOPs, "
               f"{si(est['energy_j'], 'J')}, {si(est['latency_s'], 's')} on {p.hardware.name}; "
-              f"{_pct(p.budget_fraction)} of the budget, score {p.score:.4f}", highlight=False)
+              f"{_pct(est['budget_fraction'])} of the budget, score {est['score']:.4f}"
+              + (f" (per-layer; the best uniform schedule, row {_UNIFORM}1, scored {p.score:.4f})"
+                 if _per_layer(doc) else ""), highlight=False)
     out.print(f"baseline {base}: {si(b['bitops']['total'])} BitOPs, {si(b['energy_j'], 'J')}, "
               f"{si(b['latency_s'], 's')}", highlight=False)
     from .cost_cmd import sureness_lines
@@ -400,5 +428,5 @@ def print_plan(p, doc: dict) -> None:
                            f" (resolves gaps >= {100 * r['resolvable_gap']:.1f} points)"))
             out.print(f"pilot round {r['round'] + 1} ({r['steps']} steps): {accs}{test}"
                       f"{'' if r['separated'] else ' - not separated'}", highlight=False)
-    for n in p.notes:
+    for n in doc.get("notes", p.notes):
         out.print(f"[yellow]note:[/] {n}", highlight=False)

@@ -26,8 +26,7 @@ Examples:
 """
 
 
-@click.command("range-test", epilog=_EPILOG,
-               short_help="CPT's precision range test: short training at rising bits, suggests q_min.")
+@click.command("range-test", epilog=_EPILOG)  # its short help is in cli/main.py's table
 @workload_options("model", "dataset", "data_dir", "image_size", "batch_size", "fp_layers", "number_format",
                   "grad_format")
 @click.option("--lr", type=float, default=0.05, show_default=True, help="Constant SGD learning rate.")

@@ -49,7 +49,8 @@ def _pct(x, none="-") -> str:
 @click.argument("run_dirs", nargs=-1, required=True, metavar="RUN_DIR...")
 @click.option("--hw", "--hardware", "hw", default=None,
               help="Comma-separated target profiles to model the executed run on "
-                   "[default: the plan's hardware, h100, bitfusion].")
+                   "[default: the plan's hardware, h100, and bitfusion for an integer run (it computes "
+                   "integers only)].")
 @click.option("--host", "host", default="host", show_default=True,
               help="Host profile (name or .toml path) that models this machine's wall time.")
 @click.option("--top", type=int, default=10, show_default=True, help="Layers in the per-layer table.")
@@ -220,7 +221,7 @@ def _print_run(r) -> None:
     d = r.data
     run, b, h = d["run"], d["bitops"], d["host_time"]
     plan = run["plan"]
-    head = (f"[bold]{run['path']}[/bold]: {run['model']} on {run['dataset']}, {run['schedule']}; "
+    head = (f"[bold]{run['path']}[/bold]: {run['model']} on {run['dataset']}, {run['schedule_label']}; "
             + (f"plan {plan['digest']} (budget {plan['budget']}, hardware {plan['hardware']})" if plan
                else "no plan (schedule given by hand)")
             + f"; {run['steps_done']} of {run['total_steps']} steps"
@@ -253,6 +254,8 @@ def _print_run(r) -> None:
                   highlight=False)
         for why in b["reasons"]:
             out.print(f"  - {why}", highlight=False)
+        if run.get("number_format"):  # a float run: its widths are nominal, its BitOPs count element bits
+            out.print(f"  {run['number_format']['bitops_count']}", highlight=False)
 
     if h:
         t = Table(title=f"host time on this machine: measured vs modelled ({h['profile']} profile"
@@ -276,7 +279,8 @@ def _print_run(r) -> None:
                   f"[bold]{h['modelled_s']:.3f} s[/bold]", f"[bold]{_pct(h['error_pct'])}[/bold]", "")
         print_table(t, drop=("wall", "steps"))
         out.print("  measured: sum of the trace's step times on this machine; modelled: the host profile's estimate "
-                  "of the same steps; wall: the whole epoch incl. data loading and evaluation", highlight=False)
+                  "of the same steps; wall: the epoch's training loop, data loading included, evaluation not (a "
+                  "resumed epoch: the time up to its checkpoint and the time after the resume)", highlight=False)
         out.print(f"  median per-step error {_f(h['median_abs_step_error_pct'], '{:.1f}%')}", highlight=False)
         out.print(f"  host time: modelled {h['modelled_s']:.2f} s vs measured {h['measured_s']:.2f} s, error "
                   f"{_pct(h['error_pct'])} (host profile {h['profile']}"
@@ -390,11 +394,14 @@ def _print_saving(s) -> None:
 
 def _print_comparison(rows) -> None:
     t = Table(title="runs compared (accuracy at q_max, measured; cost executed)", title_justify="left")
-    for col in ("run", "model", "schedule", "steps", "BitOPs", "vs static", "time (measured)", "final acc",
-                "best acc"):
-        t.add_column(col, justify="left" if col in ("run", "model", "schedule") else "right")
+    # the number format beside the schedule: "static:8" is an integer run in one row and FP8 in the next
+    formats = any(r["number_format"] != "int" for r in rows)
+    for col in ("run", "model", "schedule", *(("format",) if formats else ()), "steps", "BitOPs", "vs static",
+                "time (measured)", "final acc", "best acc"):
+        t.add_column(col, justify="left" if col in ("run", "model", "schedule", "format") else "right")
     for r in rows:
-        t.add_row(r["run"], r["model"] or "", r["schedule"], f"{r['steps_done']}/{r['total_steps']}",
+        t.add_row(r["run"], r["model"] or "", r["schedule"], *((r["number_format"],) if formats else ()),
+                  f"{r['steps_done']}/{r['total_steps']}",
                   si(r["executed_bitops"]), _f(r["relative_to_static"] and 100 * r["relative_to_static"], "{:.1f}%"),
                   _f(r["measured_time_s"], "{:.2f} s"), _f(r["final_acc"] and 100 * r["final_acc"], "{:.2f}%"),
                   _f(r["best_acc"] and 100 * r["best_acc"], "{:.2f}%"))

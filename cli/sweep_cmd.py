@@ -76,8 +76,7 @@ schedules, with its seed spread (the correlation computed within each seed: mean
 """
 
 
-@click.command("sweep", epilog=_EPILOG,
-               short_help="Train schedules x seeds of one workload in parallel or on Slurm; report accuracy vs cost.")
+@click.command("sweep", epilog=_EPILOG)  # its short help is in cli/main.py's table
 @click.option("--schedules", default=None, help='Schedules, comma-separated text forms: "cpt:3-8:g8:n32,static:5".')
 @click.option("--seeds", default="0", show_default=True, help='Seeds: "0,1,2" or "0-4".')
 @click.option("--jobs", "-j", type=int, default=None,

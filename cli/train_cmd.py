@@ -429,7 +429,8 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
         if out is None:
             out = _default_out(cfg.model, cfg.schedule)
         if progress:
-            err.print(f"training plan {plan_path}: {cfg.model} on {cfg.dataset} with {cfg.schedule} -> {out}")
+            err.print(f"training plan {plan_path}: {cfg.model} on {cfg.dataset} with {cfg.schedule}"
+                      f"{_layer_rule_text(cfg.layer_schedule)} -> {out}", highlight=False)
         if changed:
             err.print("overriding the plan: " + ", ".join(
                 "--no-augment (the plan augments)" if k == "augment" else
@@ -452,19 +453,16 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
                             channels_last=channels_last, image_size=image_size, number_format=number_format,
                             grad_format=grad_format, **keep)
         # Cheap checks first, so that a typo is the only line the user sees (the banner below would precede it).
-        import torch
-
         from cptsim.data import check_data_dir, dataset_info
         from cptsim.errors import InputError
-        from cptsim.models import create_model
+        from cptsim.models import meta_model
 
         T.validate(cfg)
         info = dataset_info(dataset, data_dir, image_size)
         check_data_dir(dataset, data_dir)
         try:  # on the meta device: no weights are made, only the name and the model/data pairing are checked
-            with torch.device("meta"):
-                meta = create_model(model, num_classes=info.num_classes, in_channels=info.input_shape[0],
-                                    input_shape=tuple(info.input_shape), graph=info.graph_edges is not None)
+            meta = meta_model(model, num_classes=info.num_classes, in_channels=info.input_shape[0],
+                              input_shape=tuple(info.input_shape), graph=info.graph_edges is not None)
             if fp:  # and that every --fp-layers pattern names a layer of it
                 from cptsim.numerics.layers import resolve_fp_layers
 
@@ -482,7 +480,7 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
         if progress:
             fmt = "" if number_format == "int" and grad_format is None else \
                 f" in {number_format} formats" + (f", gradients {grad_format}" if grad_format else "")
-            err.print(f"training {model} on {dataset} with {text}{fmt} -> {out}  (eval at "
+            err.print(f"training {model} on {dataset} with {text}{_layer_rule_text(layers)}{fmt} -> {out}  (eval at "
                       f"{f'{eval_bits} bits' if eval_bits else 'q_max'})", highlight=False)
         run = T.train(_tensorboard(cfg), out, progress=progress)
     from cptsim.run import dist
@@ -491,6 +489,9 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
     if os.environ.get("RANK", "0") != "0":
         return  # rank 0 reports for the job
     summary = run_summary(run) | {"wall_time_s": round(time.perf_counter() - t0, 2)}
+    fmt = _number_format(run)
+    if fmt is not None:
+        summary["number_format"] = fmt
     if as_json:
         emit_json(summary)
         return
@@ -501,12 +502,16 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
     best = summary["best_test_acc"]
     rows = [
         ("model / dataset", f"{summary['model']} / {summary['dataset']}"),
-        ("schedule", summary["schedule"]),
+        ("schedule", summary["schedule"] if fmt is None else f"{summary['schedule']} in {fmt['label']}"),
         ("steps", f"{summary['steps_done']} / {summary['total_steps']}"),
         ("epochs evaluated", str(summary["epochs_done"])),
         (f"final test accuracy @ {summary['eval_bits']} bits", "-" if acc is None else f"{100 * acc:.2f}%"),
         ("best test accuracy", "-" if best is None else f"{100 * best:.2f}%"),
-        ("mean forward bits", "-" if summary["mean_bits"] is None else f"{summary['mean_bits']:.2f}"),
+        ("mean forward bits" if fmt is None else "mean forward width (the schedule's nominal bits)",
+         "-" if summary["mean_bits"] is None else f"{summary['mean_bits']:.2f}"),
+        *([] if fmt is None or fmt["mean_element_bits"] is None else [
+            # a float family: the schedule's widths are nominal, what BitOPs count is each format's element bits
+            ("mean forward element bits (what BitOPs count)", f"{fmt['mean_element_bits']:.2f}")]),
         ("training time (sum of steps)", f"{summary['train_time_s']:.1f} s"),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
     ]
@@ -519,3 +524,21 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
     for k, v in rows:
         table.add_row(k, v)
     console.print(table)
+
+
+def _layer_rule_text(layers: dict | None) -> str:
+    """The banner's words for a per-layer schedule (TrainConfig.layer_schedule): the rules, in the text form
+    `--layer` takes and plan.json's layers.text holds."""
+    rules = (layers or {}).get("rules") or []
+    return f" and layer rule {';'.join(map(str, rules))}" if rules else ""
+
+
+def _number_format(run) -> dict | None:
+    """A float-format run's formats and the bits its BitOPs count (cptsim.study.report.number_format_of), or None."""
+    from cptsim.study.report import number_format_of, run_format_map
+
+    fmap = run_format_map(run.read_config())
+    if fmap is None:
+        return None
+    steps = run.read_trace().records
+    return number_format_of(fmap, [r["bits"] for r in steps], [r["grad_bits"] for r in steps])

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from fractions import Fraction
 from itertools import product
 
 import numpy as np
@@ -97,7 +98,8 @@ def _check(value, cost, allowed):
 
 def solve(value, cost, budget: float, ties=(), allowed=None, time_limit: float = 10.0) -> Solution:
     """The MILP above with ``scipy.optimize.milp``. ``value``, ``cost``: (L, M); ``budget``: the bound on the sum of
-    chosen costs; ``allowed``: (L, M) bools (default all; NaN/inf entries are never allowed)."""
+    chosen costs (a float or an exact ``Fraction``), which the chosen costs' exact sum never exceeds; ``allowed``:
+    (L, M) bools (default all; NaN/inf entries are never allowed)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     t0 = time.perf_counter()
@@ -113,15 +115,36 @@ def solve(value, cost, budget: float, ties=(), allowed=None, time_limit: float =
     scale = max(abs(float(budget)), float(np.abs(C).max()), 1e-300)
     rows = [np.kron(np.eye(U), np.ones(M)), (C / scale).reshape(1, -1)]
     lo = np.concatenate([np.ones(U), [-np.inf]])
-    hi = np.concatenate([np.ones(U), [budget / scale]])
-    res = milp(-V.reshape(-1), constraints=LinearConstraint(np.vstack(rows), lo, hi),
-               integrality=np.ones(U * M), bounds=Bounds(0, A.reshape(-1).astype(np.float64)),
-               options={"time_limit": time_limit, "mip_rel_gap": 1e-9})
+
+    def run(bound: float):
+        hi = np.concatenate([np.ones(U), [bound / scale]])
+        return milp(-V.reshape(-1), constraints=LinearConstraint(np.vstack(rows), lo, hi),
+                    integrality=np.ones(U * M), bounds=Bounds(0, A.reshape(-1).astype(np.float64)),
+                    options={"time_limit": time_limit, "mip_rel_gap": 1e-9})
+
+    # HiGHS accepts a choice that breaks the budget row by up to its feasibility tolerance (~1e-6 of the budget):
+    # each choice is checked against the budget in exact arithmetic, and the row tightened by 4x the choice's
+    # excess over the row (so the excess it can hide grows 5x a solve: the smallest tightening that works is
+    # found first, and the choice stays the best that fits); one still over after that is repaired by the
+    # cheapest downgrades.
+    bound, pick, res, status, repaired = float(budget), None, None, None, False
+    for _ in range(_RESOLVES):
+        got = run(bound)
+        if got.x is None:
+            status = status or _status(got)
+            break
+        res, status = got, _status(got)
+        pick = np.asarray(got.x).reshape(U, M).argmax(axis=1)
+        if _overshoot(C, pick, budget) <= 0:
+            break
+        bound -= 4 * float(_overshoot(C, pick, bound))
+    if pick is not None and _overshoot(C, pick, budget) > 0:
+        pick, repaired = _repair(V, C, A, pick, budget), True
     dt = time.perf_counter() - t0
-    status = {0: "optimal", 1: "time limit", 2: "infeasible", 3: "unbounded"}.get(res.status, res.message)
-    if res.x is None:
-        return Solution(np.full(L, -1), -np.inf, np.inf, status, np.inf, dt)
-    pick = np.asarray(res.x).reshape(U, M).argmax(axis=1)
+    if pick is None:
+        return Solution(np.full(L, -1), -np.inf, np.inf, "infeasible" if repaired else status, np.inf, dt)
+    if repaired:
+        status = f"{status}, repaired to fit the budget"
     choice = np.empty(L, dtype=np.int64)
     for u, members in enumerate(units):
         choice[members] = pick[u]
@@ -129,6 +152,35 @@ def solve(value, cost, budget: float, ties=(), allowed=None, time_limit: float =
     got_c = float(cost[np.arange(L), choice].sum())
     gap = float(getattr(res, "mip_gap", 0.0) or 0.0)
     return Solution(choice, got_v, got_c, status, gap, dt)
+
+
+_RESOLVES = 6  # solves of one program before a choice still over the budget is repaired
+
+
+def _status(res) -> str:
+    return {0: "optimal", 1: "time limit", 2: "infeasible", 3: "unbounded"}.get(res.status, res.message)
+
+
+def _overshoot(C, pick, budget) -> Fraction:
+    """How far the chosen options' cost lies above ``budget``, exactly (> 0: over; floats are exact fractions)."""
+    return sum((Fraction(float(C[u, m])) for u, m in enumerate(pick)), Fraction(0)) - Fraction(budget)
+
+
+def _repair(V, C, A, pick, budget):
+    """``pick`` made to fit ``budget``: one unit at a time moved to a cheaper allowed option, the move that loses
+    the least value per unit of cost saved first. None when even the cheapest options do not fit."""
+    pick = np.array(pick)
+    while _overshoot(C, pick, budget) > 0:
+        best = None
+        for u in range(len(pick)):
+            for m in np.flatnonzero(A[u] & (C[u] < C[u, pick[u]])):
+                loss = (V[u, pick[u]] - V[u, m]) / (C[u, pick[u]] - C[u, m])
+                if best is None or loss < best[0]:
+                    best = (loss, u, m)
+        if best is None:
+            return None
+        pick[best[1]] = best[2]
+    return pick
 
 
 def brute_force(value, cost, budget: float, ties=(), allowed=None) -> Solution:
@@ -257,7 +309,8 @@ def plan_layers(workload, hardware, base, metric: str, budget: float, weights: d
     tie_names = resnet_ties(qnames) if ties is None else ties
     pos = {n: i for i, n in enumerate(qnames)}
     tie_idx = [[pos[n] for n in g if n in pos] for g in tie_names]
-    sol = solve(value, cost, budget - const, ties=tie_idx, time_limit=time_limit)
+    # the room the choices have, exactly: budget - const in floats may round up past it
+    sol = solve(value, cost, Fraction(float(budget)) - Fraction(const), ties=tie_idx, time_limit=time_limit)
     if sol.status == "infeasible" or sol.choice[0] < 0:
         return None
     chosen = {n: int(offsets[sol.choice[i]]) for i, n in enumerate(qnames)}
@@ -393,11 +446,15 @@ def plan_doc_with_layers(doc: dict, p, lp, rows: list, weights_from: str) -> dic
     est = est or estimate(w.profile, lp.base, p.hardware, steps=w.steps, batch_size=w.batch_size,
                           dataset_size=w.dataset_size, layers=lp.resolved, static_bits=p.baseline_schedule.q_max,
                           formats=getattr(w, "formats", None))
+    from .select import _cost_json, evaluation_json
+
     base_total = p.baseline.bitops["total"]
     e = doc["estimate"]
-    e.update({"bitops": est.bitops, "energy_j": est.energy_j and est.energy_j["total"],
-              "latency_s": est.latency_s and est.latency_s["total"], "relative_to_static": est.bitops["total"]
-              / base_total, "score": lp.score, "per_layer": est.per_layer, "macs": est.macs})
+    # every figure of the estimate is the per-layer plan's (none left over from the uniform pick it replaces)
+    e.update(_cost_json(est, p.baseline))
+    e.update({"relative_to_static": est.bitops["total"] / base_total, "score": lp.score,
+              "mean_bits": float(lp.base.bits(w.steps).mean()), "per_layer": est.per_layer})
+    doc["evaluation"] = evaluation_json(lp.base, w.steps)
     key = COST_KEYS[p.metric]
     total = est.bitops["total"] if key == "bitops" else getattr(est, key)["total"]
     e["budget_fraction"] = total / p.budget_absolute

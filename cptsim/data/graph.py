@@ -339,12 +339,13 @@ def safe_unpickle(path: Path, what: str = "planetoid"):
     except _Refused as e:
         raise InputError(f"{what}: {path} is not a Planetoid file: its pickle asks for {e}, which the format never "
                          "uses; refused without loading it") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
-            ImportError, MemoryError, OverflowError) as e:
-        raise InputError(f"{what}: could not read {path} ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else 'corrupt pickle'})") from None
     except OSError as e:
         raise InputError(f"{what}: cannot read {path}: {e.strerror or e}") from None
+    except Exception as e:  # noqa: BLE001 - only _ALLOWED's constructors run in load(), so whatever they raise on
+        # the file's arguments (LookupError from _codecs.encode's encoding name, RecursionError from nesting, ...)
+        # says the file is not a Planetoid pickle
+        raise InputError(f"{what}: could not read {path} ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else 'corrupt pickle'})") from None
 
 
 _SUFFIX_RE = re.compile(r"^ind\.(.+)\.(" + "|".join(re.escape(s) for s in sorted(PLANETOID_SUFFIXES, key=len,

@@ -230,6 +230,21 @@ def _read_jsonl(path: Path) -> JsonLines:
     return out
 
 
+def _not_a_run_file(p: Path) -> str:
+    """What a file given where a run directory belongs is, and what to give instead: a run's own file names its
+    directory, a plan (cptsim plan's plan.json) is trained first."""
+    if (p.parent / CONFIG).is_file():
+        return f"{p} is a file of the run directory {p.parent}, not a run directory: give {p.parent}"
+    try:
+        fmt = json.loads(p.read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        fmt = None
+    if isinstance(fmt, str) and fmt.startswith("cptsim.plan/"):
+        return (f"{p} is a plan file, not a run directory: train it with `cptsim train --plan {p} --out DIR`, "
+                "then give DIR")
+    return f"{p} is a file, not a run directory"
+
+
 class RunDir:
     """A run directory on disk. `create` for a new run, `open` for an existing one."""
 
@@ -257,6 +272,8 @@ class RunDir:
     @classmethod
     def open(cls, path: str | os.PathLike) -> "RunDir":
         p = Path(path)
+        if p.is_file():
+            raise InputError(_not_a_run_file(p))
         if not p.is_dir():
             raise InputError(f"{p} is not a run directory (no such directory)")
         if not (p / CONFIG).is_file():

@@ -84,7 +84,8 @@ def run_figure(report) -> bytes:
     ax_metric = fig.add_subplot(grid[1, 0], sharex=ax_bits)  # under the precision: same steps
     ax_layers, ax_time = fig.add_subplot(grid[1, 1]), fig.add_subplot(grid[2, :])
     _metric_panel(ax_metric, s.get("accuracy") or {})
-    title = f"{d['run']['name']}: {d['run']['model']} on {d['run']['dataset']}, {d['run']['schedule']}"
+    title = (f"{d['run']['name']}: {d['run']['model']} on {d['run']['dataset']}, "
+             f"{d['run'].get('schedule_label', d['run']['schedule'])}")
     fig.suptitle(title, fontsize=12)
 
     if "step" in s:
@@ -135,7 +136,8 @@ def run_figure(report) -> bytes:
     ax_bits.set_xlabel("training step")
     ax_bits.set_ylabel("bits")
     ax_cum.set_xlabel("training step")
-    ax_cum.set_ylabel("BitOPs (cumulative)")
+    ax_cum.set_ylabel("BitOPs (cumulative)" if not d["run"].get("number_format")
+                      else "BitOPs (cumulative; each format's element bits)")
     for ax in (ax_bits, ax_cum):
         ax.grid(alpha=0.3)
 
@@ -240,7 +242,7 @@ def comparison_figure(rows: list[dict]) -> bytes:
                 continue
             c = f"C{i % 10}"
             ax.scatter([r[key]], [100 * r["final_acc"]], color=c, s=60, zorder=3,
-                       label=f"{i + 1}  {r['run']}: {r['model']}, {r['schedule']}")
+                       label=f"{i + 1}  {r['run']}: {r['model']}, {r.get('schedule_label', r['schedule'])}")
             if r["best_acc"] is not None and r["best_acc"] != r["final_acc"]:
                 ax.scatter([r[key]], [100 * r["best_acc"]], facecolors="none", edgecolors=c, s=60, zorder=3)
             # Numbers, not names, next to the points: runs of one cost sit on top of each other.

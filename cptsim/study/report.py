@@ -186,6 +186,11 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
         "missing_steps": len(executed.missing), "epochs_evaluated": len(metrics.records),
         "resume": run.resume_point(),  # the checkpoint `train --resume` would continue from, and any passed over
     }
+    # what ran; a run with no step yet: what its schedule will run
+    fmap = run_format_map(cfg)
+    info["number_format"] = number_format_of(fmap, [r["bits"] for r in steps] or run_sched.bits(cfg["total_steps"]),
+                                             [r["grad_bits"] for r in steps] or run_sched.grad_bits(cfg["total_steps"]))
+    info["schedule_label"] = schedule_label(info["schedule"], info["number_format"])
     data = {"format": REPORT_FORMAT, "run": info}
     series: dict = {"name": run.path.name}
 
@@ -218,7 +223,6 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
         # what ran, so the plan's op list costs both sides and executed == planned stays a comparison of the runs.
         prof = dataclasses.replace(prof, ops=plan_prof.ops)
         arrays = prof.arrays()
-    fmap = _run_format_map(cfg)
     if fmap is not None:
         data["number_format"] = cfg["number_format"]
     models_ragged, plan_est = _planned_estimate(plan, plan_prof, sched, planned_steps, batch, train_size,
@@ -276,7 +280,7 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
     series["host_time"] = data["host_time"]
 
     # ---- target hardware: modelled -------------------------------------------------------------------------
-    names = list(hardware) if hardware else _default_targets(plan)
+    names = list(hardware) if hardware else _default_targets(plan, fmap)
     rows, seen = [], set()
     mix = prof.op_mix()  # how sure each profile's times are for this network: its [validation] against this mix
     for name in names:
@@ -597,7 +601,7 @@ def _run_layers(cfg: dict, schedule):
     return layers_of_run(cfg, schedule)
 
 
-def _run_format_map(cfg: dict):
+def run_format_map(cfg: dict):
     """The float family a run trained in (config.json "number_format", issue 26) as a ``FormatMap``, else None
     (integers). Every re-count of the run and of its plan takes it, as the trace's own per-step BitOPs do (element
     bits: an MX step at width 5 ran MXFP6 and counts 6), so executed and planned compare like with like."""
@@ -607,6 +611,39 @@ def _run_format_map(cfg: dict):
     from cptsim.numerics.families import format_map
 
     return format_map(str(nf["family"]), nf.get("grad_format"))
+
+
+def number_format_of(fmap, q, g) -> dict | None:
+    """How a float-format run is named and what its numbers count (None for integers, where a width is its own
+    format and the bits BitOPs count). ``q`` / ``g``: the forward / gradient widths the run took.
+
+    A schedule's widths are nominal: the family runs each in one of its formats (MX at width 5 runs MXFP6), and
+    BitOPs count that format's element bits. ``label`` names the formats ("fp8e4m3", "mxfp4/mxfp6/mxfp8, gradients
+    fp8e5m2"); ``bitops_count`` says, width by width, which format ran and the element bits BitOPs counted for it."""
+    if fmap is None:
+        return None
+    q = np.asarray(q, dtype=np.int64)
+    g = np.asarray(g, dtype=np.int64)
+    used = fmap.used(q, g)
+    fwd = list(dict.fromkeys(used["forward"].values()))
+    grad = list(dict.fromkeys(used["gradient"].values()))
+    label = "/".join(fwd) + ("" if grad == fwd else f", gradients {'/'.join(grad)}")
+    counts = [f"width {w} ran {n} ({fmap.fwd_element_bits[w]:g} element bits)" for w, n in used["forward"].items()]
+    counts += [f"gradient width {w} ran {n} ({fmap.grad_element_bits[w]:g} element bits)"
+               for w, n in used["gradient"].items() if grad != fwd]
+    return {"family": fmap.family, "grad_format": fmap.grad_format, "label": label,
+            "forward": {str(w): n for w, n in used["forward"].items()},
+            "gradient": {str(w): n for w, n in used["gradient"].items()},
+            "mean_nominal_bits": float(q.mean()) if q.size else None,
+            "mean_element_bits": float(np.asarray(fmap.fwd_element_bits)[q].mean()) if q.size else None,
+            "bitops_count": "BitOPs count each operand at its format's element bits: " + ", ".join(counts)
+                            + "; 'bits' are the schedule's nominal widths"}
+
+
+def schedule_label(schedule_text: str, fmt: dict | None) -> str:
+    """A run's schedule as people read it: the text form, and for a float-format run the formats it ran in (the
+    text form alone reads as integers: an FP8 run would be "static:8:g8")."""
+    return schedule_text if fmt is None else f"{schedule_text} in {fmt['label']}"
 
 
 def _element_bits(fmap, q, g):
@@ -732,14 +769,24 @@ def _host_time(run, cfg, prof, steps, host_name, metrics, world, warnings) -> di
     total_model = estimate(prof, steps, host, per_layer=False).latency_s["total"]  # the cost model's own sum
     epochs = np.array([r["epoch"] for r in steps])
     wall = {m.get("epoch"): m.get("epoch_time_s") for m in metrics}
-    per_epoch = []
+    per_epoch, short = [], []
     for e in np.unique(epochs):
         sel = epochs == e
         ms, mo = float(meas[sel].sum()), float(model_steps[sel].sum())
+        w = wall.get(int(e))
+        if isinstance(w, (int, float)) and w < ms:
+            # An epoch's wall holds its steps, so it cannot be shorter than their sum: this one was timed from a
+            # mid-epoch resume on (a cptsim that did not carry the epoch's time in the checkpoint wrote it).
+            short.append(int(e))
+            w = None
         per_epoch.append({"epoch": int(e), "steps": int(sel.sum()), "measured_s": ms, "modelled_s": mo,
-                          "error_pct": _pct(mo, ms), "epoch_wall_s": wall.get(int(e))})
+                          "error_pct": _pct(mo, ms), "epoch_wall_s": w})
     energy = _measured_energy(steps, epochs, per_epoch, host, float(total_model))
     notes = list(host.notes) + ([warmup_note] if warmup_note else [])
+    if short:
+        notes.append(f"epoch {', '.join(map(str, short))}: no wall time: the one recorded is shorter than the "
+                     "epoch's step times, so it covers only the steps after a resume (a run trained by an older "
+                     "cptsim, whose checkpoints did not carry the epoch's time)")
     run_threads = (cfg.get("host") or {}).get("threads")
     if run_threads and host.params.get("threads") and run_threads != host.params["threads"]:
         notes.append(f"the run used {run_threads} threads, the host profile was measured with "
@@ -807,13 +854,24 @@ def _measured_energy(steps, epochs, per_epoch, host, total_model_s: float) -> di
             "energy_note": note}
 
 
-def _default_targets(plan) -> list[str]:
+def _default_targets(plan, fmap=None) -> list[str]:
+    """The plan's hardware, then DEFAULT_TARGETS less those that cannot run the run's number format (an
+    integer-only accelerator for a float run): a default the report would only skip, with a warning, is no default."""
+    from cptsim.cost.hardware import load_profile
+
     names = []
     if plan:
         hw = plan["hardware"]
         p = hw.get("path")
         names.append(p if p and Path(p).is_file() else hw["name"])
-    return names + list(DEFAULT_TARGETS)
+    for name in DEFAULT_TARGETS:
+        if fmap is not None:
+            try:
+                load_profile(name).with_formats(fmap)
+            except InputError:
+                continue
+        names.append(name)
+    return names
 
 
 def _layers(exe, prof, q, g, top: int, groups=None) -> dict:
@@ -856,6 +914,8 @@ def compare(reports: list[RunReport]) -> list[dict]:
         rows.append({
             "run": run["name"], "path": run["path"], "model": run["model"], "dataset": run["dataset"],
             "schedule": run["schedule"], "steps_done": run["steps_done"], "total_steps": run["total_steps"],
+            "number_format": (run.get("number_format") or {}).get("label", "int"),
+            "schedule_label": run.get("schedule_label", run["schedule"]),
             "executed_bitops": b["executed"]["total"] if b else None,
             "relative_to_static": b["executed"]["relative_to_static"] if b else None,
             "relative_to_fp32": b["executed"]["relative_to_fp32"] if b else None,
