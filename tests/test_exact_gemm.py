@@ -222,8 +222,13 @@ def test_gemm_paths_for_config(monkeypatch):
     off = exact_gemm.gemm_paths(m, "cpu")
     assert off["exact_gemm"] == "off (CPTSIM_EXACT_GEMM=0)" and off["layers"]["head"]["forward"] == "fp32-fake-quant"
     monkeypatch.delenv("CPTSIM_EXACT_GEMM")
-    paths = exact_gemm.gemm_paths(m, "cpu")  # on by default on a CPU
-    assert paths["exact_gemm"] == "on" and paths["layers"]["head"]["forward"] == "int8-exact"
+    # unset: this machine's measured decision (cptsim.numerics.gemm_choice; tests/test_gemm_choice.py), either way
+    for on in (True, False):
+        why = {"on": on, "why": f"measured: {'fast' if on else 'slow'}"}
+        monkeypatch.setattr(exact_gemm.gemm_choice, "measured_choice", lambda threads=None, why=why: why)
+        paths = exact_gemm.gemm_paths(m, "cpu")
+        assert paths["exact_gemm"] == ("on" if on else "off (measured: slow)") and paths["choice"] == why
+        assert paths["layers"]["head"]["forward"] == ("int8-exact" if on else "fp32-fake-quant")
     assert exact_gemm.gemm_paths(m, "cuda")["layers"]["head"]["forward"] == "fp32-fake-quant"  # CUDA: opt-in
     monkeypatch.setenv("CPTSIM_EXACT_GEMM", "1")
     paths = exact_gemm.gemm_paths(m, "cpu")

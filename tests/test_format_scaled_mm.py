@@ -14,7 +14,8 @@ pytestmark = pytest.mark.skipif(not E._cpu_scaled_mm(), reason="this torch has n
 
 
 def _bound(xq, wq):
-    """K ulp of sum |q_x| |q_w|: the FP32 accumulation rounding of either path against the exact product."""
+    """K ulp of sum |q_x| |q_w|: the FP32 accumulation rounding of either path against the exact product (torch's
+    CPU emulation of _scaled_mm accumulates in FP32; a GPU's FP8 tensor cores need exact_gemm.fp8_product_bound)."""
     K = xq.shape[-1]
     return (xq.abs().double() @ wq.abs().double().t()) * K * 2.0 ** -24 + 1e-45
 
@@ -38,6 +39,57 @@ def test_scaled_mm_is_the_fake_quant_product_within_fp32_rounding(scale, monkeyp
     assert ((y - fake).abs() <= 2 * _bound(xq, wq).float()).all()
     yb = E.scaled_mm_linear(x, xq, w, wq, b, fmt)
     assert torch.allclose(yb, y + b, rtol=0, atol=0)
+
+
+def _hopper_like(chunk: int, wrong: float = 1.0):
+    """torch._scaled_mm summing as Hopper's FP8 tensor cores do: exact products, ``chunk`` of them at a time added
+    into a running sum that keeps FP8_PARTIAL_SUM_BITS significant bits (truncated); the decode scales after, in
+    FP32. ``wrong`` multiplies scale_b: a genuinely wrong result."""
+    bits = E.FP8_PARTIAL_SUM_BITS
+
+    def truncate(v):
+        m, e = torch.frexp(v)
+        return torch.ldexp(torch.trunc(m * 2.0 ** bits) / 2.0 ** bits, e)
+
+    def scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.float32, **_):
+        A, B = a.double(), b.double()  # FP8 values: exact in float64; a chunk's sum is exact enough there
+        acc = torch.zeros(A.shape[0], B.shape[1], dtype=torch.float64)
+        for c in range(0, A.shape[1], chunk):
+            acc = truncate(acc + A[:, c:c + chunk] @ B[c:c + chunk, :])
+        return (acc.float() * scale_a.float() * (scale_b.float() * wrong)).to(out_dtype)
+
+    return scaled_mm
+
+
+@pytest.mark.parametrize("chunk", [4, 32])
+def test_the_fp8_bound_holds_for_reduced_precision_accumulation_and_rejects_a_wrong_result(chunk, monkeypatch):
+    """The bound a GPU check applies (exact_gemm.fp8_product_bound): a Hopper-like accumulation, which FP32
+    accumulation's bound (``_bound``, what the H100 check applied) rejects, is inside it; a wrong scale is not."""
+    monkeypatch.setenv("CPTSIM_SCALED_MM", "1")
+    g = torch.Generator().manual_seed(4)
+    fmt = F.parse_format("fp8e4m3")
+    K = 512
+    x, w = torch.randn(32, K, generator=g) * 3, torch.randn(48, K, generator=g)
+    xq, wq = F.quantize(x, fmt), F.quantize(w, fmt)
+    exact = xq.double() @ wq.double().t()
+    bound = E.fp8_product_bound(xq.abs().double() @ wq.abs().double().t(), K)
+    monkeypatch.setattr(torch, "_scaled_mm", _hopper_like(chunk))
+    err = (E.scaled_mm_linear(x, xq, w, wq, None, fmt).double() - exact).abs()
+    assert (err <= bound).all()
+    assert (err > _bound(xq, wq)).any()
+    fake = (xq @ wq.t()).double()  # the fake-quant GEMM: inside FP32's bound, so within both of the fast result
+    assert ((E.scaled_mm_linear(x, xq, w, wq, None, fmt).double() - fake).abs() <= bound + _bound(xq, wq)).all()
+    for factor in (2.0, 0.5):  # a decode scale off by a power of two (what a slipped exponent does)
+        monkeypatch.setattr(torch, "_scaled_mm", _hopper_like(chunk, wrong=factor))
+        assert ((E.scaled_mm_linear(x, xq, w, wq, None, fmt).double() - exact).abs() > bound).any()
+
+
+def test_the_fp8_bound_is_recursive_summation_at_14_bits():
+    mag = torch.ones(())
+    u = 2.0 ** -13
+    assert float(E.fp8_product_bound(mag, 1)) == pytest.approx(3 * 2.0 ** -24)
+    assert float(E.fp8_product_bound(mag, 512)) == pytest.approx(511 * u / (1 - 511 * u) + 3 * 2.0 ** -24)
+    assert float(E.fp8_product_bound(mag, 8193)) == float("inf")  # past k u = 1 the model bounds nothing
 
 
 def _fp_linear(seed=0):

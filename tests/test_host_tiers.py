@@ -77,7 +77,9 @@ def test_int8_is_priced_only_with_the_exact_path_on_and_a_measured_rate(tmp_path
     monkeypatch.setenv("CPTSIM_EXACT_GEMM", "1")
     assert load_profile(str(text)).int8_active  # this process's setting by default
     monkeypatch.delenv("CPTSIM_EXACT_GEMM")
-    assert load_profile(str(text)).int8_active  # ... which is on on a CPU when unset (exact_gemm.enabled)
+    for measured in (True, False):  # ... and unset, what this machine measured (exact_gemm.enabled, gemm_choice)
+        monkeypatch.setattr(X.gemm_choice, "measured_choice", lambda threads=None, m=measured: {"on": m, "why": ""})
+        assert load_profile(str(text)).int8_active is measured
 
     # the Linear layer's forward and wgrad get cheaper at 8 bits, nothing else changes
     a = _arrays()
@@ -133,9 +135,9 @@ def test_report_json_has_the_modelled_and_measured_host_saving(digits_uninterrup
     prof = digits_uninterrupted.read_profile()
     timed = lambda path, c, widths, n, raw: {w: [0.1 if w == (32, 32) else 0.12] * n for w in widths}  # noqa: E731
     s = R.host_saving(run, cfg, prof, steps, "host", measure=3, timer=timed)
-    # the run trained with the exact path on (the CPU default; config.json host.gemm_paths says so), but digits-cnn
+    # the exact path as the run recorded it (this machine's default; config.json host.gemm_paths), but digits-cnn
     # has no quantized Linear layer (its classifier is full precision) and the shipped host profile no int8 rate
-    assert s["exact_gemm"] is True and s["int8_priced"] is False
+    assert s["exact_gemm"] is (cfg["host"]["gemm_paths"]["exact_gemm"] == "on") and s["int8_priced"] is False
     assert s["measured_saving"]["vs_static32"] == pytest.approx(1 - 0.12 / 0.1)
     assert s["measured_saving"]["vs_static8"] == pytest.approx(0.0)
     assert s["modelled_saving"]["vs_static32"] < 0  # fake-quant: quantizer passes on top of FP32 GEMMs

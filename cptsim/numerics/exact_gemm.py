@@ -32,8 +32,12 @@ layer and per call. The quantizers are the same calls in the same order (the sto
 included), so the random stream and kill/resume exactness within a path are unchanged (tests/test_exact_resume.py);
 the integer codes are derived from the fake-quantized tensors (``codes``), never re-quantized.
 
-On by default on a CPU (since the sixth session; ``CPTSIM_EXACT_GEMM=0`` turns it off, ``=1`` also turns on the
-CUDA path below, which is off by default until a GPU measures it). Measured side by side
+On by default on a CPU where it pays: where ``torch._int_mm`` is at least 2x faster than the FP32 matmul, measured
+once per machine and thread count (cptsim.numerics.gemm_choice: on an AVX2-only CPU it is ~40x slower, and the
+path stays off there). ``CPTSIM_EXACT_GEMM=0`` turns it off, ``=1`` on without measuring and also turns on the CUDA
+path below, which is off by default until a GPU measures it. config.json records the choice and why
+(``host.gemm_paths.choice``); a resume that would run another path than the run recorded says so (``path_change``).
+Measured side by side on a CPU with AVX512-VNNI
 (``python benchmarks/bench_quant_step.py --models resnet20 transformer-lm lstm-lm gcn``, 2 threads, two runs,
 benchmarks/results/issue28-quant-step-paths.txt): the exact step is 0.85-0.88x the fake-quant step on lstm-lm
 (0.96-1.01x FP32), 0.94-1.00x on transformer-lm, 0.99x on gcn, and resnet20 has no int8 layer (the same step); peak memory the
@@ -55,6 +59,7 @@ import numpy as np
 import torch
 
 from cptsim.numerics import ckernels
+from . import gemm_choice
 from .quant import FULL_PRECISION, choose_qparams, quantize_weight
 
 MAX_BITS = 8  # int8 operands
@@ -68,15 +73,34 @@ INT8 = "int8-exact"
 
 
 def mode() -> str:
-    """CPTSIM_EXACT_GEMM: "auto" (unset: the CPU int8 path on, the CUDA codes path off), "1" (both on), "0" (both
-    off), "codes" (the integer-codes path everywhere, for checks on a CPU)."""
+    """CPTSIM_EXACT_GEMM: "auto" (unset: the CPU int8 path where measured to pay, the CUDA codes path off), "1" (both
+    on), "0" (both off), "codes" (the integer-codes path everywhere, for checks on a CPU)."""
     m = os.environ.get("CPTSIM_EXACT_GEMM", "auto").strip().lower()
     return m if m in ("0", "1", "codes") else "auto"
 
 
-def enabled() -> bool:
-    """The CPU int8 path is on: by default, and with CPTSIM_EXACT_GEMM=1 (see the module docstring)."""
-    return mode() in ("auto", "1") and hasattr(torch, "_int_mm")
+def enabled(threads: int | None = None) -> bool:
+    """The CPU int8 path is on: with CPTSIM_EXACT_GEMM=1, and unset where this machine measured it to pay at
+    ``threads`` threads (default: torch's current count; gemm_choice). Cheap after the first call."""
+    m = mode()
+    if m not in ("auto", "1") or not hasattr(torch, "_int_mm"):
+        return False
+    return m == "1" or gemm_choice.measured_choice(threads)["on"]
+
+
+def choice(threads: int | None = None) -> dict:
+    """Whether the CPU int8 path is on and why: ``{"on": bool, "why": str, ...}``, with the measured figures and
+    where they came from when the default decided (what config.json records as ``host.gemm_paths.choice``)."""
+    m = mode()
+    if m == "0":
+        return {"on": False, "why": "CPTSIM_EXACT_GEMM=0"}
+    if m == "codes":
+        return {"on": False, "why": "CPTSIM_EXACT_GEMM=codes (the integer-codes path instead)"}
+    if not hasattr(torch, "_int_mm"):
+        return {"on": False, "why": "this torch has no torch._int_mm"}
+    if m == "1":
+        return {"on": True, "why": "CPTSIM_EXACT_GEMM=1"}
+    return gemm_choice.measured_choice(threads)
 
 
 def codes(q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor) -> torch.Tensor:
@@ -195,7 +219,9 @@ def gemm_paths(model: torch.nn.Module, device: str) -> dict:
     forward/gradient bits <= 8 (above 8 bits every GEMM is the fake-quant path)."""
     if codes_on(device):
         return codes_gemm_paths(model, device)
-    on = enabled() and str(device).startswith("cpu")
+    cpu = str(device).startswith("cpu")
+    why = choice() if cpu else None  # (not measured for a GPU run: the CPU path is not its question)
+    on = cpu and why["on"]
     layers = {}
     for name, m in model.named_modules():
         if not hasattr(m, "precision") or not hasattr(m, "act_count"):
@@ -203,8 +229,8 @@ def gemm_paths(model: torch.nn.Module, device: str) -> dict:
         linear = getattr(m, "_exact_capable", False)
         fwd = INT8 if on and linear and m.weight.shape[-1] <= MAX_K else FAKE
         layers[name] = {"forward": fwd, "dgrad": FAKE, "wgrad": fwd}
-    why_off = "off (not a CPU)" if enabled() else "off (CPTSIM_EXACT_GEMM=0)"
-    return {"exact_gemm": "on" if on else why_off,
+    return {"exact_gemm": "on" if on else "off (not a CPU)" if not cpu else f"off ({why['why']})",
+            **({"choice": why} if cpu else {}),
             "rule": f"{INT8}: forward at bits <= {MAX_BITS}; wgrad at bits and grad bits <= {MAX_BITS} and "
                     f"{MIN_WGRAD_TOKENS}..{MAX_K} tokens per call (an LSTM's per-step calls: fewer); dgrad stays {FAKE} (per-channel weight scales lie along its K); training "
                     "only; anything else " + FAKE,
@@ -310,10 +336,15 @@ def codes_gemm_paths(model: torch.nn.Module, device: str) -> dict:
 # A QLinear step in ``fp8e4m3`` (the fp family's 8 bits, nvfp's 5..8) fake-quantizes both forward operands per tensor:
 # ``q = e / s`` with ``e`` an E4M3 element and ``s`` the FP32 encode scale (formats.per_tensor_scale). ``q * s`` is
 # within an ulp of ``e``, so casting it to float8_e4m3fn (RNE) gives ``e`` back exactly; torch._scaled_mm then
-# multiplies the FP8 elements with FP32 accumulation and applies the decode scales 1/s_x, 1/s_w. Against the FP32
-# fake-quant GEMM of the same operands the result differs by FP32 rounding only (each path within K ulp of
-# sum |q_x||q_w| of the exact product: tests/test_format_scaled_mm.py). The backward GEMMs (dgrad, wgrad) stay on the
-# fake-quant path: their error operand is E5M2 or E4M3 with stochastic rounding, produced by a hook in backward.
+# multiplies the FP8 elements (each product exact) and applies the decode scales 1/s_x, 1/s_w. How it sums them is
+# the device's: torch's CPU emulation accumulates in FP32 (within K ulp of sum |q_x||q_w| of the exact product, as the
+# FP32 fake-quant GEMM of the same operands: tests/test_format_scaled_mm.py), but Hopper's FP8 tensor cores keep
+# their partial sums to ~14 significant bits and promote them to FP32 only every so many products, so on an H100 the
+# two paths differ by far more than FP32 rounding (max |fast - fake| 0.0895 on a 256x512 @ 512x384 GEMM whose
+# sum |q_x||q_w| is ~1e3; a CPU emulation that truncates the running sum to 14 bits every 32 / 128 products gives
+# 0.149 / 0.060 there: tests/test_format_scaled_mm.py). ``fp8_product_bound`` holds whatever the interval. The backward
+# GEMMs (dgrad, wgrad) stay on the fake-quant path: their error operand is E5M2 or E4M3 with stochastic rounding,
+# produced by a hook in backward.
 #
 # Where: CUDA with compute capability 8.9 or newer (Ada, Hopper, Blackwell: the FP8 tensor cores), K and N multiples
 # of 16 (_scaled_mm's shape rule there); anything else runs the FP32 fake-quant path. CPTSIM_SCALED_MM=0 turns it off,
@@ -324,6 +355,26 @@ def codes_gemm_paths(model: torch.nn.Module, device: str) -> dict:
 # records the rule and per layer the path its fp8 forward takes (``format_gemm_paths``).
 
 SCALED_MM = "fp8-scaled-mm"
+# Significant bits of an FP8 tensor-core partial sum on Hopper: "around 14 bits" (DeepSeek-V3 technical report,
+# section 3.3.2, measured on H800), not FP32's 24. NVIDIA documents no figure; this is the one measured.
+FP8_PARTIAL_SUM_BITS = 14
+
+
+def fp8_product_bound(abs_product: torch.Tensor, k: int) -> torch.Tensor:
+    """The largest ``|_scaled_mm(a, b) - a @ b|`` (exact product of the decoded FP8 operands) the hardware allows, per
+    element: ``abs_product`` is ``|a| @ |b|`` (float64), ``k`` the reduction length.
+
+    The products of two FP8 elements are exact; each addition to a partial sum keeps FP8_PARTIAL_SUM_BITS significant
+    bits (truncated: relative error below u = 2**-13) and FP32's promotions lose less, so recursive summation's bound
+    holds for any promotion interval: ``gamma(k - 1) * sum |a||b|`` with ``gamma(n) = n u / (1 - n u)`` (Higham,
+    Accuracy and Stability of Numerical Algorithms, 2nd ed., section 4.2); plus three FP32 roundings of the result
+    (the two decode scales and the output). Infinite where ``k u >= 1`` (no bound from this model)."""
+    u = 2.0 ** (1 - FP8_PARTIAL_SUM_BITS)
+    n = max(int(k) - 1, 0)
+    gamma = n * u / (1 - n * u) if n * u < 1 else float("inf")
+    return abs_product * (gamma + 3 * 2.0 ** -24)
+
+
 _SAFE_AMAX = (2.0 ** -100, 2.0 ** 100)  # amax ranges whose q * s re-encodes exactly (no FP32 under/overflow of q)
 
 
@@ -460,3 +511,42 @@ def format_gemm_paths(model: torch.nn.Module, device: str, fmap) -> dict:
             "rule": f"{SCALED_MM}: a Linear's forward GEMM at widths {fp8 or 'none'} (fp8e4m3) on CUDA sm89+ "
                     f"(K, N multiples of 16) or with CPTSIM_SCALED_MM=1 on a CPU; every other GEMM {FAKE}",
             "layers": layers}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# A resume on another path
+
+def path_kind(doc) -> str | None:
+    """The exact path a config.json ``host.gemm_paths`` names (INT8, TF32_CODES, SCALED_MM, or FAKE when none is on);
+    None when there is no such record (a run of an older cptsim)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("exact_gemm"), str):
+        return None
+    if doc["exact_gemm"] == "on":
+        return INT8
+    if doc["exact_gemm"] == TF32_CODES:
+        return TF32_CODES
+    return SCALED_MM if str(doc.get("scaled_mm", "")).startswith("on") else FAKE
+
+
+# the setting that brings a recorded path back, by (recorded, what this process would run)
+_BACK = {INT8: "CPTSIM_EXACT_GEMM=1", SCALED_MM: "CPTSIM_SCALED_MM=1",
+         TF32_CODES: "CPTSIM_EXACT_GEMM=1 (=codes on a CPU)",
+         (FAKE, INT8): "CPTSIM_EXACT_GEMM=0", (FAKE, SCALED_MM): "CPTSIM_SCALED_MM=0",
+         (FAKE, TF32_CODES): "CPTSIM_EXACT_GEMM unset"}
+
+
+def path_change(recorded, now: dict) -> str | None:
+    """One line for a resume whose process would run other GEMMs than the run recorded (``recorded``: its config.json
+    ``host.gemm_paths``; ``now``: gemm_paths / format_gemm_paths here), else None. A resume is bit-identical to an
+    uninterrupted run only on the same path: the paths round differently (module docstring), so it is a warning,
+    not an error -- the run goes on, a little off the one it would have been."""
+    was, will = path_kind(recorded), path_kind(now)
+    if was is None or will is None or was == will:
+        return None
+    why = (now.get("choice") or {}).get("why") or now.get("scaled_mm") or now["exact_gemm"]
+    back = _BACK.get(was) or _BACK.get((was, will))
+    if was == INT8 and not hasattr(torch, "_int_mm"):
+        back = None  # nothing brings it back in this torch
+    return (f"this run's quantized GEMMs ran on the {was} path (config.json host.gemm_paths) and this process would "
+            f"run {will} ({why}): the resumed steps round differently from an uninterrupted run"
+            + (f"; {back} runs the recorded path" if back else ""))

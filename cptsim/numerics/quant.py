@@ -50,7 +50,11 @@ def choose_qparams(lo: torch.Tensor, hi: torch.Tensor, bits: int) -> tuple[torch
     qmin, qmax = qrange(bits)
     lo = torch.clamp(lo.float(), max=0.0)
     hi = torch.clamp(hi.float(), min=0.0)
-    scale = torch.clamp((hi - lo) / float(qmax - qmin), min=1e-12)
+    width = hi - lo
+    # Divided by a tensor on width's device, not by a Python number: CUDA computes a tensor over a number (or a CPU
+    # scalar) as a multiply by the number's rounded reciprocal, one rounding more than the CPU's division, so the
+    # same range gave scales 1 ulp apart and codes that differed near half-steps (as formats.py's NVFP4 scale does).
+    scale = torch.clamp(torch.div(width, torch.full_like(width, float(qmax - qmin))), min=1e-12)
     zero_point = torch.clamp(torch.round(-lo / scale), qmin, qmax)
     return scale, zero_point
 

@@ -4,12 +4,12 @@ Tiers (issue 28): the host measures its FP32 matmul rate and, where torch reache
 ``torch._int_mm`` (VNNI / AMX) and bf16 matmul rates. Which tier a GEMM runs on is what really runs, not what could:
 
 * FP32 for every GEMM the exact path does not take -- fake-quantized training computes in FP32 whatever the bits;
-* int8 only when the exact path is on (by default on a CPU; ``CPTSIM_EXACT_GEMM=0`` turns it off;
-  cptsim.numerics.exact_gemm), and only for the GEMMs that path routes to ``_int_mm``: a quantized Linear layer's
-  forward at bits <= 8 (K = in_features <= MAX_K) and its wgrad at bits and gradient bits <= 8 with
-  MIN_WGRAD_TOKENS..MAX_K tokens per call. dgrad, convolutions, attention's activation-by-activation products,
-  graph aggregations and full-precision layers stay FP32 (``host_gemm_tiers``; tests/test_host_tiers.py checks it
-  against exact_gemm's own routing functions);
+* int8 only when the exact path is on (by default on a CPU where ``_int_mm`` measured at least 2x faster than
+  FP32, cptsim.numerics.gemm_choice; ``CPTSIM_EXACT_GEMM=0/1`` forces it; cptsim.numerics.exact_gemm), and only for
+  the GEMMs that path routes to ``_int_mm``: a quantized Linear layer's forward at bits <= 8 (K = in_features <=
+  MAX_K) and its wgrad at bits and gradient bits <= 8 with MIN_WGRAD_TOKENS..MAX_K tokens per call. dgrad,
+  convolutions, attention's activation-by-activation products, graph aggregations and full-precision layers stay
+  FP32 (``host_gemm_tiers``; tests/test_host_tiers.py checks it against exact_gemm's own routing functions);
 * bf16 is measured and shown (``cptsim hw show host``), but no training GEMM runs on it: no GEMM is priced there.
 
 An int8 GEMM also costs the exact path's extra passes, streaming C loops priced as memory traffic at the measured
@@ -53,7 +53,7 @@ class HostProfile(HardwareProfile):
     of a CIFAR ResNet at batch 32 on a CPU is dominated by per-op costs, not by arithmetic.
     energy = power_w x time            (power_w = 0 means unknown: energy is reported as 0)
     Rates are measured by ``cptsim hw calibrate`` (cptsim.calibration.calibrate); the shipped host.toml is a placeholder.
-    GEMM tiers (issue 28, module docstring): with the exact path on (the CPU default, or a run that recorded
+    GEMM tiers (issue 28, module docstring): with the exact path on (this machine's default, or a run that recorded
     it: ``with_exact_gemm``) and an int8 rate measured, the Linear GEMMs exact_gemm routes to ``_int_mm`` are priced
     at ``int8_gmac_s`` plus the bytes of the path's extra passes; through ``shaped_gemm_cost``, which the cost model calls
     while ``shape_model`` is true (it needs the layers' types and shapes). ``time_components`` -- what
@@ -105,16 +105,32 @@ class HostProfile(HardwareProfile):
         if not p["calibrated"]:
             self.notes.append("placeholder numbers, not measured here: run `cptsim hw calibrate`")
         self._int8_rate = float(p.get("int8_gmac_s") or 0.0) * 1e9
-        # the exact path as this process would run it; a report sets the run's own (with_exact_gemm)
-        from cptsim.numerics.exact_gemm import enabled  # (numerics lies below cost: no cycle)
+        # the exact path as a run on this machine would take it; decided when first asked (a profile with no int8
+        # rate never asks); a report sets the run's own (with_exact_gemm)
+        self._exact_gemm: bool | None = None
 
-        self.exact_gemm = enabled()
+    @property
+    def exact_gemm(self) -> bool:
+        """Whether the exact int8 path is on for the runs this profile models: CPTSIM_EXACT_GEMM where set, else
+        this machine's decision at the profile's thread count (cptsim.numerics.gemm_choice) -- the one a training
+        run here reads, from the same cache file. A profile models this machine, so the decision is this machine's;
+        when none is kept yet it is measured now (a fraction of a second, once) rather than guessed, so that a plan
+        and the run that follows it price and run the same path."""
+        if self._exact_gemm is None:
+            from cptsim.numerics.exact_gemm import enabled  # (numerics lies below cost: no cycle)
+
+            self._exact_gemm = enabled(threads=int(self.params.get("threads") or 1))
+        return self._exact_gemm
+
+    @exact_gemm.setter
+    def exact_gemm(self, on: bool) -> None:
+        self._exact_gemm = bool(on)
 
     # -- tiers (issue 28) ----------------------------------------------------------------------------------------------
 
     def with_exact_gemm(self, on: bool) -> "HostProfile":
         """This profile with the exact int8 path on or off (a run's config.json ``host.gemm_paths`` says which
-        ran); the default is this process's CPTSIM_EXACT_GEMM."""
+        ran); the default is what a run here would take (``exact_gemm``)."""
         other = copy.copy(self)
         other.notes = list(self.notes)
         other.exact_gemm = bool(on)
@@ -122,8 +138,8 @@ class HostProfile(HardwareProfile):
 
     @property
     def int8_active(self) -> bool:
-        """Whether int8 GEMMs are priced: the exact path on, a CPU profile, and an int8 rate measured."""
-        return bool(self.exact_gemm) and self.params.get("device", "cpu") == "cpu" and self._int8_rate > 0
+        """Whether int8 GEMMs are priced: a CPU profile, an int8 rate measured, and the exact path on."""
+        return self.params.get("device", "cpu") == "cpu" and self._int8_rate > 0 and self.exact_gemm
 
     @property
     def shape_model(self) -> bool:
@@ -139,8 +155,9 @@ class HostProfile(HardwareProfile):
         if p.get("int8_gmac_s"):
             out.append({"name": "int8", "bits": 8, "macs_per_s": self._int8_rate,
                         "runs": ("Linear forward (bits <= 8) and wgrad (bits, grad bits <= 8, enough tokens)"
-                                 if self.int8_active else "nothing now: the exact path (on unless "
-                                 "CPTSIM_EXACT_GEMM=0) routes Linear forward / wgrad here")})
+                                 if self.int8_active else "nothing now: the exact path (on where this machine "
+                                 "measured int8 to pay, or with CPTSIM_EXACT_GEMM=1) routes Linear forward / wgrad "
+                                 "here")})
         if p.get("bf16_gmac_s"):
             out.append({"name": "bf16", "bits": 16, "macs_per_s": float(p["bf16_gmac_s"]) * 1e9,
                         "runs": "nothing (measured for reference)"})
@@ -166,6 +183,21 @@ class HostProfile(HardwareProfile):
         """Uncalibrated seconds per term (..., 4): compute, memory, element-wise, overhead."""
         return host_time_components(macs, self._mac_rate, bytes_moved, self._bandwidth, quant_elems,
                                     self._elem_rate, self._overhead_s)
+
+    def aggregation_components(self, bytes_moved) -> np.ndarray:
+        """Uncalibrated seconds per term (..., 4) of graph aggregation phases (``cost.model.aggregation_bytes``):
+        a gather and a scatter-sum, so memory traffic at the bandwidth plus the per-layer-phase overhead; no GEMM
+        term (one MAC per edge and feature, far below the matmul rate's work per byte), no GEMM operand bytes."""
+        nbytes = np.asarray(bytes_moved, dtype=np.float64)
+        zero = np.zeros_like(nbytes)
+        return np.stack((zero, nbytes / self._bandwidth, zero, np.where(nbytes > 0, self._overhead_s, 0.0)),
+                        axis=-1)
+
+    def aggregation_cost(self, bytes_moved) -> tuple[np.ndarray, np.ndarray]:
+        """(time s, energy J) of graph aggregation phases: ``aggregation_components`` weighted by ``factors()``
+        (the cost model calls this for a profile's aggregation layers, as it does a GPU's)."""
+        t = self.aggregation_components(bytes_moved) @ self.factors()
+        return t, self.params["power_w"] * t
 
     def factors(self) -> np.ndarray:
         """What this profile's calibration multiplies each term by (compute and memory efficiencies)."""
