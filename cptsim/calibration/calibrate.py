@@ -48,10 +48,13 @@ COPY_NUMEL = {"cpu": 16 * 1024 * 1024, "cuda": 64 * 1024 * 1024}  # 64 / 256 MB:
 _RAPL = Path("/sys/class/powercap/intel-rapl:0/energy_uj")
 
 
-def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
+def calibrate_host(device: str = "cpu", seconds: float = 3.0, stage: Callable[[str, float], None] | None = None) -> dict:
     """Measure this machine with torch; returns the rates in SI units plus what measured them.
 
-    ``seconds`` is the total time budget (each measurement still runs at least a few repetitions).
+    ``seconds`` is the total time budget: each measurement samples until its share is spent, and one whose single
+    call outlasts its share stops after that call (``_median_time``), so a slow GEMM tier or a loaded machine
+    overruns the budget by a few calls, not by repetitions of them. ``stage(name, fraction of the budget done)``
+    is called as each measurement begins (a progress bar).
     Keys: device, threads, cpu, gpu, torch_version, matmul_macs_per_s, matmul_by_shape, bandwidth_bytes_per_s,
     elementwise_elems_per_s, layer_overhead_s, power_w (None when unknown), power_source, measured_at, elapsed_s,
     and ``tiers`` (issue 28; a CPU only, else {}): {"int8": {...}, "bf16": {...}}, each with macs_per_s (0 when not
@@ -69,12 +72,14 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
     t_start = time.perf_counter()
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     power = _PowerMeter(device)
+    stage = stage or (lambda name, done: None)
 
     # Half the budget for matmul (where power is sampled; on a CPU 0.35 FP32 and 0.15 the int8 / bf16 tiers), a
     # quarter each for bandwidth and the quantizer.
     by_shape = []
     tiers: dict = {}
     power.start()
+    stage("matmul rate", 0.0)
     if device == "cuda":
         by_shape = _conv_rates(0.5 * seconds, sync)
     else:
@@ -84,8 +89,10 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
                 b = torch.randn(k, n, device=device)
                 t = _median_time(lambda: torch.mm(a, b), 0.35 * seconds / len(MATMUL_SHAPES), sync)
                 by_shape.append({"shape": [m, k, n], "macs_per_s": m * k * n / t})
+        stage("int8 / bf16 GEMM tiers", 0.35)
         tiers = cpu_tier_rates(0.15 * seconds, sync)
     power_w, power_source = power.stop()
+    stage("memory bandwidth", 0.5)
     with torch.no_grad():
         x = torch.empty(COPY_NUMEL[device], device=device).uniform_()
         y = torch.empty_like(x)
@@ -99,6 +106,7 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
         # on a CPU)
         from cptsim.numerics.quant import quantize_activation, quantize_error
 
+        stage("quantizer passes", 0.75)
         q = torch.randn(ELEMENTWISE_NUMEL, device=device)
 
         def both() -> None:
@@ -109,6 +117,7 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0) -> dict:
         t = _median_time(_graphed(both, device), 0.25 * seconds, sync)
         elementwise = 2 * ELEMENTWISE_NUMEL / t
 
+    stage("per-layer overhead", 1.0)
     layer_overhead = _layer_overhead_s(device, 0.15 * seconds, sync)
 
     return {
@@ -137,6 +146,7 @@ def cpu_tier_rates(budget_s: float, sync=lambda: None, shapes=INT_SHAPES) -> dic
 
     out = {}
     per = budget_s / (2 * max(len(shapes), 1))
+    tier_budget = budget_s / 2
     makers = {
         "int8": (lambda m, k, n: (torch.randint(-128, 128, (m, k), dtype=torch.int8),
                                   torch.randint(-128, 128, (k, n), dtype=torch.int8)),
@@ -155,6 +165,11 @@ def cpu_tier_rates(budget_s: float, sync=lambda: None, shapes=INT_SHAPES) -> dic
                     a, b = make(m, k, n)
                     t = _median_time(lambda: op(a, b), per, sync)
                     rows.append({"shape": [m, k, n], "macs_per_s": m * k * n / t})
+                    if 2 * t > tier_budget and len(rows) < len(shapes):
+                        # a tier whose one call outlasts half its budget (int8 or bf16 emulated on an AVX2-only
+                        # CPU: 0.4 s a call) is rated on the shapes done so far, not for tens of seconds
+                        note = f"{how}; {len(rows)} of {len(shapes)} shapes (the rest would outlast the budget)"
+                        break
         except RuntimeError as e:  # no kernel for this dtype on this CPU / build
             out[name] = {"macs_per_s": 0.0, "by_shape": [], "note": f"not measured: {str(e).splitlines()[0][:120]}"}
             continue
@@ -335,19 +350,27 @@ def write_host_profile(measured: dict, out: str | os.PathLike | None = None) -> 
 
 def _median_time(fn: Callable[[], object], budget_s: float, sync: Callable[[], None],
                  min_samples: int = 3, max_samples: int = 200) -> float:
-    """Median time of one call of ``fn``, sampling until ``budget_s`` is spent (at least ``min_samples``).
+    """Median time of one call of ``fn``, sampling until ``budget_s`` is spent (at least ``min_samples`` where they
+    fit in it).
 
     A sample runs ``fn`` enough times to last ~1 ms before one sync, so launch and sync overheads (on a GPU, tens of
-    microseconds against kernels of a few) do not count as work.
+    microseconds against kernels of a few) do not count as work. The budget counts from the warm-up call: a call
+    that alone outlasts it (a slow tier, a loaded machine) is timed once, not ``min_samples`` times more, so the
+    measurement overruns its budget by a call or two at most.
     """
+    deadline = time.perf_counter() + budget_s
     fn()  # warm-up: allocation, kernel selection
     sync()
     t0 = time.perf_counter()
     fn()
     sync()
-    inner = int(min(1000, max(1, 1e-3 / max(time.perf_counter() - t0, 1e-9))))
+    first = max(time.perf_counter() - t0, 1e-9)
+    if time.perf_counter() + first > deadline:
+        return max(first, 1e-12)
+    inner = int(min(1000, max(1, 1e-3 / first)))
     times: list[float] = []
-    deadline = time.perf_counter() + budget_s
+    left = deadline - time.perf_counter()
+    min_samples = max(1, min(min_samples, int(left / (first * inner))))
     while len(times) < min_samples or (time.perf_counter() < deadline and len(times) < max_samples):
         t0 = time.perf_counter()
         for _ in range(inner):

@@ -78,7 +78,17 @@ def step_components(profile, records, host) -> np.ndarray:
     opnd = getattr(a, "operand", None)
     nbytes = bytes_moved(a.numel, a.macs, a.quantized, kq, kg, kn, a.calls, storage_bits(host), opnd)
     elems = quant_elems(a.numel, a.macs, a.quantized, kq, kg, kn, a.calls, opnd)
-    per_kind = host.time_components(macs, nbytes, elems).sum(axis=(1, 2))  # the profile's own model, term by term
+    comp = host.time_components(macs, nbytes, elems)  # (kinds, layers, phases, terms): the profile's own model
+    agg = getattr(a, "aggregation", None)
+    if agg is not None and np.any(agg) and hasattr(host, "aggregation_components"):
+        # a graph layer's aggregation: a gather's and a scatter's bytes and its own fixed cost, as cost.estimate
+        # prices it (HostProfile.aggregation_cost)
+        from cptsim.cost.model import aggregation_bytes
+
+        agg_bytes = aggregation_bytes(a.numel, a.macs, a.quantized, kq, kg, kn, a.edges, opnd, storage_bits(host))
+        comp = np.where(np.asarray(agg, dtype=bool)[None, :, None, None],
+                        host.aggregation_components(agg_bytes), comp)
+    per_kind = comp.sum(axis=(1, 2))
     return per_kind[inverse.reshape(-1)]
 
 

@@ -48,7 +48,9 @@ class TrainConfig:
     device: str = "cpu"
     workers: int = 0
     augment: bool = True
-    checkpoint_every: int | None = None  # steps between checkpoints; None: at the end of every epoch
+    # steps between checkpoints (and one at every epoch's end); None: at epochs' ends, paced so that writing them
+    # stays under ~5% of the run's time (cptsim.run.train._CheckpointPacer), and at the last step
+    checkpoint_every: int | None = None
     keep_checkpoints: int = 2  # checkpoints kept (newest first): older ones are the fallback for a damaged one
     threads: int | None = None  # CPU threads for torch; None: auto (see cpu_threads)
     # Evaluation (see `evaluate`): the precision the model is evaluated at (None: the schedule's q_max), how many

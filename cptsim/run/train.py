@@ -3,7 +3,7 @@
 `train(config, out)` starts a run, `resume(run_dir)` continues one from its last checkpoint. Each step:
 look up this step's bits in the schedule, set them on the shared PrecisionState, run one quantized SGD step,
 append one trace line. Each epoch: re-estimate BatchNorm statistics at the evaluation bits, evaluate, append one
-metrics line, replace the checkpoint.
+metrics line, replace the checkpoint (epochs of milliseconds: every few epochs, ``_CheckpointPacer``).
 
 Determinism (what makes a resumed run identical to an uninterrupted one):
 * the data order of epoch e is a permutation drawn from a generator seeded by (seed, e), not from a stream
@@ -110,21 +110,27 @@ IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index: a graph's nodes o
 
 _DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice, before any build() narrowed it
 SMALL_INPUT = 1024  # elements per sample: digits 64 and MNIST 784 are small; CIFAR 3072 is not
+# elements of a whole graph (nodes x features) that count as small: a graph is one sample and its step's one
+# batch, so it is compared with what a default batch (128) of small inputs holds. karate's 34 x 34 is small,
+# Cora's 2708 x 1433 is not.
+SMALL_GRAPH = 128 * SMALL_INPUT
 
 
-def cpu_threads(requested: int | None, input_shape) -> int:
-    """Threads for torch on the CPU. Auto: one for small inputs, torch's default otherwise.
+def cpu_threads(requested: int | None, input_shape, graph: bool = False) -> int:
+    """Threads for torch on the CPU. Auto: one for small inputs (or a small graph), torch's default otherwise.
 
     Why: the ops of an 8x8 or 28x28 model are far too small to split, and OpenMP's fork/join then costs more than
     the work - on a 2-core machine with another busy process, the default digits run took 75 s of step time with
-    2 threads and 6.8 s with 1 (measured side by side, 2026-11-25).
+    2 threads and 6.8 s with 1 (measured side by side, 2026-11-25); the default gcn run on karate (a 34-node
+    graph) spent 21 s in its 200 forward + backward passes with 2 threads and 3.0 s with 1 (cProfile, same
+    loaded machine, 2026-11-27).
     """
     if requested is not None:
         return requested
     n = 1
     for d in input_shape:
         n *= int(d)
-    return 1 if n <= SMALL_INPUT else _DEFAULT_THREADS
+    return 1 if n <= (SMALL_GRAPH if graph else SMALL_INPUT) else _DEFAULT_THREADS
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
@@ -195,7 +201,7 @@ def build(cfg: TrainConfig) -> Workload:
     train_set, test_set, info = load_datasets(cfg.dataset, cfg.data_dir, augment=cfg.augment,
                                               image_size=cfg.image_size)
     if not cfg.device.startswith("cuda"):
-        torch.set_num_threads(cpu_threads(cfg.threads, info.input_shape))
+        torch.set_num_threads(cpu_threads(cfg.threads, info.input_shape, graph=info.graph_edges is not None))
     torch.manual_seed(cfg.seed)
     model = create_model(cfg.model, num_classes=info.num_classes, in_channels=info.input_shape[0],
                          input_shape=tuple(info.input_shape), graph=info.graph_edges is not None)
@@ -565,12 +571,14 @@ def resume(run_path: str, progress: bool = True, keep_checkpoints: int | None = 
     from cptsim.run import dist
 
     run = RunDir.open(run_path)
-    cfg = TrainConfig.from_dict(run.read_config()["settings"])
+    recorded = run.read_config()
+    cfg = TrainConfig.from_dict(recorded["settings"])
     if keep_checkpoints is not None:
         cfg.keep_checkpoints = keep_checkpoints
     d = dist.from_env(cfg.device)
     check_world(cfg.dataset, d.world)
     w = build(cfg)
+    _warn_gemm_path_change(recorded, w, cfg, d)
     lock = _lock_run(run_path, d)
     try:
         choice = run.find_checkpoint(map_location="cpu")
@@ -596,6 +604,18 @@ def resume(run_path: str, progress: bool = True, keep_checkpoints: int | None = 
     finally:
         if lock is not None:
             lock.release()
+
+
+def _warn_gemm_path_change(recorded: dict, w: Workload, cfg: TrainConfig, d) -> None:
+    """One line on stderr when this process would run other GEMM paths than the run recorded (an exact path on one
+    machine, the fake-quant one on another): the resume goes on, but is bit-identical only within a path."""
+    from cptsim.numerics.exact_gemm import format_gemm_paths, gemm_paths, path_change
+
+    now = gemm_paths(w.model, cfg.device) if w.precision.formats is None else \
+        format_gemm_paths(w.model, cfg.device, w.precision.formats)
+    note = path_change((recorded.get("host") or {}).get("gemm_paths"), now)
+    if note and d.is_main:
+        print(f"warning: {note}", file=sys.stderr)
 
 
 def rank_states(d, model: nn.Module, device: str) -> dict:
@@ -679,8 +699,32 @@ class _SyncCheck:
         return sum("called a synchronizing CUDA operation" in str(w.message) for w in caught)
 
 
-def _stopped(step: int, run: RunDir) -> str:
-    return f"stopped after step {step}; checkpoint saved - continue with: cptsim train --resume {run.path}"
+def _stopped(step: int, total: int, run: RunDir) -> str:
+    """What a run stopped on request (^C, SIGTERM) says: not an error -- where it stopped, and how to go on."""
+    return (f"stopped after step {step} of {total}, as asked; the checkpoint is saved - continue with: "
+            f"cptsim train --resume {run.path}")
+
+
+class _CheckpointPacer:
+    """Whether an epoch's end writes a checkpoint, when no --checkpoint-every was given: yes, unless the last one
+    was written so recently that writing another would make checkpoints more than 1/(RATIO + 1) of the run's wall
+    time (RATIO x the last write's own time has not passed since it ended). Epochs of seconds or more checkpoint at
+    every end as before; epochs of milliseconds (a 34-node graph's single step: the default gcn run wrote 200
+    checkpoints of 3.4 MB, 15 of its 70 s) checkpoint every few epochs. A SIGKILL then costs the steps since the
+    last one (at most RATIO x a checkpoint's write time, or one epoch); a resume is as exact from any checkpoint.
+    Rank 0 writes, so rank 0's clock decides, for every rank (``d.any``)."""
+
+    RATIO = 20.0
+
+    def __init__(self):
+        self.last_end, self.cost = time.perf_counter(), 0.0  # the first epoch's end checkpoints
+
+    def due(self, d, forced: bool) -> bool:
+        recent = time.perf_counter() - self.last_end < self.RATIO * self.cost
+        return d.any(forced or (d.is_main and not recent))
+
+    def wrote(self, seconds: float) -> None:
+        self.cost, self.last_end = seconds, time.perf_counter()
 
 
 class _StopRequest:
@@ -756,13 +800,18 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
     opt = training_optimizer(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                              name=cfg.optimizer.strip().lower())
     graph = is_graph(w.train_set)
+    # a language model's sample is a sequence: its loss is summed over the sequence's tokens (the gradient, a
+    # mean over sequences, stays so), and the loss it shows and records is divided by them, per token
+    tokens = int(w.train_set.seq_len) if getattr(w.train_set, "is_text", False) else 1
     torch.manual_seed(cfg.seed * 1_000_003 + 17 + d.rank)  # each rank draws its own rounding noise
     epoch_stats = [0.0, 0, 0]  # loss sum, correct, samples of the current epoch so far
+    epoch_carried = 0.0  # wall seconds of the current epoch before this process took over (a mid-epoch resume)
+    T, spe = w.total_steps, w.steps_per_epoch
     if ckpt is not None:
         opt.load_state_dict(ckpt["optimizer"])
         restore_rng(ckpt, d, device)
         epoch_stats = list(ckpt.get("epoch_stats", epoch_stats))
-    T, spe = w.total_steps, w.steps_per_epoch
+        epoch_carried = float(ckpt.get("epoch_time_s", 0.0)) if start_step % spe else 0.0
     if start_step >= T:
         return run  # already complete: nothing to run, nothing to append
     kill_at, nan_at, int_at = _fault("KILL"), _fault("NAN"), _fault("SIGINT")
@@ -803,15 +852,20 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
         (loss / n_global).backward()
         return torch.stack([loss.detach().double(), (logits.detach().argmax(1) == y).sum().double()])
 
+    pacer = _CheckpointPacer()
+
     def checkpoint(step: int) -> None:
+        t_write = time.perf_counter()
         ranks = rank_states(d, model, device)  # a collective: every rank takes part, rank 0 writes
         if d.is_main:
             try:
                 run.save_checkpoint({"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                                     **ranks, "epoch_stats": list(epoch_stats)}, keep=cfg.keep_checkpoints)
+                                     **ranks, "epoch_stats": list(epoch_stats),
+                                     "epoch_time_s": time.perf_counter() - t_epoch}, keep=cfg.keep_checkpoints)
             except OSError as e:  # ENOSPC, EIO: the checkpoints before this one and their manifest are untouched
                 raise RunFailed(f"cannot write the checkpoint at step {step} ({e.strerror or e}); the earlier "
                                 f"checkpoints are intact - make room, then continue with --resume {run.path}") from None
+        pacer.wrote(time.perf_counter() - t_write)
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
@@ -822,7 +876,9 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
         task = bar.add_task("train", total=T, completed=start_step, info="")
         for epoch in range(step // spe, n_epochs):
             model.train()
-            t_epoch = time.perf_counter()
+            # a run resumed mid-epoch goes on timing its epoch from the wall time the checkpoint carried (the
+            # steps re-run after the checkpoint replace the killed ones, in the trace and here)
+            t_epoch, epoch_carried = time.perf_counter() - epoch_carried, 0.0
             last = min(spe, T - epoch * spe)
             for i, n_global, batch in epoch_batches(cfg, w, epoch, step - epoch * spe, last, d.rank, d.world):
                 if kill_at is not None and step == kill_at:
@@ -879,7 +935,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 # together. It comes before opt.step() so that a non-finite loss leaves the weights untouched.
                 sync_check.allow()  # the read below is the one expected synchronisation: counted, not an error
                 loss_sum, correct, c = d.step_totals(stats, counts)
-                loss_v = loss_sum / n_loss
+                loss_v = loss_sum / (n_loss * tokens)  # per token for a language model, as metrics.jsonl's
                 if not math.isfinite(loss_v):
                     raise RunFailed(
                         f"loss became {loss_v} at step {step} (bits {bits}, grad bits {gbits}); nothing of that step "
@@ -927,7 +983,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                     break  # the epoch's end: evaluate and checkpoint below
                 if d.any(stop.requested):
                     checkpoint(step)
-                    raise RunStopped(_stopped(step, run))
+                    raise RunStopped(_stopped(step, T, run))
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                     checkpoint(step)
 
@@ -962,9 +1018,12 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                 bar.update(task, info=f"test acc {test_acc:.3f} @ {w.eval_bits} bits")
             counter.enabled = True
             epoch_stats = [0.0, 0, 0]
-            checkpoint(step)
-            if d.any(stop.requested):
-                raise RunStopped(_stopped(step, run))
+            stopping = d.any(stop.requested)
+            # the last step, a stop and a cadence the user chose always checkpoint; otherwise the pacer says
+            if pacer.due(d, forced=step >= T or stopping or bool(cfg.checkpoint_every)):
+                checkpoint(step)
+            if stopping:
+                raise RunStopped(_stopped(step, T, run))
             if step >= T:
                 break
     counter.close()
