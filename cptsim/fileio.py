@@ -47,3 +47,13 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def cache_dir() -> Path:
+    """cptsim's cache directory: what it measured or built on this machine and may rebuild at any time (the C
+    kernels, the CPU's GEMM-path decision, the automatic host profiles). ``$CPTSIM_HOME/cache`` when CPTSIM_HOME is
+    set (the tests give each worker its own), else ``$XDG_CACHE_HOME/cptsim``, else ``~/.cache/cptsim``."""
+    home = os.environ.get("CPTSIM_HOME")
+    if home:
+        return Path(home).expanduser() / "cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")).expanduser() / "cptsim"

@@ -42,10 +42,9 @@ def machine_id() -> str:
 def auto_profile_dir() -> Path:
     """cptsim's cache directory, which holds the automatic measurements: $CPTSIM_HOME/cache if CPTSIM_HOME is set,
     else $XDG_CACHE_HOME/cptsim (~/.cache/cptsim)."""
-    home = os.environ.get("CPTSIM_HOME")
-    if home:
-        return Path(home).expanduser() / "cache"
-    return Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")).expanduser() / "cptsim"
+    from cptsim.fileio import cache_dir
+
+    return cache_dir()
 
 
 def auto_profile_path(device: str = "cpu", threads: int = 1) -> Path:

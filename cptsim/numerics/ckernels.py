@@ -6,9 +6,9 @@ the whole activation or error tensor. A quantized resnet20 step ran 1.37-1.39x a
 one fused pass per quantizer is what brings it near the convolutions' own time.
 
 How: the C file is compiled on first use with the system C compiler (``$CC``, else ``cc``), into
-``$CPTSIM_HOME/kernels`` (else ``$XDG_CACHE_HOME/cptsim/kernels``, else ``~/.cache/cptsim/kernels``), under a name
-that hashes the source, the compiler and the CPU, and loaded with ctypes (which releases the GIL during the call).
-Compiling takes well under a second. The kernels are used for dense float32 CPU tensors only, and never while a
+``kernels`` in cptsim's cache directory (``cptsim.fileio.cache_dir``: ``$CPTSIM_HOME/cache``, else
+``$XDG_CACHE_HOME/cptsim``, else ``~/.cache/cptsim``), under a name that hashes the source, the compiler and the
+CPU, and loaded with ctypes (which releases the GIL during the call). Compiling takes well under a second. The kernels are used for dense float32 CPU tensors only, and never while a
 ``TorchDispatchMode`` (``cptsim.measure.opcount``, ``FlopCounterMode``) or ``torch.compile`` is tracing, nor for an input
 that needs autograd to see the op: those take the eager functions, as does everything when ``CPTSIM_CKERNELS=0``
 or when no compiler is found or the build fails (``status()`` says why; nothing is printed).
@@ -56,11 +56,9 @@ def enabled() -> bool:
 
 
 def _cache_dir() -> Path:
-    home = os.environ.get("CPTSIM_HOME")
-    if home:
-        return Path(home) / "kernels"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "cptsim" / "kernels"
+    from cptsim.fileio import cache_dir
+
+    return cache_dir() / "kernels"
 
 
 def _cpu_id() -> str:

@@ -17,9 +17,9 @@ about which of the two a machine is, so the default is measured:
   the whole step measured 0.85-0.88x the fake-quant one on lstm-lm and 0.94-1.00x on transformer-lm
   (benchmarks/bench_quant_step.py, bench_exact_gemm.py): by the GEMMs' share of those steps the path breaks even
   near 1.3x on lstm-lm and near 3x on transformer-lm, and 2x is between;
-* the decision is kept in ``gemm-choice.json`` in the cptsim cache directory (``$CPTSIM_HOME``, else
-  ``$XDG_CACHE_HOME/cptsim``, else ``~/.cache/cptsim``), one entry per CPU model, vector extensions, torch thread
-  count and torch version: later runs, and the host cost model (cptsim.cost.hardware.host), read the same answer.
+* the decision is kept in ``gemm-choice.json`` in the cptsim cache directory (``cptsim.fileio.cache_dir``:
+  ``$CPTSIM_HOME/cache``, else ``$XDG_CACHE_HOME/cptsim``, else ``~/.cache/cptsim``), one entry per CPU model,
+  vector extensions, torch thread count and torch version: later runs, and the host cost model (cptsim.cost.hardware.host), read the same answer.
   Deleting the file measures again. Writers take a lock (ranks of one machine starting together measure once).
 
 The measurement draws its operands from a private generator: a run's random stream is untouched by it.
@@ -84,11 +84,9 @@ def int8_extension(ext: list[str]) -> str:
 
 def cache_path() -> Path:
     """Where the decisions are kept (module docstring)."""
-    home = os.environ.get("CPTSIM_HOME")
-    if home:
-        return Path(home).expanduser() / FILE
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "cptsim" / FILE
+    from cptsim.fileio import cache_dir
+
+    return cache_dir() / FILE
 
 
 def cache_key(cpu: str, ext: list[str], threads: int) -> str:
