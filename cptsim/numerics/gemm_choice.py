@@ -235,11 +235,12 @@ def measured_choice(threads: int | None = None) -> dict:
                 entry = _record(measure(threads), cpu, ext, threads)
                 out = {**entry, "source": f"measured now, kept in {path}"}
                 try:
+                    from cptsim.fileio import atomic_write_bytes
+
                     entries = _read(path)
                     entries[key] = entry
-                    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-                    tmp.write_text(json.dumps({"format": FORMAT, "entries": entries}, indent=1) + "\n")
-                    os.replace(tmp, path)
+                    atomic_write_bytes(path, (json.dumps({"format": FORMAT, "entries": entries}, indent=1)
+                                              + "\n").encode())
                 except OSError as e:
                     out["source"] = f"measured now, not kept ({path}: {e.strerror or e})"
     _DECIDED[memo] = out
