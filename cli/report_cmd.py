@@ -388,7 +388,7 @@ def _print_saving(s) -> None:
         out.print(f"  note: {n}", highlight=False)
     out.print("  saving = 1 - schedule time / static time of the same steps; gap = measured - modelled; fake-quant "
               "steps run every GEMM in FP32, so quantizing saves time here only where the exact path (the CPU "
-              "default; CPTSIM_EXACT_GEMM=0 turns it off) runs a quantized Linear layer as int8 (--json: "
+              "default where int8 measured >= 2x faster here; CPTSIM_EXACT_GEMM=0/1 forces it) runs a quantized Linear layer as int8 (--json: "
               "host_saving.note says more)", highlight=False)
 
 

@@ -141,7 +141,7 @@ class _ExactLinearCPU(torch.autograd.Function):
     quantizer calls in the same order (so the same random stream), the forward GEMM and (at gradient bits <= 8)
     wgrad as int8 ``torch._int_mm`` with the scales and offsets factored out, dgrad on the fake-quantized values as
     today. Used only when ``_QuantLinearMixin._exact`` says so (CPU training, bits <= 8, exact_gemm.enabled(): by
-    default, CPTSIM_EXACT_GEMM=0 turns it off)."""
+    default where this machine's int8 GEMM measured fast enough, CPTSIM_EXACT_GEMM=0/1 forces it)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, layer, bits, grad_bits):

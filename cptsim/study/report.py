@@ -341,7 +341,7 @@ SAVING_NOTE = (
     "FP32 whatever the bits, so a quantized step costs its "
     "quantizer passes on top of an FP32 step -- the saving over static 32 is negative, and over static 8 near 0, "
     "modelled and measured alike; a gap there is the host model's error on the quantizer and per-layer overhead "
-    "terms. With the exact path (the CPU default since the sixth session) a Linear layer's forward and wgrad at <= 8 "
+    "terms. With the exact path (the CPU default where int8 measured faster here) a Linear layer's forward and wgrad at <= 8 "
     "bits run as int8 _int_mm, the only "
     "place bits change this machine's time: the modelled saving is what the int8 tier's measured rate promises, "
     "and the gap says how much of it the exact path's extra passes (codes, epilogue) and the GEMM shapes the "
