@@ -53,7 +53,7 @@ class HostProfile(HardwareProfile):
     of a CIFAR ResNet at batch 32 on a CPU is dominated by per-op costs, not by arithmetic.
     energy = power_w x time            (power_w = 0 means unknown: energy is reported as 0)
     Rates are measured by ``cptsim hw calibrate`` (cptsim.calibration.calibrate); the shipped host.toml is a placeholder.
-    GEMM tiers (issue 28, module docstring): with the exact path on (this machine's default, or a run that recorded
+    GEMM tiers (module docstring): with the exact path on (this machine's default, or a run that recorded
     it: ``with_exact_gemm``) and an int8 rate measured, the Linear GEMMs exact_gemm routes to ``_int_mm`` are priced
     at ``int8_gmac_s`` plus the bytes of the path's extra passes; through ``shaped_gemm_cost``, which the cost model calls
     while ``shape_model`` is true (it needs the layers' types and shapes). ``time_components`` -- what
