@@ -143,7 +143,7 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
     budget, show the top candidates, and write plan.json for 'cptsim train --plan'."""
     from cptsim.cost.hardware import load_profile
     from cptsim.planner.budget import parse_budget
-    from cptsim.planner.planfile import write_plan
+    from cptsim.run.planfile import write_plan
     from cptsim.planner.search import Workload, plan as make_plan, range_settings
     from cptsim.study.evidence import LocalEvidence
     from cptsim.planner.space import parse_space

@@ -403,7 +403,7 @@ def train(model, dataset, data_dir, image_size, schedule, q_min, q_max, g_bits, 
             return _launch(launch, nproc, None, resume_dir, model, schedule, max_restarts or 0)
         run = T.resume(resume_dir, progress=progress, keep_checkpoints=keep_checkpoints)
     elif plan_path:
-        from cptsim.planner.planfile import read_plan
+        from cptsim.run.planfile import read_plan
 
         if layer_schedule or layer_rules:
             raise click.UsageError("a plan fixes the per-layer precision it costs; re-plan instead of --layer")

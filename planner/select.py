@@ -201,7 +201,7 @@ class Plan:
         """The plan.json document (format in planner/planfile.py)."""
         from cptsim import __version__
 
-        from .planfile import PLAN_FORMAT
+        from cptsim.run.planfile import PLAN_FORMAT
 
         hw = self.hardware
         est = _cost_json(self.estimate, self.baseline)

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {"cptsim": ROOT / "cptsim", "cptsim.planner": ROOT / "planner", "cptsim.cli": ROOT / "cli"}
 
 # The declared order, first stage first. A module may import its own stage or an earlier one, never a later.
-# cptsim.run.config sits before the planner: the planner may know what a run is, never the loop that runs it.
+# cptsim.run.config and the plan file's reader/writer sit before the planner: the planner may know what a run is and
+# write the plan a run reads, never the loop that runs it.
 # The root package only defines __version__ (and its lazy API names, imported by name on first use).
 ORDER = [
     ("base", ["cptsim", "cptsim.errors", "cptsim.fileio"]),
@@ -25,7 +26,7 @@ ORDER = [
     ("data", ["cptsim.data"]),
     ("measure", ["cptsim.measure"]),
     ("cost", ["cptsim.cost"]),
-    ("run.config", ["cptsim.run.config"]),
+    ("run.config", ["cptsim.run.config", "cptsim.run.planfile"]),
     ("planner", ["cptsim.planner"]),
     ("run", ["cptsim.run"]),
     ("calibration", ["cptsim.calibration"]),
@@ -152,6 +153,36 @@ def test_no_import_cycle():
 ])
 def test_the_cycle_finder_finds_cycles(graph, expected):
     assert _cycles(graph) == expected
+
+
+def packages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between the packages (cptsim.run, cptsim.planner, ...: the first two name parts), every
+    import counted, those inside functions too: a function-level import hides a cycle from Python, not from here."""
+    def pkg(m):
+        return ".".join(m.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for m, targets in graph.items():
+        out.setdefault(pkg(m), set()).update(pkg(t) for t in targets if pkg(t) != pkg(m) and pkg(t) != "cptsim")
+    return out
+
+
+# Package pairs that import each other today, each with why it is not yet undone. Empty is the goal: an entry here
+# is a known debt, and a new cycle fails.
+KNOWN_PACKAGE_CYCLES: list[list[str]] = []
+
+
+def test_no_package_imports_another_that_imports_it_back():
+    cycles = [c for c in _cycles(packages(GRAPH)) if c not in KNOWN_PACKAGE_CYCLES]
+    assert not cycles, f"package cycles (function-level imports included): {cycles}"
+
+
+def test_a_planted_function_level_package_cycle_is_caught():
+    """run/ importing the planner inside a function (as it once did for the plan file) is a cycle between the two
+    packages, since the planner imports run.config."""
+    planted = dict(GRAPH)
+    planted["cptsim.run.api"] = GRAPH["cptsim.run.api"] | {"cptsim.planner.select"}
+    assert ["cptsim.planner", "cptsim.run"] in _cycles(packages(planted))
 
 
 def test_the_checks_catch_a_planted_violation():

@@ -153,7 +153,7 @@ def _model_device(model: nn.Module) -> str:
 
 
 def _read_plan(plan) -> dict:
-    from cptsim.planner.planfile import read_plan, validate_plan
+    from cptsim.run.planfile import read_plan, validate_plan
 
     if isinstance(plan, (str, Path)):
         return read_plan(plan)
@@ -250,7 +250,7 @@ class RunRecorder:
                     k: {str(b): n for b, n in v.items()} for k, v in used.items()}}
             self._spe_given = steps_per_epoch is not None
             if plan_doc is not None:
-                from cptsim.planner.planfile import plan_digest
+                from cptsim.run.planfile import plan_digest
 
                 self._config["plan"] = {"digest": plan_digest(plan_doc), "schedule": plan_doc["schedule"],
                                         "budget": plan_doc.get("budget")}

@@ -90,7 +90,7 @@ class TrainConfig:
 
     @classmethod
     def from_plan(cls, plan: dict, **overrides) -> "TrainConfig":
-        """The exact workload and schedule a plan (planner/planfile.py) was made for.
+        """The exact workload and schedule a plan (cptsim/run/planfile.py) was made for.
 
         ``overrides`` replace settings that do not change what the plan costs (seed, lr, momentum, weight_decay,
         lr_schedule, augment, data_dir: a sweep over seeds of one plan) and the run-time ones (device, workers,

@@ -514,7 +514,7 @@ class RunDir:
         plan = self.read_json(PLAN)
         if plan is None:
             return None
-        from cptsim.planner.planfile import validate_plan
+        from cptsim.run.planfile import validate_plan
 
         return validate_plan(plan, str(self.path / PLAN))
 

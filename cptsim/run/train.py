@@ -549,7 +549,7 @@ def train(cfg: TrainConfig, out: str, progress: bool = True, plan: dict | None =
         if d.is_main:
             config = resolved_config(cfg, w, d.world)
             if plan is not None:
-                from cptsim.planner.planfile import plan_digest
+                from cptsim.run.planfile import plan_digest
 
                 config["plan"] = {"digest": plan_digest(plan), "schedule": plan["schedule"],
                                   "budget": plan.get("budget")}

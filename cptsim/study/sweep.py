@@ -252,7 +252,7 @@ def layer_plan_entry(path: str, settings: "SweepSettings") -> str:
     """``--layer-plan plan.json``: the entry of a plan from `cptsim plan --per-layer` -- its schedule and, when the
     planner kept a per-layer plan, its rules. InputError for a plan made for another workload than the sweep's (its
     rules and its costs would not hold)."""
-    from cptsim.planner.planfile import read_plan
+    from cptsim.run.planfile import read_plan
     from cptsim.cost.schedules import Schedule
     from cptsim.run.config import canonical_dataset
 
