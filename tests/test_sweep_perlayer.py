@@ -64,7 +64,7 @@ def test_layer_rules_reach_each_runs_train_command_and_a_cluster_jobs(tmp_path):
 
 
 def test_a_layer_schedule_file_and_a_per_layer_plan_become_entries(tmp_path, monkeypatch):
-    import cptsim.planner.planfile as PF
+    import cptsim.run.planfile as PF  # where the plan is read (cptsim.planner.planfile re-exports it)
 
     f = tmp_path / "layers.toml"
     f.write_text('format = "cptsim.layers/1"\nmodel = "digits-cnn"\n[layers]\n"features.*" = "+1"\n')
