@@ -205,7 +205,7 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
               si(measured["matmul_macs_per_s"], "MAC/s"))
     for s in measured["matmul_by_shape"]:
         t.add_row(f"  {'x'.join(map(str, s['shape']))}", si(s["macs_per_s"], "MAC/s"))
-    for tier, rec in (measured.get("tiers") or {}).items():  # a CPU: int8 _int_mm and bf16 (issue 28)
+    for tier, rec in (measured.get("tiers") or {}).items():  # a CPU: int8 _int_mm and bf16
         t.add_row(f"{tier} matmul", si(rec["macs_per_s"], "MAC/s") if rec["macs_per_s"] else rec["note"])
         for s in rec["by_shape"]:
             t.add_row(f"  {'x'.join(map(str, s['shape']))}", si(s["macs_per_s"], "MAC/s"))

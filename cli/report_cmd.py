@@ -350,7 +350,7 @@ def _print_run(r) -> None:
 
 
 def _print_saving(s) -> None:
-    """The host-saving table (issue 28): modelled vs measured saving of the schedule over static 32 and static 8."""
+    """The host-saving table: modelled vs measured saving of the schedule over static 32 and static 8."""
     if not s:
         return
     m = s.get("measured") or {}

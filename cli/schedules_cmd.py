@@ -95,7 +95,7 @@ def show_cmd(specs: tuple[str, ...], q_min: int, q_max: int, g_bits: str, cycles
     fmap = format_map(number_format, grad_format)  # unknown names: one line, exit 2, before any work
     scheds = [S.parse_schedule(text, q_min=q_min, q_max=q_max, g_bits=g_bits, cycles=cycles) for text in specs]
     infos = [S.describe(s, steps) for s in scheds]
-    if fmap is not None:  # a float family (issue 26): the format each width of each schedule runs in
+    if fmap is not None:  # a float family: the format each width of each schedule runs in
         for sch, d in zip(scheds, infos):
             d["formats"] = fmap.used(sch.bits(steps), sch.grad_bits(steps))
     if plot_path is not None:

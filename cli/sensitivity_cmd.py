@@ -1,4 +1,4 @@
-"""`cptsim sensitivity`: how much each quantized layer's precision matters, measured on the workload (issue 27)."""
+"""`cptsim sensitivity`: how much each quantized layer's precision matters, measured on the workload."""
 
 from __future__ import annotations
 

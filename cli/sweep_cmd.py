@@ -56,7 +56,7 @@ their last checkpoint. A job nearing --slurm-time checkpoints and is requeued (u
 --executor submitit-local runs the same jobs through submitit on this machine, all at once.
 
 \b
-Per-layer plans (issue 27): an entry of --schedules may carry layer rules, SCHEDULE@GLOB=SPEC;GLOB=SPEC
+Per-layer plans: an entry of --schedules may carry layer rules, SCHEDULE@GLOB=SPEC;GLOB=SPEC
 (the 'cptsim train --layer' forms), and --layer-plan PLAN.json (repeatable) adds a plan's schedule with
 its rules. --layer GLOB=SPEC (repeatable) and --layer-schedule FILE give the entries that carry no
 rules of their own these rules, as 'cptsim train --layer' does. Such a run is OUT/<schedule>-L<hash>-s<seed>;

@@ -6,7 +6,7 @@ Four figures, each the median of repeated timings within a fixed time budget, wi
 * memory bandwidth of a large tensor copy, counting bytes read + bytes written (how callers count ``bytes_moved``);
 * element-wise rate of cptsim's quantizers (``cptsim.numerics.quant``: one round-to-nearest and one stochastic pass, 4M elements);
 * the fixed cost of one layer-phase: a training step of tiny quantized conv + BN + ReLU layers, per layer-phase;
-* on a CPU, the rate of every GEMM tier torch reaches here (issue 28): int8 ``torch._int_mm`` (VNNI / AMX: what the
+* on a CPU, the rate of every GEMM tier torch reaches here: int8 ``torch._int_mm`` (VNNI / AMX: what the
   exact path, on by default on a CPU, runs a quantized Linear layer's forward and wgrad on) and bf16 ``torch.mm``
   (for reference: no training GEMM runs in bf16), each the median over INT_SHAPES of per-shape medians, beside the
   FP32 rate. A tier this torch or CPU cannot run is recorded as 0 (not measured), with the reason.
@@ -57,7 +57,7 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0, stage: Callable[[s
     is called as each measurement begins (a progress bar).
     Keys: device, threads, cpu, gpu, torch_version, matmul_macs_per_s, matmul_by_shape, bandwidth_bytes_per_s,
     elementwise_elems_per_s, layer_overhead_s, power_w (None when unknown), power_source, measured_at, elapsed_s,
-    and ``tiers`` (issue 28; a CPU only, else {}): {"int8": {...}, "bf16": {...}}, each with macs_per_s (0 when not
+    and ``tiers`` (a CPU only, else {}): {"int8": {...}, "bf16": {...}}, each with macs_per_s (0 when not
     measured), by_shape and note.
     """
     import torch
@@ -299,7 +299,7 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
         "power_w": _sig(power or 0.0),
     }
     tiers = measured.get("tiers") or {}
-    for tier in ("int8", "bf16"):  # issue 28: added keys (a file without them reads as FP32 only)
+    for tier in ("int8", "bf16"):  # added keys (a file without them reads as FP32 only)
         rate = float((tiers.get(tier) or {}).get("macs_per_s") or 0.0)
         if rate > 0:
             params[f"{tier}_gmac_s"] = _sig(rate / 1e9)

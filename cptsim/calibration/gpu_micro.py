@@ -1,4 +1,4 @@
-"""`cptsim hw calibrate --device cuda`: this GPU's shape-model profile from microbenchmarks (issue 23, item 4).
+"""`cptsim hw calibrate --device cuda`: this GPU's shape-model profile from microbenchmarks.
 
 What a user without published measurements for their card gets: one command that times the kernels the GPU time
 model (``cptsim.cost.hardware.gpu_kernels``) is made of, on their GPU, and writes a ``gpu`` profile that prices any

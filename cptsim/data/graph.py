@@ -1,4 +1,4 @@
-"""Graph datasets for node classification (issue 24), in cptsim.data's registry. Nothing is downloaded.
+"""Graph datasets for node classification, in cptsim.data's registry. Nothing is downloaded.
 
 Convention: **one sample is the whole graph** (full-batch training, as cpt_gnn trains ogbn-arxiv). A graph
 dataset's ``DataInfo`` has ``input_shape = (N, F)`` (nodes, features per node), ``num_classes = C``,

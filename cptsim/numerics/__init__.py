@@ -9,7 +9,7 @@
 - ``formats``: the number-format registry (int, FP8/FP6/FP4, MX, NVFP4, bf16/fp16) with exact quantize functions,
   and what the layers call at a float format's width (``QuantFormatSTE``, ``quantize_error``);
 - ``families``: a format family (``--number-format int|fp|mx|nvfp``) maps the schedule's widths to formats; the
-  layers run them when ``quantize_model(model, number_format=...)`` put the map on the PrecisionState (issue 26).
+  layers run them when ``quantize_model(model, number_format=...)`` put the map on the PrecisionState.
 
 Exact low-precision GEMMs land here next.
 May import: ``cptsim.errors``, ``cptsim.fileio``. Nothing else of cptsim: models, measurement and cost build on this.

@@ -2,7 +2,7 @@
 
 Why: on a CPU each in-place pass of the eager quantizers (``cptsim.numerics.quant.fake_quant``: multiply, add, round,
 clamp, subtract, multiply; stochastic rounding nine passes and torch's Mersenne-Twister draws) reads and writes
-the whole activation or error tensor. A quantized resnet20 step ran 1.37-1.39x an FP32 step that way (issue 13);
+the whole activation or error tensor. A quantized resnet20 step ran 1.37-1.39x an FP32 step that way;
 one fused pass per quantizer is what brings it near the convolutions' own time.
 
 How: the C file is compiled on first use with the system C compiler (``$CC``, else ``cc``), into

@@ -1,4 +1,4 @@
-"""Exact GEMMs for quantized layers (issue 28, item 1): int8 ``torch._int_mm`` for Linear layers on a CPU (below),
+"""Exact GEMMs for quantized layers: int8 ``torch._int_mm`` for Linear layers on a CPU (below),
 integer codes on TF32 for Conv2d and Linear layers on CUDA (section "Integer codes on TF32"), and FP8
 ``torch._scaled_mm`` forwards (section "FP8 forward GEMMs").
 
@@ -238,11 +238,11 @@ def gemm_paths(model: torch.nn.Module, device: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Integer codes on TF32: exact quantized convolutions and linears on CUDA (issue 28, item 1: the CUDA part)
+# Integer codes on TF32: exact quantized convolutions and linears on CUDA
 #
 # Why: a CUDA quantized layer today convolves the fake-quantized FP32 values under PyTorch's default
 # torch.backends.cudnn.allow_tf32 = True, so cuDNN rounds every ``(k - zp) * s`` operand to TF32's 11-bit significand
-# before multiplying: measured on an H100 (issue 28, fourth session; one ResNet-50 3x3 conv, 64x256x14x14, 8 bits,
+# before multiplying: measured on an H100 (one ResNet-50 3x3 conv, 64x256x14x14, 8 bits,
 # against float64) the output was off by up to 3.2e-4 of max|y| -- not the quantized layer cptsim says it trains
 # (strict FP32: 4.6e-7). The integer part ``k - zp`` (|.| <= 2**b - 1) is exact in TF32 for b <= 11. So the layer
 # runs its GEMMs on the integers and applies the scales after -- activation per tensor, weight per output channel,
@@ -331,7 +331,7 @@ def codes_gemm_paths(model: torch.nn.Module, device: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# FP8 forward GEMMs through torch._scaled_mm (issue 26, item 4)
+# FP8 forward GEMMs through torch._scaled_mm
 #
 # A QLinear step in ``fp8e4m3`` (the fp family's 8 bits, nvfp's 5..8) fake-quantizes both forward operands per tensor:
 # ``q = e / s`` with ``e`` an E4M3 element and ``s`` the FP32 encode scale (formats.per_tensor_scale). ``q * s`` is
@@ -350,8 +350,8 @@ def codes_gemm_paths(model: torch.nn.Module, device: str) -> dict:
 # of 16 (_scaled_mm's shape rule there); anything else runs the FP32 fake-quant path. CPTSIM_SCALED_MM=0 turns it off,
 # =1 also runs it on a CPU where this torch has a CPU _scaled_mm (2.14 does: an emulation, for checks only -- a
 # transformer-lm step took ~210 s with it against ~1 s on the fake-quant path; tests use it on small GEMMs to check
-# the path's numerics). Unverified on a GPU: this session had none (the CUDA branch is the same call with
-# device tensors). A layer's last forward path is ``layer.gemm_path["forward"]``; config.json ``host.gemm_paths``
+# the path's numerics). Not yet run on a GPU (the CUDA branch is the same call with device tensors;
+# benchmarks/bench_formats_train.py --gpu-check checks it there). A layer's last forward path is ``layer.gemm_path["forward"]``; config.json ``host.gemm_paths``
 # records the rule and per layer the path its fp8 forward takes (``format_gemm_paths``).
 
 SCALED_MM = "fp8-scaled-mm"

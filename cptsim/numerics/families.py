@@ -1,4 +1,4 @@
-"""Schedules over number formats (issue 26, item 2): a format *family* maps the width a schedule gives each step to
+"""Schedules over number formats: a format *family* maps the width a schedule gives each step to
 a format of the registry (``cptsim.numerics.formats``). Pure functions, no state.
 
 A schedule still yields a width per step (forward bits q, gradient bits g, 1..16 or 32). ``--number-format``

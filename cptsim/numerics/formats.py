@@ -1,4 +1,4 @@
-"""Number formats beyond CPT's integers: a registry and exact (fake-)quantize functions (issue 26, item 1).
+"""Number formats beyond CPT's integers: a registry and exact (fake-)quantize functions.
 
 Pure functions, no state. ``quantize(x, fmt)`` returns the dequantized FP32 tensor: what a tensor stored in ``fmt``
 reads back as. Every float path rounds to nearest, ties to even, saturates (a finite input never becomes NaN or inf:
@@ -392,8 +392,8 @@ def quantize(x: torch.Tensor, fmt: str | Format, rounding: str = "nearest", gene
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# What the quantized layers call at a step whose width names a float format (issue 26, item 4;
-# cptsim.numerics.layers, lm_layers, graph_layers). FP32 fake quantization, vectorised: ``quantize`` above.
+# What the quantized layers call at a step whose width names a float format
+# (cptsim.numerics.layers, lm_layers, graph_layers). FP32 fake quantization, vectorised: ``quantize`` above.
 #
 # Rounding: forward operands (weights, activations) round to nearest even; the error (dL/d output) rounds
 # stochastically, as the integer path does and as the FP4 training recipes do for gradients (FP4 All the Way, NVIDIA's

@@ -11,7 +11,7 @@ What a quantized layer does at forward bits q and gradient bits g (CPT / SBM):
               backward, so both backward GEMMs (dgrad: error x W, wgrad: error x activation) consume it.
 32 bits means the layer runs exactly as the FP32 layer: no quantizer op at all.
 
-Number formats (issue 26): ``quantize_model(model, number_format="mx")`` gives the PrecisionState a format family's
+Number formats: ``quantize_model(model, number_format="mx")`` gives the PrecisionState a format family's
 map (cptsim.numerics.families): at a step of width q the forward operands run in the format q names (mx: 4 MXFP4,
 6 MXFP6, 8 MXFP8), the error in the format g names (or ``--grad-format``), each fake-quantized in FP32 by
 ``cptsim.numerics.formats.quantize`` with straight-through gradients: weights and activations round to nearest even,
@@ -108,7 +108,7 @@ class _QuantLayerCPU(torch.autograd.Function):
     the op's own backward (aten.convolution_backward; the three GEMMs of a linear layer) called here. One node
     instead of four (the two quantizers' straight-through nodes, the op's, the error hook) and no Python
     saved-tensor hooks: ~125 us less per layer per step, which in a quantized CPU step (where small ops run with
-    cold caches) is ~1% of a resnet20 step (issue 13). Not twice differentiable (create_graph=True raises: run
+    cold caches) is ~1% of a resnet20 step. Not twice differentiable (create_graph=True raises: run
     with CPTSIM_CKERNELS=0 for that)."""
 
     @staticmethod
@@ -305,7 +305,7 @@ class _QuantMixin:
         lo, hi = torch.aminmax(x.detach())
         if self.training and self.act_count.device.type == "cpu" and not torch._C._len_torch_dispatch_stack():
             # On a CPU reading act_count costs nothing, and the same arithmetic takes 5 small ops instead of 10
-            # (their per-op overhead is a measurable share of a quantized CPU step, issue 13). Under a dispatch mode
+            # (their per-op overhead is a measurable share of a quantized CPU step). Under a dispatch mode
             # the device path below runs instead: what tests/test_cuda.py's read counter checks on a CPU is the
             # code a GPU runs.
             with torch.no_grad():
@@ -333,7 +333,7 @@ class _QuantMixin:
         """Training on a CPU with the C kernels: the input's range, the running-range update and the quantization
         are one kernel call (``ckernels.fake_quant_rtn_tracked``) instead of ten torch ops. In a quantized step each
         small op costs 10-20 us -- the big passes before it have flushed the caches -- so those ten were ~3 ms of a
-        resnet20 step (issue 13)."""
+        resnet20 step."""
         return (self.training and self.act_lo.dtype == torch.float32 and self.act_count.dtype == torch.int64
                 and self.act_lo.device.type == "cpu" and ckernels.usable(x.detach()))
 
@@ -513,7 +513,7 @@ def _conv_error(g: torch.Tensor, fmt) -> torch.Tensor:
 class QConv2d(_QuantMixin, nn.Conv2d):
     """nn.Conv2d that runs at the shared precision (see module docstring).
 
-    Float block formats (MX: 32 elements, NVFP4: 16; issue 26) block along the GEMM's reduction. The weight
+    Float block formats (MX: 32 elements, NVFP4: 16) block along the GEMM's reduction. The weight
     (O, C_in/groups, kh, kw): along dimension 1 (input channels, at each kernel position; a last partial block padded
     with zeros, as MX pads K) when C_in/groups holds at least one block; when it holds less -- a depthwise conv's
     (C, 1, 3, 3), a first conv's (O, 3, 3, 3), 16-channel layers under MX -- along each output channel's whole

@@ -395,15 +395,15 @@ def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
         "fp_layers": w.fp_layers,
         "quantized_layers": w.quantized_layers,
         # every Conv2d/Linear-like layer left in full precision and why: --fp-layers, a subclass with a forward of
-        # its own (timm's Conv2dSame), a layer whose owner never calls its forward (issue 25)
+        # its own (timm's Conv2dSame), a layer whose owner never calls its forward
         "unquantized_layers": unquantized_layers(w.model),
-        # the format each width named (issue 26); absent for integers (their runs' config.json stays as it was)
+        # the format each width named; absent for integers (their runs' config.json stays as it was)
         **({"number_format": run_formats(cfg, w)} if w.precision.formats is not None else {}),
         "world_size": world,
         "versions": {"cptsim": __version__, "torch": torch.__version__, "python": platform.python_version()},
         "host": {"machine": platform.machine(), "threads": torch.get_num_threads(),
                  "quantizers": quantizer_path(cfg.device), **tf32_flags(),
-                 # which GEMMs of each quantized layer run exact int8 (issue 28) and which the FP32 fake-quant path
+                 # which GEMMs of each quantized layer run exact int8 and which the FP32 fake-quant path
                  "gemm_paths": gemm_paths(w.model, cfg.device) if w.precision.formats is None else
                  format_gemm_paths(w.model, cfg.device, w.precision.formats)},
         "argv": sys.argv,
@@ -444,7 +444,7 @@ def recalibrate(w: Workload, cfg: TrainConfig, epoch: int, device: str) -> dict:
     random resized crops are not those of the centre crops evaluated.
 
     Why: the statistics a model carries belong to the precision it last trained at. A schedule that ends at 3 bits
-    and is evaluated at 8 carries 3-bit BatchNorm statistics and ranges; measured on MNIST (issue 9), that alone
+    and is evaluated at 8 carries 3-bit BatchNorm statistics and ranges; measured on MNIST, that alone
     took a model from ~91% to ~24% test accuracy, and re-estimating at 8 bits gave it back (92.5%). The batches
     are the first of a permutation seeded by (seed, epoch), and the global RNG (dropout) is forked so that
     training afterwards draws exactly what it would have drawn without this. Returns its cost."""
@@ -921,7 +921,7 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                     arrays = arrays if arrays is not None else counter.step_arrays()
                     # the cost model's formula, at the bits each layer ran at (a per-layer plan: its own)
                     qb = ran_bits(arrays, bits) if w.layer_states else bits
-                    if fmap is not None:  # BitOPs count the formats' element bits (cptsim.cost.model, issue 26)
+                    if fmap is not None:  # BitOPs count the formats' element bits (cptsim.cost.model)
                         qb = [int(fmap.fwd_element_bits[b]) for b in qb] if w.layer_states \
                             else int(fmap.fwd_element_bits[qb])
                         executed = step_cost(arrays, qb, int(fmap.grad_element_bits[gbits]), batch=1)

@@ -310,7 +310,7 @@ def plot_frontier(p, path: str) -> None:
 
 def run_format_names(data: dict) -> dict | None:
     """{"forward": {bits: name}, "gradient": {bits: name}} of a run that ran a float family (config.json's
-    "number_format", issue 26), else None. From the report's data where it carries them, else the run's config."""
+    "number_format"), else None. From the report's data where it carries them, else the run's config."""
     nf = data.get("number_format")
     if nf is None:
         path = (data.get("run") or {}).get("path")
@@ -339,7 +339,7 @@ def name_widths(ax, names: dict, lo: int, hi: int) -> None:
 def plot_schedules(scheds: list, total_steps: int, path, number_format: str = "int",
                    grad_format: str | None = None) -> None:
     """A PNG with one step plot of bits over training steps per schedule (gradient bits dashed when they vary).
-    ``number_format`` (a float family, issue 26): each width's tick names the format it runs in, and the legend
+    ``number_format`` (a float family): each width's tick names the format it runs in, and the legend
     the gradient format."""
     plt = require_matplotlib()
     from matplotlib.ticker import MaxNLocator

@@ -37,7 +37,7 @@ the baseline is the untrained model's at q_start. improvement(q) is the *relativ
 (loss(q-1) - loss(q)) / loss(q-1), so the threshold is again a fraction: 0.05 = the loss falls by 5%. The model's
 gradient clipping (``cptsim_grad_clip``) applies as in training.
 
-Number formats (issue 26): with a float family (``number_format`` fp | mx | nvfp, and optionally ``grad_format``) the
+Number formats: with a float family (``number_format`` fp | mx | nvfp, and optionally ``grad_format``) the
 test trains in that family's formats, as ``cptsim train --number-format`` would run them: a stage at width q runs the
 format q names. Widths a family lacks name the next wider format (mx: 2, 3, 4 all run MXFP4), so stages at them would
 only measure more training in the same format; the test runs one stage per *distinct* format instead, at the widest

@@ -15,7 +15,7 @@ Sections of ``.data`` (the keys scripts may rely on; extend freely, rename never
                  (``time_validation``: its [validation] against this network's op mix, as ``cost`` prints it)
     layers       the top layers by executed BitOPs, their share, and the bits they ran at
     accuracy     final and best test accuracy at q_max
-    host_saving  (a CPU run; issue 28) the saving of the run's schedule over static 32 and static 8 on this machine,
+    host_saving  (a CPU run) the saving of the run's schedule over static 32 and static 8 on this machine,
                  MODELLED by the host profile (its GEMM tiers as the run's exact-GEMM setting routes them) next to
                  the MEASURED one -- the run's own step times, and with ``measure_host`` N a side-by-side timing pass
                  of the run's model at each width -- and the gap between them (``host_saving`` below)
@@ -324,7 +324,7 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
     data["layers"] = _layers(exe, prof, q, g, top, xgroups)
     series["layers"] = data["layers"]
 
-    # ---- host saving: modelled vs measured (issue 28) -------------------------------------------------------
+    # ---- host saving: modelled vs measured -------------------------------------------------------
     data["host_saving"] = host_saving(run.path, cfg, prof, steps, host, measure_host, warnings)
     return RunReport(data, series, warnings)
 
@@ -602,7 +602,7 @@ def _run_layers(cfg: dict, schedule):
 
 
 def run_format_map(cfg: dict):
-    """The float family a run trained in (config.json "number_format", issue 26) as a ``FormatMap``, else None
+    """The float family a run trained in (config.json "number_format") as a ``FormatMap``, else None
     (integers). Every re-count of the run and of its plan takes it, as the trace's own per-step BitOPs do (element
     bits: an MX step at width 5 ran MXFP6 and counts 6), so executed and planned compare like with like."""
     nf = cfg.get("number_format")

@@ -390,7 +390,7 @@ def record_run(run_dir, db: ResultsDB, source: str = "train") -> dict:
     return row
 
 
-# ------------------------------------------------------------------------------------------------ sensitivity (issue 27)
+# ------------------------------------------------------------------------------------------------ sensitivity
 # Per-layer sensitivity measured by `cptsim sensitivity` (cptsim.study.sensitivity): one row per layer and method,
 # keyed by the workload. A table of its own beside ``runs``, created by the first sensitivity written (opening or
 # reading a database never changes it), so the runs schema and its version are untouched.
@@ -427,8 +427,8 @@ def record_sensitivity(db: ResultsDB, doc: dict) -> int:
 
 
 def sensitivity_family(doc: dict) -> str:
-    """The number-format family a sensitivity document was measured in: its ``number_format`` section's family
-    (issue 26), "int" for an integer document (which has none)."""
+    """The number-format family a sensitivity document was measured in: its ``number_format`` section's family,
+    "int" for an integer document (which has none)."""
     nf = doc.get("number_format")
     return str(nf.get("family", "int")) if isinstance(nf, dict) else "int"
 
@@ -440,7 +440,7 @@ def _has_family_column(con) -> bool:
 def sensitivity_weights(db: ResultsDB, model: str, method: str, number_format: str = "int") -> dict | None:
     """{layer: weight} of the newest measurement of ``model`` by ``method`` in the format family ``number_format``
     (mean over seeds and workloads of that newest q range), or None when the database holds none. A layer's
-    sensitivity at MXFP4 is not its sensitivity at int4 (issue 26): an integer plan never takes a float-format
+    sensitivity at MXFP4 is not its sensitivity at int4: an integer plan never takes a float-format
     measurement, nor the other way round; rows written before the family was recorded are integer ones."""
     if db._con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sensitivity'").fetchone() is None:
         return None

@@ -1,4 +1,4 @@
-"""Per-layer sensitivity, measured on the user's workload in a short pass (issue 27): two estimates and their cost.
+"""Per-layer sensitivity, measured on the user's workload in a short pass: two estimates and their cost.
 
 1. ``hessian`` (HAWQ-V2/V3, PyHessian): Hutchinson's estimate of the trace of each layer's block of the loss Hessian,
    tr(H_l) ~ mean over Rademacher vectors v of v_l . (H v)_l, from double backward at full precision (no quantizer
@@ -7,7 +7,7 @@
 2. ``loss`` (cheaper: forward passes only): the loss increase when this layer alone runs at q_min and every other
    quantized layer at q_max, on the same fixed batches, in evaluation mode (the activation ranges of training).
 
-Number formats (issue 26): with a float family (``number_format`` fp | mx | nvfp, ``grad_format``) both probe in the
+Number formats: with a float family (``number_format`` fp | mx | nvfp, ``grad_format``) both probe in the
 run's formats: the warm-up trains in them, ``hessian`` takes the perturbation of quantizing W to the format q_min names
 (``formats.quantize`` along the weight's input dimension, as the layers do), ``loss`` runs the layer alone in that
 format and the others in q_max's. A width the family lacks names the next wider format (mx: q_min 2 probes MXFP4).

@@ -28,7 +28,7 @@ validation accuracy and loss beside the test ones: the planner's ``--quality db`
 never to the test split. ``--val-split 0`` trains on all the training data (and leaves ``--quality db`` nothing to
 fit). A sweep directory written before the split existed held nothing out: it continues only with ``--val-split 0``.
 
-A run may be a per-layer plan (issue 27): an entry of the sweep is a schedule text, or a schedule text with layer
+A run may be a per-layer plan: an entry of the sweep is a schedule text, or a schedule text with layer
 rules, ``SCHEDULE@RULES`` (``cos-rep:2-4:g8:n8@features.0=4;features.3=+1``, the rules in the compact form of
 ``cptsim.cost.layerplan``). sweep.json lists the entries; the run is ``OUT/<schedule-slug>-L<hash of the
 rules>-s<seed>`` and its training gets the rules as ``--layer`` flags. Its results row keeps the global schedule in
@@ -95,7 +95,7 @@ class SweepSettings:
     checkpoint_every: int | None = None
     image_size: int | None = None  # imagefolder's N x N input (cptsim.data.resolve_image_size); None: its default
     nproc: int | None = None  # data-parallel workers per run (`cptsim train --nproc`: torchrun inside the job)
-    # number formats (issue 26: `cptsim train --number-format F --grad-format G`); None: train's default (integers)
+    # number formats (`cptsim train --number-format F --grad-format G`); None: train's default (integers)
     number_format: str | None = None
     grad_format: str | None = None
 
@@ -361,7 +361,7 @@ def planner_schedules(settings: SweepSettings, budgets: list[str], hw: str, top:
                               weight_decay=settings.weight_decay, augment=settings.augment,
                               image_size=settings.image_size, optimizer=settings.optimizer,
                               lr_min=settings.lr_min, quant_agg=settings.quant_agg,
-                              # the sweep's number formats (issue 26): the planner prices the formats that will run
+                              # the sweep's number formats: the planner prices the formats that will run
                               number_format=settings.number_format or "int", grad_format=settings.grad_format)
     out = []
     for b in parsed:
