@@ -128,8 +128,9 @@ def create_model(name: str, num_classes: int = 10, in_channels: int = 3, input_s
 
 
 # In-place initialisers a module runs on its fresh parameters. On the meta device they have no data to fill, yet
-# torch implements several of their meta kernels in Python (torch._refs), whose first call imports torch._dynamo:
-# ~2 s of every `cptsim train` start on a 2-core machine, for a check that needs only names and shapes.
+# torch implements several of their meta kernels in Python (torch._refs), whose first call imports torch._dynamo
+# (~1.5-2 s on a 2-core machine) for a check that needs only names and shapes. A training process pays that import
+# anyway (torch.optim's first optimizer makes it); a sweep's parent process, which only checks, no longer does.
 _META_NOOPS = frozenset({"normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_",
                          "xavier_uniform_", "xavier_normal_", "orthogonal_", "constant_", "zeros_", "ones_",
                          "erfinv_", "exponential_", "random_", "bernoulli_", "log_normal_"})
