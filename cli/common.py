@@ -211,6 +211,11 @@ def _workload_option_defs() -> dict:
             "--grad-format", "grad_format", default=None,
             help="Format of every gradient (error) operand, e.g. fp8e5m2 or mxfp8; needs a float --number-format "
                  "[default: the gradient width through the family]."),
+        # profile's and cost's (train has its own --channels-last, which also changes how the run runs)
+        "channels_last": click.option(
+            "--channels-last", is_flag=True,
+            help="The step runs in NHWC memory format (as `train --channels-last`); a GPU profile prices its "
+                 "convolutions accordingly. Default NCHW, PyTorch's default."),
     }
 
 

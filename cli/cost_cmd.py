@@ -9,8 +9,8 @@ from cptsim.errors import InputError
 
 from .common import (batch_size_or_default, emit_json, err, json_option, out, print_table, run_length, si,
                      wide_option)
-from .common import workload_options as common_workload_options
-from .profile_cmd import build_profile, rate_text, resolve_workload, throughput, workload_options
+from .common import workload_options
+from .profile_cmd import build_profile, profile_flags, rate_text, resolve_workload, throughput
 
 DEFAULT_HW = "h100,a100,bitfusion,stripes,int8-systolic"
 
@@ -39,8 +39,8 @@ next wider one (FP8 on an A100: FP16). Bit Fusion, Stripes and the int8 array co
 
 
 @click.command("cost", epilog=_EPILOG)
-@workload_options
-@common_workload_options("epochs", "steps")
+@profile_flags
+@workload_options("epochs", "steps")
 @click.option("--schedule", default="cpt", show_default=True, help="Precision schedule, name or text form.")
 @click.option("--dataset-size", type=int, default=None,
               help="Training samples per epoch [default: counted in --data-dir when the data is there (no image "
@@ -170,7 +170,7 @@ def time_sureness(hw, prof, mix: list[str], c) -> dict:
     host overhead, whether an eager step is launch-bound and what CUDA graphs save: the ``cost --json`` keys
     ``time_validation`` and ``launch_bound``. ``mix``: ``prof.op_mix()``."""
     out = {"time_validation": hw.time_validation(mix)}
-    if hasattr(hw, "launch_bound") and c.steps:
+    if c.steps:
         lb = hw.launch_bound(prof.ops, c.latency_s["total"] / c.steps)
         if lb is not None:
             out["launch_bound"] = lb

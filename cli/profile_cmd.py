@@ -8,7 +8,7 @@ from rich.table import Table
 from cptsim.errors import InputError
 
 from .common import batch_size_or_default, emit_json, err, json_option, out, parse_fp_layers, recipe, si
-from .common import workload_options as common_workload_options
+from .common import workload_options
 
 _EPILOG = """\b
 Examples:
@@ -36,18 +36,9 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     return shape
 
 
-# --channels-last: profile's and cost's own (train has its own, which also changes how the run runs)
-_channels_last_option = click.option(
-    "--channels-last", is_flag=True,
-    help="The step runs in NHWC memory format (as `train --channels-last`); a GPU profile prices its convolutions "
-         "accordingly. Default NCHW, PyTorch's default.")
-
-
-def workload_options(f):
-    """What `profile` and `cost` take to say which model on which input: the shared workload flags (one definition,
-    one default: ``cli.common.workload_options``) and --channels-last."""
-    return common_workload_options("model", "dataset", "data_dir", "image_size", "input_shape", "num_classes",
-                                   "fp_layers", "batch_size", "optimizer", "quant_agg")(_channels_last_option(f))
+# What `profile` and `cost` take to say which model on which input.
+profile_flags = workload_options("model", "dataset", "data_dir", "image_size", "input_shape", "num_classes",
+                                 "fp_layers", "batch_size", "optimizer", "quant_agg", "channels_last")
 
 
 def resolve_workload(model: str, dataset: str | None, data_dir: str | None, input_shape: str | None,
@@ -80,16 +71,15 @@ def resolve_workload(model: str, dataset: str | None, data_dir: str | None, inpu
 def build_profile(model: str, shape: tuple[int, ...], num_classes: int, fp_layers: str | None,
                   channels_last: bool = False, info=None, dataset: str | None = None, optimizer: str | None = None,
                   quant_agg: bool = False):
-    """``cptsim.measure.profiler.profile_named_model`` with --fp-layers as typed, in the step's memory format; a
-    graph's edge count from its DataInfo, the optimizer the recipe's unless typed (its update is counted work)."""
+    """The flags as typed, handed to the one profile builder, ``cptsim.measure.profiler.profile_named_model``:
+    --fp-layers parsed, a graph's edge count from its DataInfo, the optimizer the recipe's unless typed (its update
+    is counted work)."""
     from cptsim.measure.profiler import profile_named_model
 
     optimizer = recipe(dataset, model, optimizer=optimizer)["optimizer"]
-    prof = profile_named_model(model, shape, num_classes, parse_fp_layers(fp_layers),
+    return profile_named_model(model, shape, num_classes, parse_fp_layers(fp_layers),
                                graph_edges=getattr(info, "graph_edges", None), optimizer=optimizer,
-                               quant_agg=quant_agg)
-    prof.channels_last = bool(channels_last)
-    return prof
+                               quant_agg=quant_agg, channels_last=channels_last)
 
 
 def _epoch_samples(info, data_dir) -> int | None:
@@ -122,7 +112,7 @@ def speed_text(speed: dict) -> str:
 
 
 @click.command("profile", epilog=_EPILOG)
-@workload_options
+@profile_flags
 @click.option("--hw", "--hardware", "hw", default="h100", show_default=True,
               help="Hardware profile (name or .toml path) for energy and latency per step.")
 @click.option("--bits", type=int, default=8, show_default=True, help="Forward bits (weights and activations).")

@@ -232,6 +232,7 @@ def _plan_config(plan: dict, params: dict, **runtime):
 def _check_plan_data(plan: dict, cfg) -> None:
     """A plan is costed for a number of samples per epoch; refuse to train it on data of another size (it would
     run a different number of steps, or epochs, than the plan costed)."""
+    from cptsim.cost.runlength import RunLength
     from cptsim.data import dataset_size
     from cptsim.errors import InputError
 
@@ -252,7 +253,7 @@ def _check_plan_data(plan: dict, cfg) -> None:
     if w.get("epochs"):
         e = w["epochs"]
         runs = (f" ({e} epochs = {w['steps']} steps of {b}), but {where} holds {found} "
-                f"({e} epochs would be {e * -(-found // b)} steps)")
+                f"({e} epochs would be {RunLength(b, found).epoch_steps(e)} steps)")
     else:
         runs = (f" ({w['steps']} steps of {b} = {w['steps'] * b / planned:.3g} epochs), but {where} holds {found} "
                 f"({w['steps'] * b / found:.3g} epochs in {w['steps']} steps)")

@@ -6,10 +6,10 @@
    model's own pure functions (``cptsim.cost``) and ``HardwareProfile.gemm_cost`` -- and a candidate's cost is
    sum_b (steps at b) x table[b]. The steps at each b come without materialising any candidate's bits: a step's
    bits depend only on its position r = (t*n) mod T in its cycle (z = r/T) and, for a -tri schedule, on the parity
-   of its cycle. Each profile is monotone in r, so q_t = rint(q_min + (q_max - q_min) f(r/T)) <= b holds on a prefix
-   (rising f) or suffix (falling d) of r, whose end is one threshold per (profile, q_min, q_max, b) -- the same for
-   every cycle count -- found by one vectorised binary search over all of them that evaluates the very
-   floating-point expression ``Schedule.bits`` evaluates, so the counts are exact. The steps of each cycle below
+   of its cycle. Each piece of a schedule (``Schedule.pieces``) is monotone in r, so its bits are <= b on a prefix
+   (rising) or suffix (falling) of r, whose end is one threshold per (shape, q_min, q_max, b) -- the same for
+   every cycle count -- given for all of them at once by ``Schedule.thresholds``, exactly (the schedule keeps the
+   formula; this module only counts the steps on either side). The steps of each cycle below
    a threshold are counted in closed form (integers), their score weights by the geometric series of
    ``step_weights``, the ragged last batches by a search among the few ragged steps. The default space (1407
    candidates) for resnet20 over 64,000 steps evaluates in ~7 ms, every cycle count 1..64 with cyclic gradient
@@ -153,35 +153,6 @@ class Candidates:
             self._kinds[i] = tuple(np.concatenate(cols) for cols in zip(*parts))
 
 
-def _thresholds(T: int, fns: list, fn_id: np.ndarray, lo: np.ndarray, hi: np.ndarray, b: np.ndarray,
-                down: np.ndarray) -> np.ndarray:
-    """For each key (profile fns[fn_id], bits lo..hi, level b): the first r in [0, T] at which
-    ``rint(lo + (hi - lo) * f(r / T)) <= b`` stops holding (an increasing f) or ``> b`` stops holding (a decreasing
-    one). One vectorised binary search over all keys together, evaluating the very floating-point expression
-    ``Schedule.bits`` evaluates at r / T (the same float z for the same r), so the thresholds -- and every count
-    built on them -- are exact. Keys must be sorted by fn_id (each profile is evaluated on one contiguous slice)."""
-    K = fn_id.size
-    left = np.zeros(K, dtype=np.int64)
-    right = np.full(K, T, dtype=np.int64)
-    bounds = np.searchsorted(fn_id, np.arange(len(fns) + 1))
-    L, D = lo.astype(np.float64), (hi - lo).astype(np.float64)
-    f = np.empty(K)
-    while True:
-        active = left < right
-        if not active.any():
-            return left
-        mid = (left + right) // 2
-        z = mid.astype(np.float64) / T
-        for j, fn in enumerate(fns):
-            a, e = bounds[j], bounds[j + 1]
-            if a < e:
-                f[a:e] = fn(z[a:e])
-        q = np.rint(L + D * f)
-        ok = np.where(down, q > b, q <= b)
-        left = np.where(active & ok, mid + 1, left)
-        right = np.where(active & ~ok, mid, right)
-
-
 class _Steps:
     """Aggregates over the steps of one run of T steps in n cycles, restricted to a class of cycles (all, the even
     or the odd ones): for thresholds R, the steps whose position r = (t*n) mod T is below R -- their number, their
@@ -190,7 +161,7 @@ class _Steps:
 
     def __init__(self, T: int, n: int, cls: str, ragged_steps: np.ndarray, starts=None, kr=None):
         if starts is None:
-            starts = -(-np.arange(n + 1, dtype=np.int64) * T // n)     # cycle k is steps starts[k]..starts[k+1]-1
+            starts = Schedule.cycle_starts(T, n)                         # cycle k is steps starts[k]..starts[k+1]-1
         k = np.arange(n, dtype=np.int64)
         if cls != "all":
             k = k[(k % 2) == (0 if cls == "even" else 1)]
@@ -214,7 +185,7 @@ class _Steps:
         """{class: _Steps(T, n, class, ragged_steps)} for these classes, with what they share computed once:
         a class's cycles are a slice of all n (even: 0::2, odd: 1::2), so are their starts, lengths, offsets and
         rho^start (the same values, element by element, as the constructor computes for the class alone)."""
-        starts = -(-np.arange(n + 1, dtype=np.int64) * T // n)
+        starts = Schedule.cycle_starts(T, n)
         k = np.arange(n, dtype=np.int64)
         s_all = starts[:-1]
         len_all = starts[1:] - starts[:-1]
@@ -350,7 +321,6 @@ def _cyclic_g_parts(cp, lo, hi, glo, ghi, pf, pdown, gid, groups, thr, T, add, p
 def evaluate(workload: Workload, hardware, space: SearchSpace | None = None) -> Candidates:
     """Cost (every metric) and score of every candidate of ``space`` by the fast path (module docstring)."""
     from cptsim.cost.hardware import load_profile
-    from cptsim.cost.schedules import _REGISTRY
 
     t0 = time.perf_counter()
     hw = load_profile(hardware) if isinstance(hardware, str) else hardware
@@ -377,7 +347,7 @@ def evaluate(workload: Workload, hardware, space: SearchSpace | None = None) -> 
 
     beta = 1.0 / (T * TAU0)
     w_total = T + ALPHA / -np.expm1(-beta) * -np.expm1(-beta * T)         # sum of step_weights(T)
-    ragged_steps = np.arange(rag[0] - 1, T, rag[0], dtype=np.int64) if rag else np.zeros(0, dtype=np.int64)
+    ragged_steps = workload.run_length.ragged_steps()
     r_total = ragged_steps.size
 
     keys = list(COST_KEYS.values())
@@ -404,29 +374,24 @@ def evaluate(workload: Workload, hardware, space: SearchSpace | None = None) -> 
     # A candidate's steps split into parts that follow one monotone profile: a -rep schedule's f over all cycles,
     # a -tri schedule's rising f over its odd cycles and its falling d over its even ones. Within a part, bits change
     # only at thresholds of the position r (the same for every cycle count), so steps at each bits come from
-    # _thresholds and _Steps without materialising any candidate's bits.
-    fns: list = []
-    falls: list = []
-    kinds = [_REGISTRY[nm].kind for nm in names]
-    piece_of = []                     # per name: [(fn id, falling?, cycle class code)]; class 0 all, 1 even, 2 odd
+    # Schedule.thresholds and _Steps without materialising any candidate's bits.
+    shapes: list = []
+    cycle_class = {"all": 0, "even": 1, "odd": 2}
+    piece_of = []                     # per name: [(shape id, falling?, cycle class code)]
     for nm in names:
-        e = _REGISTRY[nm]
-        pieces = ([] if e.kind == "static" else [(e.up, False, 0)] if e.kind == "repeated" else
-                  [(e.up, False, 2), (e.down, True, 1)])
         row = []
-        for fn, falling, cls in pieces:
-            if fn not in fns:
-                fns.append(fn)
-                falls.append(falling)
-            row.append((fns.index(fn), falling, cls))
+        for piece in Schedule.pieces(nm):
+            if piece.shape not in shapes:
+                shapes.append(piece.shape)
+            row.append((shapes.index(piece.shape), piece.falling, cycle_class[piece.cycles]))
         piece_of.append(row)
-    is_static = np.array([k == "static" for k in kinds])[c_name]
+    is_static = np.array([not row for row in piece_of], dtype=bool)[c_name]   # no piece: every step at q_max
     deg = is_static | ((c_lo == c_hi) & (c_glo == c_ghi))      # every step at (q_max, g_max)
     if deg.any():
         d = np.nonzero(deg)[0]
         one = np.ones((d.size, 1), dtype=np.int64)
         add(d, c_hi[d][:, None], c_ghi[d][:, None], T * one, w_total * one, r_total * one)
-    # parts: (candidate, fn id, falling?, cycle class)
+    # parts: (candidate, shape id, falling?, cycle class)
     pc_l, pf_l, pd_l, pk_l = [], [], [], []
     for j, row in enumerate(piece_of):
         cj = np.nonzero(~deg & (c_name == j))[0]
@@ -439,17 +404,17 @@ def evaluate(workload: Workload, hardware, space: SearchSpace | None = None) -> 
     if pc.size:
         pf, pdown, pcl = np.concatenate(pf_l), np.concatenate(pd_l), np.concatenate(pk_l)
         lo, hi, glo, ghi, pn = c_lo[pc], c_hi[pc], c_glo[pc], c_ghi[pc], c_n[pc]
-        # threshold keys (fn, lo, hi, b) for b in lo..hi-1, of q and of a cyclic g, deduplicated
+        # threshold keys (shape, lo, hi, b) for b in lo..hi-1, of q and of a cyclic g, deduplicated
         b_all = np.arange(_LEVELS)
         key_rows = []
         for l_, h_ in ((lo, hi), (glo, ghi)):
-            fl = np.unique((pf * _NB + l_) * _NB + h_)                      # distinct (fn, lo, hi) first
+            fl = np.unique((pf * _NB + l_) * _NB + h_)                      # distinct (shape, lo, hi) first
             fl_l, fl_h = fl // _NB % _NB, fl % _NB
             rows, bb = np.nonzero((b_all[None, :] >= fl_l[:, None]) & (b_all[None, :] < fl_h[:, None]))
             key_rows.append(fl[rows] * _NB + bb)
-        code = np.unique(np.concatenate(key_rows))                          # sorted by fn id first
+        code = np.unique(np.concatenate(key_rows))                          # sorted by shape id first
         kf, kl, kh, kb = code // _NB**3, code // _NB**2 % _NB, code // _NB % _NB, code % _NB
-        R = _thresholds(T, fns, kf, kl, kh, kb, np.array(falls)[kf])
+        R = Schedule.thresholds(T, shapes, kf, kl, kh, kb)
 
         def thr(f, l_, h_, b):
             return R[np.searchsorted(code, ((f * _NB + l_) * _NB + h_) * _NB + b)]

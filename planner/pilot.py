@@ -51,6 +51,7 @@ from typing import Callable
 
 import numpy as np
 
+from cptsim.cost.runlength import RunLength
 from cptsim.errors import InputError
 
 from .evaluate import Candidates
@@ -219,7 +220,7 @@ def default_steps(w) -> int:
     """The first round's length: T/4 and at least two epochs of the training part (capped at T)."""
     n = w.dataset_size
     held = 0.0 if is_text(w) else PILOT_VAL_SPLIT  # text: the dataset's own validation split, nothing held out
-    epoch = -(-int(n * (1 - held)) // w.batch_size) if n else 0
+    epoch = RunLength(w.batch_size, int(n * (1 - held))).steps_per_epoch if n else 0
     return max(1, min(w.steps, max(w.steps // 4, 2 * epoch)))
 
 

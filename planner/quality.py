@@ -270,6 +270,7 @@ def measured_workload(workload) -> dict:
     validation split held out of the training data (``cptsim.run.config.VAL_SPLIT``), so the run sees
     N - held_out(N) samples per epoch, and an epoch-counted run has that many fewer steps. A text dataset has its
     own validation split: nothing is held out, the workload is the plan's."""
+    from cptsim.cost.runlength import RunLength
     from cptsim.run.config import VAL_SPLIT, held_out
 
     d = dict(workload.to_json())
@@ -279,7 +280,7 @@ def measured_workload(workload) -> dict:
     n_train = int(n) - held_out(int(n), VAL_SPLIT)
     d["dataset_size"] = n_train
     if d.get("epochs") is not None:  # epochs x steps per epoch of the part trained on (cptsim.run.train.build)
-        d["steps"] = int(d["epochs"]) * -(-n_train // int(d["batch_size"]))
+        d["steps"] = RunLength(int(d["batch_size"]), n_train).epoch_steps(int(d["epochs"]))
     return d
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cptsim.errors import InputError
+from cptsim.cost.runlength import RunLength
 from cptsim.cost.schedules import Schedule
 
 __all__ = ["Workload"]
@@ -85,9 +86,7 @@ class Workload:
         profiled on a seeded random structure with the graph's own node and edge counts, which is exact, since a
         step's work depends on those counts and the widths, not on which nodes are joined."""
         from cptsim.data import dataset_info, default_dataset, epoch_size
-        from cptsim.numerics.layers import quantize_model, resolve_fp_layers
-        from cptsim.models import create_model, default_fp_layers
-        from cptsim.measure.profiler import profile_model
+        from cptsim.measure.profiler import profile_named_model
         from cptsim.run.config import TrainConfig, recipe, validate
 
         if dataset is None:  # the embedded dataset of the model's kind
@@ -110,16 +109,13 @@ class Workload:
             if n is None:
                 raise InputError(f"{dataset}: the epoch size is unknown without loading the data; "
                                  "give --dataset-size N or --steps T")
-            steps = epochs * -(-n // batch_size)
+            steps = RunLength(batch_size, n).epoch_steps(epochs)
         shape = tuple(int(s) for s in info.input_shape)
         t0 = time.perf_counter()
-        net = create_model(model, num_classes=info.num_classes, in_channels=shape[0], input_shape=shape,
-                           graph=info.graph_edges is not None)
         edges = getattr(info, "graph_edges", None)  # a graph: profiled on random structures of its sizes
-        resolved = default_fp_layers(net) if fp_layers is None else resolve_fp_layers(net, fp_layers)
-        quantize_model(net, fp_layers=resolved, **({"quant_agg": True} if quant_agg else {}))
-        prof = profile_model(net, shape, batch_size=2, model_name=model, optimizer=optimizer, graph_edges=edges)
-        prof.channels_last = bool(channels_last)
+        prof = profile_named_model(model, shape, info.num_classes, fp_layers, graph_edges=edges, optimizer=optimizer,
+                                   quant_agg=quant_agg, channels_last=channels_last)
+        resolved = prof.fp_layers
         return cls(model=model, dataset=info.name, batch_size=batch_size, steps=steps, profile=prof,
                    input_shape=shape, num_classes=info.num_classes, dataset_size=n, data_dir=data_dir,
                    epochs=epochs, fp_layers=list(resolved), lr=lr, lr_schedule=lr_schedule, momentum=momentum,
@@ -130,13 +126,14 @@ class Workload:
                    number_format=str(number_format).strip().lower(), grad_format=grad_format)
 
     @property
+    def run_length(self) -> RunLength:
+        """The run's steps and batches: steps per epoch, the ragged last batch and the steps that hold it."""
+        return RunLength(self.batch_size, self.dataset_size, self.steps)
+
+    @property
     def ragged(self) -> tuple[int, int] | None:
         """(steps per epoch, samples in the last batch) when the last batch of an epoch is short, else None."""
-        if self.dataset_size is None:
-            return None
-        spe = -(-self.dataset_size // self.batch_size)
-        last = self.dataset_size - (spe - 1) * self.batch_size
-        return None if last == self.batch_size else (spe, last)
+        return self.run_length.ragged
 
     def describe(self) -> str:
         ep = ""

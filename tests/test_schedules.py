@@ -368,3 +368,41 @@ def test_cli_show_names_each_widths_format_in_a_float_family(tmp_path):
     assert "formats" not in json.loads(r.output)["schedules"][0]
     r = _invoke(["show", "cpt", "--number-format", "posit"])
     assert isinstance(r.exception, InputError) and "posit" in str(r.exception)
+
+
+@pytest.mark.parametrize("T, n", [(20, 6), (7, 10), (345, 32), (1, 1), (99, 3), (64_000, 64), (1000, 8)])
+@pytest.mark.parametrize("name", [n for n in SCHEDULE_NAMES if n != "static"])
+def test_thresholds_split_each_piece_where_bits_cross_each_width(T, n, name):
+    # The planner counts a schedule's steps at each width from Schedule.pieces and Schedule.thresholds alone; the
+    # truth they must match is bits(): in each piece's cycles, a step at position r = (t*n) mod T has bits <= b
+    # exactly when r < R (rising) or r >= R (falling).
+    for lo, hi in ((2, 9), (3, 8), (4, 5), (1, 16)):
+        s = make_schedule(name, q_min=lo, q_max=hi, cycles=n)
+        bits = s.bits(T)
+        t = np.arange(T, dtype=np.int64)
+        k, r = t * n // T, t * n % T
+        pieces = Schedule.pieces(name)
+        shapes = [p.shape for p in pieces]
+        levels = np.arange(lo, hi)
+        which = np.repeat(np.arange(len(pieces)), levels.size)
+        R = Schedule.thresholds(T, shapes, which, np.full(which.size, lo), np.full(which.size, hi),
+                                np.tile(levels, len(pieces)))
+        covered = np.zeros(T, dtype=bool)
+        for i, p in enumerate(pieces):
+            mine = {"all": np.ones(T, bool), "even": k % 2 == 0, "odd": k % 2 == 1}[p.cycles]
+            covered |= mine
+            for j, b in enumerate(levels.tolist()):
+                below = r[mine] < R[i * levels.size + j]
+                expect = bits[mine] <= b
+                assert np.array_equal(~below if p.falling else below, expect), (name, lo, hi, p, b)
+        assert covered.all()
+
+
+def test_thresholds_take_elements_in_any_shape_order():
+    shapes = ["cos-up", "exp-down-h"]
+    which, lo, hi, b = np.array([1, 0, 1, 0]), np.array([3, 3, 2, 2]), np.array([8, 8, 9, 9]), np.array([5, 5, 4, 6])
+    got = Schedule.thresholds(1000, shapes, which, lo, hi, b)
+    for i in range(4):
+        one = Schedule.thresholds(1000, [shapes[which[i]]], [0], lo[i:i + 1], hi[i:i + 1], b[i:i + 1])
+        assert got[i] == one[0]
+    assert Schedule.pieces("static") == () and Schedule.pieces("cpt")[0].cycles == "all"

@@ -77,7 +77,7 @@ def modelled_throughput(profile, hardware, row: Row) -> float:
     from cptsim.cost.schedules import parse_schedule
 
     hardware = load_profile(hardware) if isinstance(hardware, str) else hardware
-    if row.tf32_matmul and hasattr(hardware, "allow_tf32_matmul"):
+    if row.tf32_matmul:
         hardware = hardware.allow_tf32_matmul()
     c = estimate(profile, parse_schedule(row.schedule), hardware, steps=STEPS, batch_size=row.batch_size,
                  per_layer=False)
@@ -91,7 +91,7 @@ def fit_tier_efficiency(profile, hardware, row: Row, lo: float = 1e-3, hi: float
     from cptsim.cost.schedules import parse_schedule
 
     hw = load_profile(hardware) if isinstance(hardware, str) else hardware
-    if row.tf32_matmul and hasattr(hw, "allow_tf32_matmul"):
+    if row.tf32_matmul:
         hw = hw.allow_tf32_matmul()  # before the copy: modelled_throughput then keeps it (and its efficiencies)
     hw = copy.deepcopy(hw)
     q = int(parse_schedule(row.schedule).bits(1)[0])

@@ -5,58 +5,12 @@ three phases fwd / dgrad / wgrad). Nothing here loops over steps: a schedule tak
 every per-step quantity is a function of (q, g, samples in the step) alone, so a run is costed from its histogram
 of (q, g, samples) triples (``np.bincount`` on small integer keys) times the cost of one step of each triple.
 
-Operand widths per phase (DESIGN.md "Cost model"), in the order ``HardwareProfile.gemm_cost`` takes them:
-
-    phase  GEMM                 operands (b1, b2)   BitOPs
-    fwd    weight x activation  (b_w, b_a)           M_fwd   · b_w · b_a
-    dgrad  error x weight       (b_g, b_w)           M_dgrad · b_g · b_w
-    wgrad  error x activation   (b_g, b_a)           M_wgrad · b_g · b_a
-
-Quantized layers run at b_w = b_a = q and b_g = g; full-precision layers at 32 on all three operands.
-Relative-to-FP32 divides BitOPs by the same MACs at 32·32. AMP means AMP: on a GPU, a step whose GEMMs compute at
-16 bits or less (``static:16`` is AMP) runs its full-precision layers -- the stem, the classifier, a downsample
-conv -- on the FP16 tier too, as ``torch.autocast`` casts every conv and linear layer; that changes the GPU's
-time, bytes and energy (``GPUProfile.full_precision_bits``), not the BitOPs, which keep those layers at 32.
-
-Bytes moved per layer-phase (DRAM traffic; a simple, stated model -- no cache reuse across layers or phases):
-
-    fwd    read weight (W·calls elements) at b_w, read input (I·batch) at b_a,   write output (O·batch) at 32
-    dgrad  read error  (O·batch) at b_g,     read weight (W·calls) at b_w,      write input grad (I·batch) at 32
-    wgrad  read error  (O·batch) at b_g,     read input  (I·batch) at b_a,      write weight grad (W·calls) at 32
-
-A GPU's GEMMs write the forward output and the input gradient at the float width the step computes in
-(``storage_bits(gpu).output`` = ``GPUProfile.compute_bits``): 16 bits for FP16 GEMMs (AMP) and int GEMMs (an int
-pipeline keeps its activations and errors in FP16, as its non-GEMM ops), 32 for FP32/TF32 GEMMs. On a GPU, the step's other ops (batch norm,
-activations, optimizer...) and its kernel launches come from the profile's op list (``step_ops_cost``), and so does
-the time of fused attention kernels (``F.scaled_dot_product_attention``): their layer entries (type Matmul, ``sdpa``)
-count MACs and BitOPs everywhere, and GEMM time and energy only for the share the op list does not price
-(``fused_attention_share``).
-
-W = weight elements, I / O = input / output elements per sample (summed over the layer's calls). A weightless
-layer -- attention's ``Matmul(a, b)``, ``scores = q·kᵀ`` and ``mix = att·v`` -- has its second operand (K, V) where
-a layer has its weight: B elements per sample (``operand``), read at b_w in fwd and dgrad (stored like a weight:
-quantized at q), and its gradient, written by wgrad (error x a), at the width outputs are written at. A phase with
-0 MACs moves 0 bytes. Narrow operands are stored in the container the hardware computes them in
-(``storage_bits``): a GPU stores a b-bit tensor at its tier's width (5 bits -> int8 -> 1 byte; A100's int4 tier
-packs 4-bit operands at 4 bits; FP32 GEMMs at 32), a fixed-width integer array at multiples of its width, the host
-(fake quantization) always at 32, Bit Fusion and the bit-serial array packed at the operand width. Without a
-hardware profile the operands are packed at their width. An accelerator writes outputs (activations, input
-gradients) at its profile's ``output_bits``: 32 on Bit Fusion (its simulator's oprec), 16 on Stripes (its 16-bit
-neuron storage), or "operand" -- the width the next GEMM reads them at (``storage_bits(...).output``).
-
-A graph layer's sparse aggregation (type ``Aggregation``: out = A·X over the nnz edges of the propagation matrix,
-``cptsim.measure.profiler.aggregation_macs``) is weightless; its BitOPs are those of the table above with its
-features as the activation and A's per-edge values (GCN's normalisation, GAT's alpha) as the weight: FP32 (32 x 32)
-unless quantized (``--quant-agg``: fwd q x q, dgrad g x q, wgrad -- GAT's gradient into alpha -- g x q, as attention's
-matmuls). Fixed-point accelerators run its MACs at those widths as any other MACs. Its bytes are not a GEMM's but a
-gather and a scatter's (``aggregation_bytes``), and a GPU prices it as memory-bound (``GPUProfile.aggregation_cost``).
-
-Quantizer element-passes (costed only by the ``host`` kind, where fake quantization is real work):
-
-    fwd    quantized layers with q < 32: input elements (I·batch) + weight elements (W·calls), or a Matmul's
-           second operand (B·batch)
-    back   quantized layers with g < 32: error elements (O·batch), quantized once per step and shared by both
-           backward GEMMs, so attributed to dgrad -- or to wgrad for a layer without dgrad (the first layer)
+What one step of each kind costs: MACs and BitOPs from the formulas every hardware shares
+(``cptsim.cost.formulas``: operand widths per phase, BitOPs, bytes moved, quantizer passes), time and energy from
+the hardware profile, which prices a whole step of its kind (``HardwareProfile.price_step``: how it stores operands,
+AMP's rule for full-precision layers, its GEMMs, graph aggregations, fused attention and the step's other ops). This
+module adds up what the profile returns and never asks which kind it holds: a new kind is one module of
+``cptsim.cost.hardware``.
 """
 
 from __future__ import annotations
@@ -70,6 +24,9 @@ import numpy as np
 
 from cptsim.errors import InputError
 from cptsim.measure.profiler import PHASES, LayerProfile, ProfileArrays
+from .formulas import (INDEX_BITS, aggregation_bytes, bitops, bytes_moved, fused_attention_share, layer_bits,
+                       layer_bitops, packed_bits, phase_operands, quant_elems)
+from .runlength import RunLength
 from .schedules import FULL_PRECISION, VALID_BITS, Schedule
 
 __all__ = [
@@ -102,238 +59,29 @@ _VALID = np.zeros(FP + 1, dtype=bool)
 _VALID[sorted(VALID_BITS)] = True
 
 
-# ------------------------------------------------------------------------------------------------ the formulas
-
-
-def _col(x) -> np.ndarray:
-    """Per-step-kind values (K,) -> (K, 1) so they broadcast against per-layer (L,) arrays; scalars stay 0-d."""
-    a = np.asarray(x)
-    return a[..., None] if a.ndim else a
-
-
-def layer_bits(quantized: np.ndarray, q, g, fp=FP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(b_w, b_a, b_g) per layer: quantized layers at (q, q, g), full-precision layers at ``fp`` (32; a GPU's time
-    model runs them at 16 in an AMP step: ``GPUProfile.full_precision_bits``).
-
-    ``q``, ``g`` (and ``fp``) scalars give (L,) arrays; arrays of K step kinds give (K, L).
-    """
-    quantized = np.asarray(quantized, dtype=bool)
-    qc, gc, fc = _col(q), _col(g), _col(fp)
-    b_w = np.where(quantized, qc, fc)
-    b_g = np.where(quantized, gc, fc)
-    return b_w, b_w, b_g
-
-
-def phase_operands(quantized: np.ndarray, q, g, fp=FP) -> tuple[np.ndarray, np.ndarray]:
-    """(b1, b2), each (..., L, 3): the operand widths of fwd (b_w, b_a), dgrad (b_g, b_w), wgrad (b_g, b_a)."""
-    b_w, b_a, b_g = layer_bits(quantized, q, g, fp)
-    return np.stack((b_w, b_g, b_g), axis=-1), np.stack((b_a, b_w, b_a), axis=-1)
-
-
-def bitops(macs: np.ndarray, quantized: np.ndarray, q, g) -> np.ndarray:
-    """BitOPs per layer and phase, (..., L, 3): fwd M·b_w·b_a, dgrad M·b_g·b_w, wgrad M·b_g·b_a.
-
-    ``macs`` (L, 3) are the MACs the step executes (scale per-sample MACs by the batch first); the dtype follows
-    ``macs`` (int64 stays exact, float64 for sums over long runs).
-    """
-    b1, b2 = phase_operands(quantized, q, g)
-    return np.asarray(macs) * b1 * b2
-
-
-def layer_bitops(macs: np.ndarray, quantized: np.ndarray, q: np.ndarray, g) -> np.ndarray:
-    """``bitops`` of one step whose quantized layers run their own forward bits ``q`` (L,) (a per-layer plan):
-    (L, 3) int64, the same formulas (fwd M·b_w·b_a, dgrad M·b_g·b_w, wgrad M·b_g·b_a)."""
-    quantized = np.asarray(quantized, dtype=bool)
-    b_w = np.where(quantized, np.asarray(q, dtype=np.int64), FP)
-    b_g = np.where(quantized, np.int64(g), FP)
-    b1, b2 = np.stack((b_w, b_g, b_g), axis=-1), np.stack((b_w, b_w, b_w), axis=-1)
-    return (np.asarray(macs, dtype=np.int64) * b1 * b2).astype(np.int64)
-
-
-def _identity_bits(b):
-    return b
-
-
-def bytes_moved(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray, q, g, batch, calls=None,
-                storage=None, operand=None, fp=FP) -> np.ndarray:
-    """DRAM bytes per layer and phase, (..., L, 3), under the model in the module docstring.
-
-    ``numel`` (L, 3): weight total, input and output per sample; ``macs`` (L, 3) only marks which phases run;
-    ``batch`` samples in the step (scalar or (K,)); ``calls`` (L,) calls per step (default 1); ``storage`` maps
-    operand bits to stored bits (default: packed at the operand width; see ``storage_bits``); ``operand`` (L,):
-    a weightless layer's second-operand elements per sample (``ProfileArrays.operand``; default none); ``fp``:
-    the width full-precision layers run at (``layer_bits``).
-    """
-    store = storage or _identity_bits
-    numel = np.asarray(numel, dtype=np.float64)
-    calls = np.ones(numel.shape[0]) if calls is None else np.asarray(calls, dtype=np.float64)
-    b_w, b_a, b_g = layer_bits(quantized, q, g, fp)
-    s_w, s_a, s_g = store(b_w), store(b_a), getattr(store, "grad", store)(b_g)
-    n = _col(np.asarray(batch, dtype=np.float64))
-    w = numel[:, 0] * calls
-    i = numel[:, 1] * n
-    o = numel[:, 2] * n
-    # Outputs (activations, input gradients) at 32 bits, unless the storage says the hardware writes them at the
-    # width its GEMM computes in (``store.output``: a GPU writes FP16 outputs under AMP); weight gradients at 32.
-    out = getattr(store, "output", None)
-    o_fwd = FP if out is None else out(np.maximum(b_w, b_a))
-    i_dgrad = FP if out is None else out(np.maximum(b_g, b_w))
-    # a Matmul's second operand b: read like a weight by fwd (a·b) and dgrad (error·bᵀ), its gradient (aᵀ·error)
-    # written by wgrad like an activation gradient
-    b = 0.0 if operand is None else np.asarray(operand, dtype=np.float64) * n
-    b_grad = FP if out is None else out(np.maximum(b_g, b_a))
-    bits = np.stack((w * s_w + b * s_w + i * s_a + o * o_fwd,
-                     o * s_g + w * s_w + b * s_w + i * i_dgrad,
-                     o * s_g + i * s_a + w * FP + b * b_grad), axis=-1)
-    return np.where(np.asarray(macs) > 0, bits / 8.0, 0.0)
-
-
-INDEX_BITS = 64  # an edge_index entry: int64
-
-
-def aggregation_bytes(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray, q, g, batch, edges,
-                      operand=None, storage=None, fp=FP) -> np.ndarray:
-    """DRAM bytes of graph aggregation layers' phases, (..., L, 3): a gather and a scatter, not a GEMM.
-
-    Per layer and phase, in a step of ``batch`` graphs: P = the phase's MACs (message elements: nnz x width,
-    summed over calls), Z = nnz (``edges`` per sample), I / O = the source / result node-feature elements
-    (``numel`` input / output), V = A's per-edge values (``operand``: 0 for SAGE's plain sum, nnz for GCN,
-    nnz x heads for GAT). Widths: the features at b_a, the error at b_g, the values at b_w, stored as the hardware
-    stores them (``storage``); the messages and results at the width the phase writes outputs at (m: ``storage
-    .output``, else 32); each index entry at ``INDEX_BITS``. The model is PyG's execution for an ``edge_index``:
-    messages materialised between the gather and the scatter (``MessagePassing.propagate``: message, aggregate)::
-
-        fwd   = P·b_a  +  2·P·m  +  [V > 0]·(2·P·m + V·b_w)  +  O·m  +  2·Z·64
-                gather    messages    weighting pass             result  source and target indices
-                (each edge's source row; written by the gather, read by the scatter; the weighting pass reads
-                and rewrites them with the edge values)
-        dgrad = P·b_g  +  2·P·m  +  [V > 0]·(2·P·m + V·b_w)  +  I·m  +  2·Z·64
-                the same through Aᵀ: each edge gathers its target's error row, the scatter writes the input gradient
-        wgrad = P·b_g  +  P·b_a  +  V·32  +  2·Z·64
-                the gradient into A's values (GAT's alpha): each edge's error row against its source row
-
-    in bits (returned /8). A phase with 0 MACs moves 0 bytes. A fused sparse kernel (cuSPARSE SpMM, PyG's path
-    for a sparse adjacency) would skip the materialised messages: about P·b_a + O·m + the indices in forward.
-
-    The edge values of an aggregation left unquantized are FP32 whatever the step's width (b_v = 32; quantized:
-    b_w): GCN's normalisation is computed from the FP32 input's dtype before the transform, GAT's softmax is one of
-    autocast's FP32 ops. Weighting 16-bit messages by them promotes the messages, the scatter and the result to
-    32 bits (torch's type promotion), so an AMP step's weighted aggregation moves FP32 bytes: on our H100 a GCN
-    step on an ogbn-arxiv-sized graph took 89 ms under AMP and 86 ms in FP32 (benchmarks/results/
-    gpu23_H100_s3_graphs_fixed.json). Above, the weighting pass then writes, and the scatter and the result
-    use, m_v = max(m, b_v).
-    """
-    store = storage or _identity_bits
-    numel = np.asarray(numel, dtype=np.float64)
-    macs = np.asarray(macs, dtype=np.float64)
-    n = _col(np.asarray(batch, dtype=np.float64))
-    b_w, b_a, b_g = layer_bits(quantized, q, g, fp)
-    s_a, s_g = store(b_a), getattr(store, "grad", store)(b_g)
-    out = getattr(store, "output", None)
-    m_f = FP if out is None else out(np.maximum(b_w, b_a))
-    m_d = FP if out is None else out(np.maximum(b_g, b_w))
-    z = np.asarray(edges, dtype=np.float64) * n
-    v = (0.0 if operand is None else np.asarray(operand, dtype=np.float64)) * n
-    has_v = np.asarray(v) > 0
-    i, o = numel[:, 1] * n, numel[:, 2] * n
-    p_f, p_d, p_w = macs[:, 0] * n, macs[:, 1] * n, macs[:, 2] * n
-    idx = 2.0 * z * INDEX_BITS
-    b_v = np.where(np.asarray(quantized, dtype=bool), b_w, FP)      # the edge values: FP32 unless quantized
-    s_v = store(b_v)
-    m_fv = np.where(has_v, np.maximum(m_f, b_v), m_f)              # weighted messages: promoted to the values'
-    m_dv = np.where(has_v, np.maximum(m_d, b_v), m_d)
-    fwd = p_f * s_a + p_f * m_f + np.where(has_v, p_f * m_f + v * s_v + p_f * m_fv, 0.0) + p_f * m_fv + o * m_fv + idx
-    dgrad = p_d * s_g + p_d * m_d + np.where(has_v, p_d * m_d + v * s_v + p_d * m_dv, 0.0) + p_d * m_dv + i * m_dv + idx
-    wgrad = p_w * s_g + p_w * s_a + v * FP + idx
-    fwd, dgrad, wgrad = np.broadcast_arrays(fwd, dgrad, wgrad)
-    bits = np.stack((fwd, dgrad, wgrad), axis=-1)
-    return np.where(macs > 0, bits / 8.0, 0.0)
-
-
-def quant_elems(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray, q, g, batch, calls=None,
-                operand=None) -> np.ndarray:
-    """Quantizer element-passes per layer and phase, (..., L, 3) (the model in the module docstring); a
-    weightless layer's second operand (``operand``, per sample) is quantized in fwd as its input is."""
-    numel = np.asarray(numel, dtype=np.float64)
-    macs = np.asarray(macs)
-    quantized = np.asarray(quantized, dtype=bool)
-    calls = np.ones(numel.shape[0]) if calls is None else np.asarray(calls, dtype=np.float64)
-    n = _col(np.asarray(batch, dtype=np.float64))
-    b = 0.0 if operand is None else np.asarray(operand, dtype=np.float64) * n
-    fwd = np.where(quantized & (_col(q) < FP) & (macs[:, 0] > 0), numel[:, 1] * n + b + numel[:, 0] * calls, 0.0)
-    back = np.where(quantized & (_col(g) < FP), numel[:, 2] * n, 0.0)
-    has_d, has_w = macs[:, 1] > 0, macs[:, 2] > 0
-    dgrad = np.where(has_d, back, 0.0)
-    wgrad = np.where(~has_d & has_w, back, 0.0)
-    fwd, dgrad, wgrad = np.broadcast_arrays(fwd, dgrad, wgrad)
-    return np.stack((fwd, dgrad, wgrad), axis=-1)
-
+# ------------------------------------------------------------------------------------------------ storage
 
 def storage_bits(hardware, formats=None) -> Any:
-    """The function bits -> stored bits for a hardware profile (see the module docstring); packed when None.
+    """The storage (bits -> stored bits, ``cptsim.cost.formulas``) of a hardware profile: its own
+    (``HardwareProfile.storage_bits``), or, without one, operands packed at their width.
 
     ``formats`` (a float family's ``cptsim.numerics.families.FormatMap``; None: integers, as always): an operand
     of width b is its format's, stored at the format's storage bits (scales amortised: MXFP4 4.25, NVFP4 4.5)
     without hardware, and on a GPU view (``GPUProfile.with_formats``) where its tier runs the format natively,
     else at the tier's width; the function's ``.grad`` gives a gradient operand's (``--grad-format``)."""
-    if formats is not None and (hardware is None or getattr(hardware, "format_storage_bits", None) is not None):
-        return _format_store(hardware, formats)
-    if hardware is None:
-        return _identity_bits
-    kind = hardware.kind
-    if kind == "gpu":
-        tier_bits = np.array([t["bits"] for t in hardware.params["tiers"]], dtype=np.int64)
+    if hardware is not None:
+        return hardware.storage_bits(formats)
+    if formats is None:
+        return packed_bits
 
-        def gpu_store(b):
-            return tier_bits[hardware.tier_index(b, b)]
+    def fwd(b):
+        return formats.fwd_storage_bits[np.asarray(b).astype(np.int64)]
 
-        def gpu_output(b):
-            # written at the step's float width: FP16 by an FP16 (AMP) or int GEMM -- an int GEMM's INT32
-            # accumulators are scaled back into the FP16 pipeline its non-GEMM ops run in -- FP32 by an FP32/TF32 one
-            return hardware.compute_bits(b)
+    def grad(b):
+        return formats.grad_storage_bits[np.asarray(b).astype(np.int64)]
 
-        gpu_store.output = gpu_output
-        return gpu_store
-    if kind == "fixed-int":
-        w = int(hardware.params["width_bits"])
-        return _with_output_bits(hardware, lambda b: np.ceil(np.asarray(b) / w) * w)
-    if kind == "host":
-        return lambda b: np.full(np.shape(b), FP)
-    return _with_output_bits(hardware, _identity_bits)
-
-
-def _format_store(hardware, fmap):
-    if hardware is None:
-        def fwd(b):
-            return fmap.fwd_storage_bits[np.asarray(b).astype(np.int64)]
-
-        def grad(b):
-            return fmap.grad_storage_bits[np.asarray(b).astype(np.int64)]
-    else:
-        def fwd(b):
-            return hardware.format_storage_bits(b)
-
-        def grad(b):
-            return hardware.format_storage_bits(b, grad=True)
-
-        fwd.output = lambda b: hardware.compute_bits(b)
     fwd.grad = grad
     return fwd
-
-
-def _with_output_bits(hardware, store):
-    """``store`` with the width an accelerator writes GEMM outputs at (its profile's ``output_bits``: a width, or
-    "operand" = the width the next GEMM reads them at) as ``.output``; ``store`` itself without that key."""
-    out = hardware.params.get("output_bits")
-    if out is None:
-        return store
-
-    def accel_store(b):
-        return store(b)
-
-    accel_store.output = (lambda b: np.asarray(b, dtype=np.float64)) if out == "operand" \
-        else (lambda b: np.full(np.shape(b), float(out)))
-    return accel_store
 
 
 # ------------------------------------------------------------------------------------------------ input checks
@@ -356,7 +104,9 @@ def _hardware(hardware):
         from .hardware import load_profile
 
         return load_profile(hardware)
-    if not hasattr(hardware, "gemm_cost"):
+    from .hardware import HardwareProfile
+
+    if not isinstance(hardware, HardwareProfile):
         raise InputError(f"hardware must be a profile name, a path or a HardwareProfile, got {hardware!r}")
     return hardware
 
@@ -375,7 +125,7 @@ def _check_bits_array(a: np.ndarray, what: str) -> np.ndarray:
     a = np.asarray(a)
     if a.size == 0:
         raise InputError(f"{what}: no steps")
-    if a.dtype.kind == "f":
+    if np.issubdtype(a.dtype, np.floating):
         if not np.all(np.isfinite(a)) or not np.all(a == np.rint(a)):
             bad = a[~(np.isfinite(a) & (a == np.rint(a)))].flat[0]
             raise InputError(f"{what} must be integer bits 1..16 or 32, got {bad!r}")
@@ -437,13 +187,8 @@ def bits_histogram(q: np.ndarray, g: np.ndarray, batch_size: int, dataset_size: 
 
 def _ragged_steps(steps: int, batch_size: int, dataset_size: int | None) -> tuple[np.ndarray, int] | None:
     """(the steps that are an epoch's short last batch, its samples), or None when every batch is full."""
-    if dataset_size is None:
-        return None
-    spe = -(-dataset_size // batch_size)
-    last = dataset_size - (spe - 1) * batch_size
-    if last == batch_size:
-        return None
-    return np.arange(spe - 1, steps, spe, dtype=np.int64), last
+    run = RunLength(batch_size, dataset_size, steps)
+    return None if run.ragged is None else (run.ragged_steps(), run.last_batch)
 
 
 def _kinds(counts: np.ndarray, ragged: np.ndarray | None, batch_size: int, last: int | None):
@@ -505,7 +250,7 @@ def _trace_hist(trace) -> _Hist:
     g = _check_bits_array(g, "trace grad_bits")
     if b.size == 0:
         raise InputError("trace has no steps")
-    if b.dtype.kind == "f" and np.all(b == np.rint(b)):
+    if np.issubdtype(b.dtype, np.floating) and np.all(b == np.rint(b)):
         b = b.astype(np.int64)
     if b.dtype.kind not in "iu" or b.min() < 1:
         raise InputError("trace batch_size must be positive integers")
@@ -540,64 +285,16 @@ def _format_bitops(macs_k, quantized, q, g, fmap):
 def _kind_costs(a: ProfileArrays, hw, q: np.ndarray, g: np.ndarray, samples: np.ndarray, fmap=None) -> tuple:
     """ONE step of each of K kinds (q, g, samples): MACs, BitOPs, time and energy per layer and phase (K, L, 3),
     and the step's other ops (time, energy), each (K, 3); the hardware's entries None without a hardware (or, for
-    the other ops, where its kind does not model them). Every formula is element-wise over the kinds, so a kind's
-    numbers do not depend on the others computed with it."""
+    the other ops, where its kind does not price them: ``HardwareProfile.price_step``). Every formula is
+    element-wise over the kinds, so a kind's numbers do not depend on the others computed with it."""
     s = samples.astype(np.float64)[:, None, None]
     macs_k = a.macs[None] * s                                          # (K, L, 3)
     b1, b2 = phase_operands(a.quantized, q, g)                         # (K, L, 3)
     bops = macs_k * b1 * b2 if fmap is None else _format_bitops(macs_k, a.quantized, q, g, fmap)
     t = e = xt = xe = None
     if hw is not None:
-        # AMP means AMP: a GPU step that computes in FP16 runs its full-precision layers in FP16 too, as autocast
-        # casts every conv and linear -- in its time and energy only; BitOPs keep them at 32 (above)
-        full = getattr(hw, "full_precision_bits", None)
-        fp = FP if full is None else full(q)
-        if full is not None:
-            b1, b2 = phase_operands(a.quantized, q, g, fp)
-        opnd = getattr(a, "operand", None)
-        store = storage_bits(hw, fmap)
-        nbytes = bytes_moved(a.numel, a.macs, a.quantized, q, g, samples, a.calls, store, opnd, fp)
-        agg = getattr(a, "aggregation", None)
-        agg = agg[:, None] if agg is not None and np.any(agg) else None
-        if agg is not None:  # a graph layer's aggregation moves a gather's and a scatter's bytes, not a GEMM's
-            nbytes = np.where(agg, aggregation_bytes(a.numel, a.macs, a.quantized, q, g, samples, a.edges, opnd,
-                                                     store, fp), nbytes)
-        qe = quant_elems(a.numel, a.macs, a.quantized, q, g, samples, a.calls, opnd)
-        # a GPU runs FP32 convolutions and FP32 matmuls on the tiers PyTorch's defaults give each (GPUProfile)
-        mm = None if getattr(a, "matmul", None) is None else a.matmul[:, None]
-        if getattr(hw, "shape_model", False) and getattr(a, "gemm", None) is not None:
-            t, e = hw.shaped_gemm_cost(a, macs_k, b1, b2, nbytes, samples)   # GEMMs priced from their shapes
-        else:
-            t, e = hw.gemm_cost(macs_k, b1, b2, nbytes, qe, matmul=mm)
-        if agg is not None and hasattr(hw, "aggregation_cost"):  # a GPU: memory-bound gather/scatter kernels
-            ta, ea = hw.aggregation_cost(nbytes)
-            t, e = np.where(agg, ta, t), np.where(agg, ea, e)
-        extra = step_ops_cost(a, hw, q, g, samples)
-        if extra is not None:
-            xt, xe = extra
-            share = fused_attention_share(a)
-            if share:  # the op list prices these kernels (GPUProfile._attention_time): not their GEMM rows too
-                keep = np.where(a.sdpa[:, None], 1.0 - share, 1.0)
-                t, e = t * keep, e * keep
+        t, e, xt, xe = hw.price_step(a, q, g, samples, fmap)
     return macs_k, bops, t, e, xt, xe
-
-
-def fused_attention_share(a: ProfileArrays) -> float:
-    """The share, 0..1, of the MACs of a profile's ``F.scaled_dot_product_attention`` entries (``a.sdpa``, type
-    Matmul: ``cptsim.measure.profiler``) that its op list holds as fused attention kernels (kind ``attention``,
-    forward MACs). Hardware that prices the op list (a GPU: ``step_ops_cost``) prices those kernels from it, from
-    their own MACs and bytes, so the entries' GEMM time and energy are counted only for the rest: all of it where
-    the profiling device ran SDPA as plain matmuls (no attention kernel in the op list), none where every call ran
-    fused. Their MACs and BitOPs are counted in full on every hardware. 0 without an op list or such entries."""
-    sd = getattr(a, "sdpa", None)
-    ops = getattr(a, "ops", None)
-    if sd is None or ops is None or not np.any(sd):
-        return 0.0
-    mine = float(a.macs[sd, 0].sum())
-    if mine <= 0:
-        return 0.0
-    fused = float(ops.summary()["fwd"].get("attention_macs_per_sample", 0.0))
-    return min(1.0, fused / mine)
 
 
 class StepCosts:
@@ -703,14 +400,9 @@ def _layer_totals(a: ProfileArrays, hw, costs: StepCosts, schedule_or_trace, his
 def step_ops_cost(a: ProfileArrays, hw, q, g, samples):
     """(time s, energy J), each (K, 3) per step kind (q, g, samples) and phase, of everything in a step besides
     the layers' GEMMs -- the memory-bound ops and kernel launches of the profile's op list (``cptsim.measure.opcount``) --
-    on hardware whose kind models them (``gpu``); None when the kind does not or the profile has no op list."""
-    if getattr(a, "ops", None) is None or not hasattr(hw, "step_ops_cost"):
-        return None
-    q, g = np.atleast_1d(np.asarray(q)), np.atleast_1d(np.asarray(g))
-    n = np.broadcast_to(np.asarray(samples, dtype=np.float64), q.shape)
-    if getattr(hw, "shape_model", False):  # the step's memory format decides its norms' kernels (gpu.py)
-        return hw.step_ops_cost(a.ops, q, g, n, channels_last=bool(getattr(a, "channels_last", False)))
-    return hw.step_ops_cost(a.ops, q, g, n)
+    on hardware whose kind prices them (``HardwareProfile.op_list_cost``: a GPU); None when the kind does not, the
+    profile has no op list, or there is no hardware."""
+    return None if hw is None else hw.op_list_cost(a, q, g, samples)
 
 
 def _phase_dict(x: np.ndarray) -> dict[str, float]:
@@ -770,15 +462,11 @@ def _formats_ran(fmap, hw, hist: _Hist, based: _Hist) -> dict:
     """What ``Cost.formats`` holds: the family, the gradient format, the formats each width of the run and of its
     baseline named, and on a GPU the tier each step kind's quantized GEMMs ran on, per phase."""
     out = {**fmap.to_json(), "run": fmap.used(hist.q, hist.g), "baseline": fmap.used(based.q, based.g)}
-    if hw is not None and hasattr(hw, "tier_index"):
-        names = hw._tier_names
+    if hw is not None:
         kinds = sorted(set(zip(np.concatenate((hist.q, based.q)).tolist(), np.concatenate((hist.g, based.g)).tolist())))
-        rows = []
-        for q, g in kinds:
-            b1, b2 = phase_operands(np.array([True]), q, g)
-            tiers = hw.tier_index(b1[0], b2[0])
-            rows.append({"bits": q, "grad_bits": g, **{p: names[int(t)] for p, t in zip(PHASES, tiers)}})
-        out["tiers"] = rows
+        tiers = hw.step_tiers(kinds)
+        if tiers is not None:
+            out["tiers"] = tiers
     return out
 
 
@@ -808,7 +496,7 @@ def _prepare(layer_profile, schedule_or_trace, hardware, steps, batch_size, data
             epochs = _positive_int(epochs, "epochs")
             if dataset_size is None:
                 raise InputError("epochs need dataset_size (samples per epoch) to give a number of steps")
-            by_epochs = epochs * -(-dataset_size // batch_size)
+            by_epochs = RunLength(batch_size, dataset_size).epoch_steps(epochs)
             if steps is not None and _positive_int(steps, "steps") != by_epochs:
                 raise InputError(f"steps={steps} contradicts epochs={epochs} ({by_epochs} steps); give one")
             steps = by_epochs
@@ -901,7 +589,7 @@ def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None 
         steps=hist.steps, samples=hist.total_samples,
         relative_to_fp32=_ratio(bitops_d["total"], macs_d["total"] * FP * FP),
         relative_to_static=vs_static["bitops"], vs_static=vs_static, baseline=baseline,
-        hardware=hw.name if hw is not None else "", hardware_hash=getattr(hw, "content_hash", "") if hw else "",
+        hardware=hw.name if hw is not None else "", hardware_hash=hw.content_hash if hw is not None else "",
         workload=workload, formats=None if formats is None else _formats_ran(formats, costs.priced, hist, based),
     )
 

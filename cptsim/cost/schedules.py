@@ -59,6 +59,7 @@ from cptsim.errors import InputError
 
 __all__ = [
     "ALIASES",
+    "Piece",
     "SCHEDULE_NAMES",
     "TEXT_FORM",
     "VALID_BITS",
@@ -131,14 +132,35 @@ def _rex_down_h(z):
     return 1.0 - z / (0.1 + 0.9 * z)
 
 
+# The monotone shapes by name: (function of z, falling?). A schedule's bits follow one shape per class of cycles
+# (``Schedule.pieces``), so a count of its steps below a width needs one threshold per shape (``Schedule.thresholds``).
+_SHAPES: dict[str, tuple[Callable, bool]] = {
+    "cos-up": (_cos_up, False), "cos-down": (_cos_down, True),
+    "lin-up": (_lin_up, False), "lin-down": (_lin_down, True),
+    "exp-up": (_exp_up, False), "exp-down-v": (_exp_down_v, True), "exp-down-h": (_exp_down_h, True),
+    "rex-up": (_rex_up, False), "rex-down-v": (_rex_down_v, True), "rex-down-h": (_rex_down_h, True),
+}
+
+
 @dataclass(frozen=True)
 class _Entry:
     kind: str  # "static" | "repeated" | "triangular"
     profile: str  # "constant" | "cos" | "lin" | "exp" | "rex"
-    up: Callable | None
-    down: Callable | None  # triangular only
+    up: str | None  # a key of _SHAPES
+    down: str | None  # triangular only
     description: str
     reference: str
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One monotone part of a schedule: its bits follow ``shape`` (a name ``Schedule.thresholds`` takes) over the
+    cycles of one class, ``"all"``, ``"even"`` (k = 0, 2, ...) or ``"odd"``; ``falling``: the bits never rise with the
+    position in the cycle (else they never fall)."""
+
+    shape: str
+    falling: bool
+    cycles: str
 
 
 _CPT = "Fu et al., CPT, ICLR 2021 (arXiv 2101.09868)"
@@ -146,24 +168,24 @@ _WK = "Wolfe & Kyrillidis 2024 (arXiv 2403.02243)"
 
 _REGISTRY: dict[str, _Entry] = {
     "static": _Entry("static", "constant", None, None, "q_max at every step: the static-precision baseline", _CPT),
-    "cos-rep": _Entry("repeated", "cos", _cos_up, None,
+    "cos-rep": _Entry("repeated", "cos", "cos-up", None,
                       "half-cosine rise q_min→q_max, restarting every cycle (the original CPT schedule)", _CPT),
-    "lin-rep": _Entry("repeated", "lin", _lin_up, None, "linear rise q_min→q_max, restarting every cycle", _WK),
-    "exp-rep": _Entry("repeated", "exp", _exp_up, None,
+    "lin-rep": _Entry("repeated", "lin", "lin-up", None, "linear rise q_min→q_max, restarting every cycle", _WK),
+    "exp-rep": _Entry("repeated", "exp", "exp-up", None,
                       "exponential rise 1−e^(−4z): reaches high precision early in each cycle (dearest)", _WK),
-    "rex-rep": _Entry("repeated", "rex", _rex_up, None,
+    "rex-rep": _Entry("repeated", "rex", "rex-up", None,
                       "REX rise: stays low most of the cycle, climbs to q_max at its end (cheapest)", _WK),
-    "cos-tri": _Entry("triangular", "cos", _cos_up, _cos_down,
+    "cos-tri": _Entry("triangular", "cos", "cos-up", "cos-down",
                       "half-cosine fall then rise in alternating cycles; starts at q_max", _WK),
-    "lin-tri": _Entry("triangular", "lin", _lin_up, _lin_down,
+    "lin-tri": _Entry("triangular", "lin", "lin-up", "lin-down",
                       "linear fall then rise in alternating cycles; starts at q_max", _WK),
-    "exp-tri-v": _Entry("triangular", "exp", _exp_up, _exp_down_v,
+    "exp-tri-v": _Entry("triangular", "exp", "exp-up", "exp-down-v",
                         "exponential; falling half is the vertical flip e^(−4z): drops fast", _WK),
-    "exp-tri-h": _Entry("triangular", "exp", _exp_up, _exp_down_h,
+    "exp-tri-h": _Entry("triangular", "exp", "exp-up", "exp-down-h",
                         "exponential; falling half is the horizontal flip 1−e^(−4(1−z)): stays high, drops late", _WK),
-    "rex-tri-v": _Entry("triangular", "rex", _rex_up, _rex_down_v,
+    "rex-tri-v": _Entry("triangular", "rex", "rex-up", "rex-down-v",
                         "REX; falling half is the vertical flip: stays high, drops late", _WK),
-    "rex-tri-h": _Entry("triangular", "rex", _rex_up, _rex_down_h,
+    "rex-tri-h": _Entry("triangular", "rex", "rex-up", "rex-down-h",
                         "REX; falling half is the horizontal flip: drops fast, stays low", _WK),
 }
 
@@ -194,9 +216,9 @@ def profile_fn(name: str) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     if entry.kind == "static":
         return lambda z, k: np.ones_like(np.asarray(z, dtype=np.float64))
     if entry.kind == "repeated":
-        up = entry.up
+        up = _SHAPES[entry.up][0]
         return lambda z, k: up(np.asarray(z, dtype=np.float64))
-    up, down = entry.up, entry.down
+    up, down = _SHAPES[entry.up][0], _SHAPES[entry.down][0]
 
     def tri(z, k):
         z = np.asarray(z, dtype=np.float64)
@@ -218,9 +240,20 @@ def cycle_position(total_steps: int, cycles: int) -> tuple[np.ndarray, np.ndarra
     return k, r.astype(np.float64) / T
 
 
+def _cycle_starts(T: int, n: int) -> np.ndarray:
+    """ceil(j·T/n) for j = 0..n, int64: cycle j is steps starts[j]..starts[j+1]-1."""
+    return -(-np.arange(n + 1, dtype=np.int64) * T // n)
+
+
+def _level(lo, span, frac):
+    """The bits at fraction ``frac`` of the range: rint(lo + span·frac), numpy's round half to even. The one
+    expression every bit of every schedule comes from (``Schedule.bits`` and ``Schedule.thresholds`` alike)."""
+    return np.rint(lo + span * frac)
+
+
 def _cycle_index(T: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     """(k, r) per step, both int64: cycle index and r = t·n − k·T = (t·n) mod T, so z = r / T."""
-    starts = -(-np.arange(n + 1, dtype=np.int64) * T // n)  # ceil(j·T/n) for j = 0..n
+    starts = _cycle_starts(T, n)
     k = np.repeat(np.arange(n, dtype=np.int64), np.diff(starts))
     r = np.arange(T, dtype=np.int64) * n - k * T
     return k, r
@@ -327,6 +360,70 @@ class Schedule:
     def kind(self) -> str:
         return _REGISTRY[self.name].kind
 
+    # -- the schedule family's shape, for counting many schedules' steps without their bits
+
+    @staticmethod
+    def pieces(name: str) -> tuple[Piece, ...]:
+        """The monotone parts of schedule ``name``'s bits: none for ``static`` (every step at q_max); a -rep
+        schedule's rising shape over all cycles; a -tri schedule's rising shape over its odd cycles, then its falling
+        shape over its even ones. Within a piece a step's bits depend only on its position r = (t·n) mod T, so
+        ``thresholds`` give its steps at each width, for every cycle count n at once."""
+        e = _REGISTRY[canonical_name(name)]
+        if e.kind == "static":
+            return ()
+        if e.kind == "repeated":
+            return (Piece(e.up, False, "all"),)
+        return (Piece(e.up, False, "odd"), Piece(e.down, True, "even"))
+
+    @staticmethod
+    def cycle_starts(total_steps: int, cycles: int) -> np.ndarray:
+        """The first step of each cycle and T: ceil(j·T/n) for j = 0..n (int64); cycle j is steps
+        starts[j]..starts[j+1]-1, and its first step's position is starts[j]·n − j·T, in [0, n)."""
+        return _cycle_starts(_check_steps(total_steps), _check_cycles(cycles))
+
+    @staticmethod
+    def thresholds(total_steps: int, shapes, which, lo, hi, level) -> np.ndarray:
+        """Where each piece crosses a width, for many (shape, range, width) at once: element i is shape
+        ``shapes[which[i]]`` (``Piece.shape``) over bits lo[i]..hi[i] and width level[i]; the answer is the first
+        position r in [0, T] at which ``rint(lo + (hi − lo)·f(r/T)) <= level`` stops holding (a rising shape) or
+        ``> level`` stops holding (a falling one). So a step of that piece at position r = (t·n) mod T has bits <= level
+        exactly when r < R (rising) or r >= R (falling), for any cycle count n. Exact: one vectorised binary search
+        over all elements that evaluates the very floating-point expression ``bits`` evaluates at r/T (int64)."""
+        T = _check_steps(total_steps)
+        which = np.asarray(which, dtype=np.int64)
+        lo, hi, level = (np.asarray(x, dtype=np.int64) for x in (lo, hi, level))
+        order = None
+        if which.size > 1 and np.any(which[1:] < which[:-1]):  # each shape evaluated on one contiguous slice
+            order = np.argsort(which, kind="stable")
+            which, lo, hi, level = which[order], lo[order], hi[order], level[order]
+        fns = [_SHAPES[sh][0] for sh in shapes]
+        down = np.array([_SHAPES[sh][1] for sh in shapes] + [False], dtype=bool)[which]
+        K = which.size
+        left = np.zeros(K, dtype=np.int64)
+        right = np.full(K, T, dtype=np.int64)
+        bounds = np.searchsorted(which, np.arange(len(fns) + 1))
+        L, D = lo.astype(np.float64), (hi - lo).astype(np.float64)
+        f = np.empty(K)
+        while True:
+            active = left < right
+            if not active.any():
+                break
+            mid = (left + right) // 2
+            z = mid.astype(np.float64) / T
+            for j, fn in enumerate(fns):
+                a, e = bounds[j], bounds[j + 1]
+                if a < e:
+                    f[a:e] = fn(z[a:e])
+            q = _level(L, D, f)
+            ok = np.where(down, q > level, q <= level)
+            left = np.where(active & ok, mid + 1, left)
+            right = np.where(active & ~ok, mid, right)
+        if order is None:
+            return left
+        out = np.empty_like(left)
+        out[order] = left
+        return out
+
     def _tables(self, lo: int, hi: int, T: int) -> tuple[int, np.ndarray, np.ndarray | None]:
         """(g, up, down) of bits lo..hi over a run of T steps: a step's bits depend only on r = (t·n) mod T (and, for
         -tri, the parity of its cycle k); r is a multiple of g = gcd(n, T), so the profile is evaluated once on the
@@ -338,8 +435,8 @@ class Schedule:
         z = (np.arange(T // g, dtype=np.int64) * g).astype(np.float64) / T
         entry = _REGISTRY[self.name]
 
-        def table(fn):
-            return np.rint(lo + (hi - lo) * fn(z)).astype(np.int64)
+        def table(shape):
+            return _level(lo, hi - lo, _SHAPES[shape][0](z)).astype(np.int64)
 
         return g, table(entry.up), table(entry.down) if entry.kind == "triangular" else None
 

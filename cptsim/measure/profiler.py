@@ -584,6 +584,10 @@ class LayerProfile:
     # The memory format the step runs in: a GPU's convolutions cost differently in NHWC (channels_last) and in
     # PyTorch's default NCHW (cptsim.cost.hardware.gpu_kernels); MACs and bytes do not depend on it.
     channels_last: bool = False
+    # The layers kept at full precision as the model was built (``profile_named_model``: the model's convention or
+    # the globs given, resolved to names); None when not known (a profile read from a file). Not part of the file:
+    # a plan and a run record them themselves.
+    fp_layers: list[str] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict:
         d = {"format": PROFILE_FORMAT, "model": self.model, "input_shape": [int(s) for s in self.input_shape],
@@ -1234,7 +1238,7 @@ def _extrapolate(profs: list[LayerProfile], nodes: int, edges: int) -> LayerProf
 
 def profile_named_model(model: str, shape: tuple[int, ...], num_classes: int,
                         fp_layers: list[str] | None = None, graph_edges: int | None = None,
-                        optimizer: str = "sgd", quant_agg: bool = False) -> "LayerProfile":
+                        optimizer: str = "sgd", quant_agg: bool = False, channels_last: bool = False) -> "LayerProfile":
     """Create a registry model, quantize it as training would, and profile one training step (per-sample MACs).
 
     ``fp_layers``: globs of layers kept at full precision; None = the model's own convention, resolved by the
@@ -1243,7 +1247,9 @@ def profile_named_model(model: str, shape: tuple[int, ...], num_classes: int,
     ones, so each layer's ``quantized`` flag is what training will have. A graph model (input shape (N, F)) is
     profiled on one graph of ``graph_edges`` directed edges (a dataset's ``DataInfo.graph_edges``; None: the
     model's default), its aggregations quantized when ``quant_agg``; ``optimizer``: the update the op list
-    counts."""
+    counts; ``channels_last``: the memory format the step runs in (the profile records it). The one place a
+    named model is built and profiled: `cptsim profile`, `cptsim cost` and the planner's workload all call it, and
+    the profile carries the full-precision layers as resolved (``LayerProfile.fp_layers``)."""
     from cptsim.models import create_model, default_fp_layers
     from cptsim.numerics.layers import quantize_model, resolve_fp_layers
 
@@ -1252,5 +1258,8 @@ def profile_named_model(model: str, shape: tuple[int, ...], num_classes: int,
                                graph=graph_edges is not None)
     keep = default_fp_layers(torch_model) if fp_layers is None else resolve_fp_layers(torch_model, fp_layers)
     quantize_model(torch_model, fp_layers=keep, **({"quant_agg": True} if quant_agg else {}))
-    return profile_model(torch_model, shape, batch_size=2, model_name=model, optimizer=optimizer,
+    prof = profile_model(torch_model, shape, batch_size=2, model_name=model, optimizer=optimizer,
                          graph_edges=graph_edges)
+    prof.channels_last = bool(channels_last)
+    prof.fp_layers = list(keep)
+    return prof

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from cptsim import __version__
+from cptsim.cost.runlength import RunLength
 from cptsim.errors import InputError, RunFailed, RunStopped
 from cptsim.models.loss import class_cross_entropy
 from .rundir import RunDir
@@ -237,8 +238,9 @@ def build(cfg: TrainConfig) -> Workload:
         train_set, val_set, recal_set = validation_split(cfg, train_set, plain)
         val_loader = DataLoader(val_set, batch_size=max(cfg.batch_size, 256), shuffle=False,
                                 num_workers=cfg.workers, pin_memory=cfg.device.startswith("cuda"))
-    steps_per_epoch = math.ceil(len(train_set) / cfg.batch_size)  # the ragged last batch is a step too
-    total = cfg.steps if cfg.steps is not None else cfg.epochs * steps_per_epoch
+    run = RunLength(cfg.batch_size, len(train_set))  # the ragged last batch is a step too
+    steps_per_epoch = run.steps_per_epoch
+    total = cfg.steps if cfg.steps is not None else run.epoch_steps(cfg.epochs)
     test_loader = DataLoader(test_set, batch_size=max(cfg.batch_size, 256), shuffle=False,
                              num_workers=cfg.workers, pin_memory=cfg.device.startswith("cuda"))
     return Workload(
@@ -449,7 +451,7 @@ def recalibrate(w: Workload, cfg: TrainConfig, epoch: int, device: str) -> dict:
     are the first of a permutation seeded by (seed, epoch), and the global RNG (dropout) is forked so that
     training afterwards draws exactly what it would have drawn without this. Returns its cost."""
     t0 = time.perf_counter()
-    k = min(cfg.recal_batches, math.ceil(len(w.train_set) / cfg.batch_size))
+    k = min(cfg.recal_batches, RunLength(cfg.batch_size, len(w.train_set)).steps_per_epoch)
     if k <= 0:
         return {"batches": 0, "samples": 0, "time_s": 0.0}
     order = torch.randperm(len(w.train_set), generator=torch.Generator().manual_seed(cfg.seed * 7_919 + epoch + 1))

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cptsim.cost.runlength import RunLength
 from cptsim.errors import InputError
 
 REPORT_FORMAT = "cptsim.report/1"
@@ -126,11 +127,7 @@ def effective_bits(arrays, gi, gq) -> np.ndarray:
 def planned_batches(steps: int, batch: int, dataset_size: int | None) -> np.ndarray:
     """Samples per planned step: ``batch``, and the ragged last batch of each epoch when ``dataset_size`` is known
     (what ``cost.bits_histogram`` models and a DataLoader with drop_last=False feeds)."""
-    n = np.full(steps, batch, dtype=np.int64)
-    if dataset_size:
-        spe = -(-dataset_size // batch)
-        n[spe - 1::spe] = dataset_size - (spe - 1) * batch
-    return n
+    return RunLength(batch, dataset_size or None, steps).samples()
 
 
 # ------------------------------------------------------------------------------------------------ the report
@@ -728,11 +725,12 @@ def _reasons(plan, cfg, sched, run_sched, executed, steps, step_ids, q, g, n, pq
         dn = n[inside] - pn[idx]
         if (dn != 0).any():
             small = int((dn < 0).sum())
+            last = RunLength(batch, train_size).last_batch if train_size else None
             ragged_like = (not models_ragged and small and train_size
-                           and set(n[inside][dn < 0].tolist()) <= {train_size - (-(-train_size // batch) - 1) * batch})
+                           and set(n[inside][dn < 0].tolist()) <= {last})
             if ragged_like:
                 out.append(f"ragged last batch not modelled by the plan: {small} step(s) ran "
-                           f"{train_size - (-(-train_size // batch) - 1) * batch} samples, not {batch} "
+                           f"{last} samples, not {batch} "
                            f"({int(dn.sum()):+d} samples)")
             else:
                 out.append(f"{int((dn != 0).sum())} step(s) ran another number of samples than planned "

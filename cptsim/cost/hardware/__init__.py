@@ -1,9 +1,11 @@
-"""Hardware profiles: what a GEMM at given operand widths costs, in seconds and joules, on one machine.
+"""Hardware profiles: what a training step costs, in seconds and joules, on one machine.
 
 One module per kind (gpu, bit_fusion, bit_serial, fixed_int, host), each holding its cost formula and its profile
 class; ``base`` holds what they share (the base class, the kind registry, TOML checking) and ``files`` finds, reads
-and writes profile files. Adding a kind is one module here whose class is decorated with ``@register``: it is
-imported below (the five shipped kinds explicitly, any other module of this package found on import).
+and writes profile files. Each kind prices a whole step behind ``HardwareProfile.price_step``, so the cost model
+knows no kind. Adding a kind is one module here whose class is decorated with ``@register``: it is imported below
+(the five shipped kinds explicitly, any other module of this package found on import). A kind defined outside
+this package registers the same way (``register``; ``unregister`` forgets it) before its profiles are loaded.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .base import (FULL_PRECISION_BITS, MAX_BITS, MIN_BITS, Field, HardwareProfile, check_profile_file_name,
-                   kind_class, kinds, register, roofline_time, traffic_energy_j)
+from .base import (FULL_PRECISION_BITS, MAX_BITS, MIN_BITS, Field, HardwareProfile, StepPrice,
+                   check_profile_file_name, kind_class, kinds, register, roofline_time, traffic_energy_j, unregister)
 from .gpu import GPUProfile, gpu_tier_index
 from .bit_fusion import BitFusionProfile, bitfusion_macs_per_unit_cycle, brick_factor
 from .bit_serial import BitSerialProfile, bit_serial_lane_cycles_per_mac
@@ -34,5 +36,6 @@ __all__ = [
     "FixedIntProfile", "GPUProfile", "HardwareProfile", "HostProfile", "bit_serial_lane_cycles_per_mac",
     "bitfusion_macs_per_unit_cycle", "brick_factor", "check_profile_file_name", "fixed_int_passes", "gpu_tier_index",
     "host_profile_text", "host_time_components", "kind_class", "kinds", "list_profiles", "load_profile",
-    "parse_profile", "profile_origin", "register", "roofline_time", "traffic_energy_j", "user_profile_dir",
+    "parse_profile", "profile_origin", "register", "roofline_time", "StepPrice", "traffic_energy_j", "unregister",
+    "user_profile_dir",
 ]

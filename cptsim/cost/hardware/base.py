@@ -6,6 +6,11 @@ bit_serial, fixed_int, host) holding its formula -- small pure functions, vector
 planner costs thousands of schedules at once -- and its profile class, which only holds the numbers and passes them
 in. A class decorated with ``@register`` is the class of its ``KIND``: adding a kind is adding one module.
 
+A kind prices a whole training step behind one method, ``HardwareProfile.price_step``; the cost model
+(``cptsim.cost.model``) sums what it returns over a run and never asks which kind it holds. The base class prices a
+step from a few narrower methods with defaults -- how operands are stored, the width full-precision layers run at,
+the layers' GEMMs, a graph aggregation, the step's other ops -- and a kind overrides the ones where it differs.
+
 Common conventions for every kind:
 
 * ``macs``: multiply-accumulates executed (a FLOP counter's FLOPs / 2).
@@ -25,11 +30,12 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
 from cptsim.errors import InputError
+from ..formulas import aggregation_bytes, bytes_moved, packed_bits, phase_operands, quant_elems
 
 MIN_BITS, MAX_BITS = 1, 32
 FULL_PRECISION_BITS = 32
@@ -171,6 +177,15 @@ class _Checker:
 # Profiles
 # ----------------------------------------------------------------------------------------------------------------------
 
+class StepPrice(NamedTuple):
+    """What one training step of each of K kinds (q, g, samples) costs on a machine (``price_step``)."""
+
+    time: np.ndarray                  # (K, L, 3) seconds per layer and phase (fwd, dgrad, wgrad)
+    energy: np.ndarray                # (K, L, 3) joules
+    other_time: np.ndarray | None     # (K, 3) seconds of everything besides the layers; None: not priced here
+    other_energy: np.ndarray | None   # (K, 3) joules of the same
+
+
 _CAL_COMPUTE = Field("compute_efficiency", "fraction", "achieved / peak compute rate, fitted from measured runs", 1.0)
 _CAL_MEMORY = Field("memory_efficiency", "fraction", "achieved / peak DRAM bandwidth", 1.0)
 
@@ -180,7 +195,8 @@ class HardwareProfile:
     """One machine: its numbers (``params``, as in the TOML file) and the cost formula of its kind.
 
     Subclasses, one per kind, declare ``PARAMS`` (the keys of the kind's table) and ``CALIBRATION`` and implement
-    ``_cost`` / ``_throughput`` / ``describe_bits`` by calling their module's pure functions;
+    ``_cost`` / ``_throughput`` / ``describe_bits`` by calling their module's pure functions, and override the
+    step-pricing methods (``price_step`` and the ones it calls) where the kind prices a step otherwise;
     ``@register`` makes a subclass the class of its ``KIND``.
     """
 
@@ -263,6 +279,84 @@ class HardwareProfile:
             out["op_mix_missing"] = missing
         return out
 
+    # -- pricing a training step: the cost model's one question to a kind ----------------------------------------
+
+    def price_step(self, a, q, g, samples, formats=None) -> StepPrice:
+        """Time and energy of ONE training step of each of K kinds -- forward bits ``q``, gradient bits ``g``,
+        ``samples`` in the step, each (K,) -- of the layers of profile arrays ``a``
+        (``cptsim.measure.profiler.ProfileArrays``) on this machine, per layer and phase, and of the step's other
+        ops where this kind prices them. ``formats``: the float family the widths name (``with_formats`` gave this
+        profile's view of it), None for integers.
+
+        Element-wise over the kinds, so a kind's numbers do not depend on the others priced with it. The steps,
+        each a method a kind overrides where it differs: the width full-precision layers run at
+        (``full_precision_bits``), how operands are stored (``storage_bits``), the layers' GEMMs (``layer_cost``),
+        a graph layer's aggregation (``aggregation_cost``), and everything besides the layers (``op_list_cost``).
+        """
+        fp = self.full_precision_bits(q)
+        b1, b2 = phase_operands(a.quantized, q, g, fp)
+        store = self.storage_bits(formats)
+        nbytes = bytes_moved(a.numel, a.macs, a.quantized, q, g, samples, a.calls, store, a.operand, fp)
+        agg = a.aggregation[:, None] if a.aggregation is not None and np.any(a.aggregation) else None
+        if agg is not None:  # a graph layer's aggregation moves a gather's and a scatter's bytes, not a GEMM's
+            nbytes = np.where(agg, aggregation_bytes(a.numel, a.macs, a.quantized, q, g, samples, a.edges, a.operand,
+                                                     store, fp), nbytes)
+        qe = quant_elems(a.numel, a.macs, a.quantized, q, g, samples, a.calls, a.operand)
+        macs = a.macs[None] * samples.astype(np.float64)[:, None, None]
+        t, e = self.layer_cost(a, macs, b1, b2, nbytes, qe, samples)
+        if agg is not None:
+            priced = self.aggregation_cost(nbytes)
+            if priced is not None:
+                t, e = np.where(agg, priced[0], t), np.where(agg, priced[1], e)
+        other = self.op_list_cost(a, q, g, samples)
+        return StepPrice(t, e, *((None, None) if other is None else other))
+
+    def full_precision_bits(self, q):
+        """The width a step's full-precision layers run at, per step kind of forward bits ``q``: 32 here (a kind
+        whose steps cast them, as a GPU's AMP does, overrides it). Time, bytes and energy only: BitOPs keep them
+        at 32 on every kind."""
+        return FULL_PRECISION_BITS
+
+    def storage_bits(self, formats=None):
+        """How this machine stores operands: a storage (``cptsim.cost.formulas``: bits -> stored bits, with
+        ``.output``, the width GEMM outputs are written at, where that is not 32). Here: packed at the operand
+        width. ``formats``: a float family (None: integers), for kinds that store formats apart."""
+        return packed_bits
+
+    def layer_cost(self, a, macs, b1, b2, bytes_moved, quant_elems, samples) -> tuple[np.ndarray, np.ndarray]:
+        """(time s, energy J), (K, L, 3), of the layers' GEMMs of profile arrays ``a``: ``macs`` executed at
+        operand widths ``b1``, ``b2``, moving ``bytes_moved`` bytes with ``quant_elems`` quantizer element-passes,
+        in steps of ``samples``. Here ``gemm_cost``, matmuls told from convolutions (``a.matmul``); kinds that
+        price a GEMM from its shape override it."""
+        mm = None if a.matmul is None else a.matmul[:, None]
+        return self.gemm_cost(macs, b1, b2, bytes_moved, quant_elems, matmul=mm)
+
+    def aggregation_cost(self, bytes_moved) -> tuple[np.ndarray, np.ndarray] | None:
+        """(time s, energy J) of graph aggregation phases that move ``bytes_moved`` bytes
+        (``cptsim.cost.formulas.aggregation_bytes``), or None: priced by ``layer_cost`` as any other MACs at their
+        widths, as a fixed-point array runs them."""
+        return None
+
+    def op_list_cost(self, a, q, g, samples) -> tuple[np.ndarray, np.ndarray] | None:
+        """(time s, energy J), each (K, 3) per step kind and phase, of everything in a step besides the layers'
+        GEMMs (the profile's op list, ``a.ops``: norms, activations, the optimizer, kernel launches), or None where
+        this kind does not price them (here)."""
+        return None
+
+    def step_tiers(self, kinds) -> list[dict] | None:
+        """For kinds that run GEMMs on precision tiers: the tier a quantized layer's GEMMs run on in each phase,
+        per step kind (q, g) of ``kinds`` -- rows {"bits", "grad_bits", "fwd", "dgrad", "wgrad"}; None here."""
+        return None
+
+    def launch_bound(self, ops, step_s: float) -> dict | None:
+        """Whether an eager step of ``ops`` is bound by the host's dispatch, given the modelled time of one step,
+        on kinds that launch a step kernel by kernel and measured their host's time per launch; None here."""
+        return None
+
+    def allow_tf32_matmul(self) -> "HardwareProfile":
+        """This profile for a run whose FP32 matmuls may use TF32: the same profile, on kinds without TF32."""
+        return self
+
     def to_json(self) -> dict:
         return {
             "name": self.name,
@@ -302,13 +396,22 @@ _KIND_CLASSES: dict[str, type[HardwareProfile]] = {}
 
 
 def register(cls: type[HardwareProfile]) -> type[HardwareProfile]:
-    """Class decorator: ``cls`` is the profile class of files with ``kind = cls.KIND``."""
+    """Class decorator: ``cls`` is the profile class of files with ``kind = cls.KIND``.
+
+    The shipped kinds register when this package is imported; a kind defined elsewhere (a user's module, a test)
+    registers the same way, before its profiles are loaded. Registering a second class for a kind is an error."""
     if not cls.KIND:
         raise ValueError(f"{cls.__name__} has no KIND")
     if _KIND_CLASSES.get(cls.KIND, cls) is not cls:
         raise ValueError(f"kind {cls.KIND!r} is registered twice ({_KIND_CLASSES[cls.KIND].__name__}, {cls.__name__})")
     _KIND_CLASSES[cls.KIND] = cls
     return cls
+
+
+def unregister(kind: str) -> None:
+    """Forget ``kind`` (its files no longer load), so that a kind registered for a while -- a test's -- does not
+    outlive it; a kind that is not registered is left alone."""
+    _KIND_CLASSES.pop(kind, None)
 
 
 def kinds() -> tuple[str, ...]:
@@ -348,7 +451,7 @@ class _AcceleratorProfile(HardwareProfile):
         """``output_bits``: the width at which a GEMM's output -- the forward activation, the backward error --
         is written to DRAM: a fixed width in bits, or "operand" (already quantized to the width the next GEMM
         reads it at, which needs a quantizer at the array's output). ``why``: where the kind's default comes from.
-        Read by ``cptsim.cost.storage_bits``; weight gradients are written at 32 bits whatever this says."""
+        Read by ``storage_bits``; weight gradients are written at 32 bits whatever this says."""
         return Field("output_bits", "store", 'width of activations / errors written to DRAM: bits, or "operand" '
                      f"(default {default}: {why})", default)
 
@@ -359,6 +462,21 @@ class _AcceleratorProfile(HardwareProfile):
             return self
         raise InputError(f"{self.name} ({self.kind}) computes integers only: --number-format {fmap.family} "
                          "(float formats) cannot run on it; use --number-format int or a gpu profile")
+
+    def storage_bits(self, formats=None):
+        """Operands stored as ``_operand_bits`` says, GEMM outputs written at ``output_bits``."""
+        out = self.params["output_bits"]
+
+        def accel_store(b):
+            return self._operand_bits(b)
+
+        accel_store.output = (lambda b: np.asarray(b, dtype=np.float64)) if out == "operand" \
+            else (lambda b: np.full(np.shape(b), float(out)))
+        return accel_store
+
+    def _operand_bits(self, b):
+        """The bits an operand of width ``b`` is stored in: packed at its width (a fixed-width array overrides)."""
+        return b
 
     def _derive(self) -> None:
         self._freq = self.params["frequency_mhz"] * 1e6

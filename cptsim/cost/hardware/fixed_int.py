@@ -34,6 +34,11 @@ class FixedIntProfile(_AcceleratorProfile):
         _AcceleratorProfile.output_bits_field(32, "32-bit accumulators written back, as Bit Fusion's simulator does"),
     ) + _AcceleratorProfile.COMMON
 
+    def _operand_bits(self, b):
+        # narrower operands still fill a whole width_bits container; wider ones, whole slices of it
+        w = int(self.params["width_bits"])
+        return np.ceil(np.asarray(b) / w) * w
+
     def _passes(self, b1, b2):
         return fixed_int_passes(b1, b2, self.params["width_bits"])
 

@@ -7,7 +7,7 @@ the layer profile carries the step's op list, ``cptsim.measure.opcount``) is the
   their own DRAM bytes at bandwidth x ``memory_efficiency``; FP32 convolutions on ``fp32_tier`` (TF32 where the GPU
   has it: cuDNN's default), FP32 matmuls on ``fp32_matmul_tier`` (strict FP32: cuBLAS's default in PyTorch);
 * a graph layer's sparse aggregation (gather, weight, scatter-sum): memory-bound, its bytes
-  (``cptsim.cost.model.aggregation_bytes``) at bandwidth x ``memory_efficiency`` (``aggregation_cost``);
+  (``cptsim.cost.formulas.aggregation_bytes``) at bandwidth x ``memory_efficiency`` (``aggregation_cost``);
 * every other op (batch norm, activations, residual adds, pooling, loss, optimizer update), all memory-bound:
   their bytes at bandwidth x ``memory_efficiency``. Tensors that scale with the batch are stored at the float
   width the step computes in: 32 bits on the FP32/TF32 tier, 16 when the GEMMs run on FP16 (AMP) or an int tier;
@@ -33,9 +33,10 @@ import dataclasses
 
 import numpy as np
 
+from ..formulas import fused_attention_share, phase_operands
 from . import gpu_kernels
-from .base import (_CAL_COMPUTE, _CAL_MEMORY, _MISSING, FULL_PRECISION_BITS, Field, HardwareProfile, _Checker,
-                   register, roofline_time)
+from .base import (_CAL_COMPUTE, _CAL_MEMORY, _MISSING, FULL_PRECISION_BITS, Field, HardwareProfile, StepPrice,
+                   _Checker, register, roofline_time)
 
 
 # FlashAttention-2 (Dao, 2023, Fig. 4-5): 50-73% of an A100's FP16 peak forward, less backward, where large
@@ -372,6 +373,68 @@ class GPUProfile(HardwareProfile):
         non-GEMM ops in FP16 too), 32 on the FP32/TF32 tier."""
         return np.where(self._tier_bits[self.tier_index(b, b)] <= 16, 16, 32)
 
+    # -- a training step: what the cost model asks (price_step) ---------------------------------------------------
+
+    def price_step(self, a, q, g, samples, formats=None):
+        """``HardwareProfile.price_step``, with fused attention kernels priced once: the op list prices them
+        (``_attention_time``, from their own MACs and bytes), so their layer entries keep the GEMM time and energy
+        of only the share it does not hold (``fused_attention_share``)."""
+        t, e, xt, xe = super().price_step(a, q, g, samples, formats)
+        share = fused_attention_share(a) if xt is not None else 0.0
+        if share:
+            keep = np.where(a.sdpa[:, None], 1.0 - share, 1.0)
+            t, e = t * keep, e * keep
+        return StepPrice(t, e, xt, xe)
+
+    def storage_bits(self, formats=None):
+        """A b-bit operand stored at its tier's width (an int4 tensor on an H100 in int8), or in a format view at
+        ``format_storage_bits``; GEMM outputs at the float width the step computes in: FP16 by an FP16 (AMP) or
+        int GEMM -- an int GEMM's INT32 accumulators are scaled back into the FP16 pipeline its non-GEMM ops run
+        in -- FP32 by an FP32/TF32 one (``compute_bits``)."""
+        if formats is not None:
+            def fmt_store(b):
+                return self.format_storage_bits(b)
+
+            def fmt_grad(b):
+                return self.format_storage_bits(b, grad=True)
+
+            fmt_store.output = self.compute_bits
+            fmt_store.grad = fmt_grad
+            return fmt_store
+        tier_bits = self._tier_bits
+
+        def gpu_store(b):
+            return tier_bits[self.tier_index(b, b)]
+
+        gpu_store.output = self.compute_bits
+        return gpu_store
+
+    def layer_cost(self, a, macs, b1, b2, bytes_moved, quant_elems, samples):
+        """GEMMs from their shapes where the profile gives an SM count and the layers' shapes are on record
+        (``shaped_gemm_cost``), else ``gemm_cost``'s tier roofline, FP32 convolutions and FP32 matmuls each on
+        the tier PyTorch's defaults give them. Quantizer passes cost nothing here: an int tier is priced as a
+        native int pipeline."""
+        if self.shape_model and a.gemm is not None:
+            return self.shaped_gemm_cost(a, macs, b1, b2, bytes_moved, samples)
+        return super().layer_cost(a, macs, b1, b2, bytes_moved, quant_elems, samples)
+
+    def op_list_cost(self, a, q, g, samples):
+        """``step_ops_cost`` of the profile's op list (None without one), in the step's memory format."""
+        if a.ops is None:
+            return None
+        q, g = np.atleast_1d(np.asarray(q)), np.atleast_1d(np.asarray(g))
+        n = np.broadcast_to(np.asarray(samples, dtype=np.float64), q.shape)
+        return self.step_ops_cost(a.ops, q, g, n, channels_last=bool(a.channels_last))
+
+    def step_tiers(self, kinds) -> list[dict]:
+        rows = []
+        for q, g in kinds:
+            b1, b2 = phase_operands(np.array([True]), q, g)
+            tiers = self.tier_index(b1[0], b2[0])
+            rows.append({"bits": q, "grad_bits": g, **{p: self._tier_names[int(t)]
+                                                       for p, t in zip(("fwd", "dgrad", "wgrad"), tiers)}})
+        return rows
+
     def full_precision_bits(self, q) -> np.ndarray:
         """The width a step's full-precision layers run at here, per step kind of forward bits ``q``: 16 in a step
         that computes in FP16 (``compute_bits``: AMP, or an int pipeline, whose non-GEMM ops are FP16 too), as
@@ -456,7 +519,7 @@ class GPUProfile(HardwareProfile):
         return t + at, e + at * self.busy_power_w
 
     def aggregation_cost(self, bytes_moved) -> tuple[np.ndarray, np.ndarray]:
-        """(time s, energy J) of graph aggregations (``cptsim.cost.model.aggregation_bytes``): gather and scatter
+        """(time s, energy J) of graph aggregations (``cptsim.cost.formulas.aggregation_bytes``): gather and scatter
         kernels, memory-bound whatever their widths -- their bytes at bandwidth x ``memory_efficiency``, the GPU
         busy throughout; no tier's GEMM rate enters (one MAC per edge and feature is far below any tier's peak per
         byte moved). Their launches are the op list's (kind ``aggregation``)."""

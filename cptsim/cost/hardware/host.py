@@ -25,7 +25,8 @@ import copy
 
 import numpy as np
 
-from .base import Field, HardwareProfile, register
+from ..formulas import quant_elems
+from .base import FULL_PRECISION_BITS, Field, HardwareProfile, register
 
 
 def host_time_components(macs, mac_rate, bytes_moved, bandwidth, quant_elems, elem_rate, overhead_s):
@@ -55,8 +56,8 @@ class HostProfile(HardwareProfile):
     Rates are measured by ``cptsim hw calibrate`` (cptsim.calibration.calibrate); the shipped host.toml is a placeholder.
     GEMM tiers (module docstring): with the exact path on (this machine's default, or a run that recorded
     it: ``with_exact_gemm``) and an int8 rate measured, the Linear GEMMs exact_gemm routes to ``_int_mm`` are priced
-    at ``int8_gmac_s`` plus the bytes of the path's extra passes; through ``shaped_gemm_cost``, which the cost model calls
-    while ``shape_model`` is true (it needs the layers' types and shapes). ``time_components`` -- what
+    at ``int8_gmac_s`` plus the bytes of the path's extra passes; through ``shaped_gemm_cost``, which ``layer_cost``
+    calls while ``shape_model`` is true (it needs the layers' types and shapes). ``time_components`` -- what
     ``report --fit`` fits -- stays the FP32 model.
 
     On a CUDA device (``device = "cuda"``) the same sum is the overlap model: ``cptsim train`` replays each step as a
@@ -163,6 +164,19 @@ class HostProfile(HardwareProfile):
                         "runs": "nothing (measured for reference)"})
         return out
 
+    # -- a training step: what the cost model asks (price_step) ---------------------------------------------------
+
+    def storage_bits(self, formats=None):
+        """Fake quantization keeps every tensor in FP32, whatever its width or format: stored at 32 bits."""
+        return lambda b: np.full(np.shape(b), FULL_PRECISION_BITS)
+
+    def layer_cost(self, a, macs, b1, b2, bytes_moved, quant_elems, samples):
+        """The GEMMs with their tiers (``shaped_gemm_cost``) while int8 ones are priced and the layers' shapes are
+        on record, else every GEMM in FP32 (``gemm_cost``)."""
+        if self.shape_model and a.gemm is not None:
+            return self.shaped_gemm_cost(a, macs, b1, b2, bytes_moved, samples)
+        return super().layer_cost(a, macs, b1, b2, bytes_moved, quant_elems, samples)
+
     def shaped_gemm_cost(self, a, macs, b1, b2, bytes_moved, samples):
         """(time s, energy J), (K, L, 3), of profile arrays ``a``'s GEMMs with their tiers (``host_gemm_tiers``):
         the FP32 terms of ``_cost`` with an int8 GEMM's compute at the int8 rate plus its extra passes' bytes."""
@@ -185,7 +199,7 @@ class HostProfile(HardwareProfile):
                                     self._elem_rate, self._overhead_s)
 
     def aggregation_components(self, bytes_moved) -> np.ndarray:
-        """Uncalibrated seconds per term (..., 4) of graph aggregation phases (``cost.model.aggregation_bytes``):
+        """Uncalibrated seconds per term (..., 4) of graph aggregation phases (``cost.formulas.aggregation_bytes``):
         a gather and a scatter-sum, so memory traffic at the bandwidth plus the per-layer-phase overhead; no GEMM
         term (one MAC per edge and feature, far below the matmul rate's work per byte), no GEMM operand bytes."""
         nbytes = np.asarray(bytes_moved, dtype=np.float64)
@@ -225,24 +239,11 @@ def _step_bits(a, b1) -> tuple[np.ndarray, np.ndarray]:
 
 
 def quantizer_elems(a, q, g, samples) -> np.ndarray:
-    """(K, L, 3) quantizer element-passes of profile arrays ``a`` per step kind: ``cptsim.cost.model.quant_elems``
-    restated (that module imports this package: importing it back would make a cycle), tested equal to it in
-    tests/test_host_tiers.py. fwd: input (I x n) + weight (W x calls) + a Matmul's second operand (B x n) where
-    q < 32; the error (O x n) where g < 32, in dgrad, or in wgrad for a layer without dgrad."""
-    numel = np.asarray(a.numel, dtype=np.float64)
-    macs = np.asarray(a.macs)
-    quant = np.asarray(a.quantized, dtype=bool)
-    calls = np.asarray(a.calls, dtype=np.float64)
-    n = np.atleast_1d(np.asarray(samples, dtype=np.float64))[:, None]
-    q = np.atleast_1d(np.asarray(q))[:, None]
-    g = np.atleast_1d(np.asarray(g))[:, None]
-    opnd = getattr(a, "operand", None)
-    b = 0.0 if opnd is None else np.asarray(opnd, dtype=np.float64) * n
-    fwd = np.where(quant & (q < 32) & (macs[:, 0] > 0), numel[:, 1] * n + b + numel[:, 0] * calls, 0.0)
-    back = np.where(quant & (g < 32), numel[:, 2] * n, 0.0)
-    has_d, has_w = macs[:, 1] > 0, macs[:, 2] > 0
-    fwd, dgrad, wgrad = np.broadcast_arrays(fwd, np.where(has_d, back, 0.0), np.where(~has_d & has_w, back, 0.0))
-    return np.stack((fwd, dgrad, wgrad), axis=-1)
+    """(K, L, 3) quantizer element-passes of profile arrays ``a`` per step kind (q, g, samples), each (K,) or a
+    scalar: ``cptsim.cost.formulas.quant_elems``. fwd: input (I x n) + weight (W x calls) + a Matmul's second
+    operand (B x n) where q < 32; the error (O x n) where g < 32, in dgrad, or in wgrad for a layer without dgrad."""
+    return quant_elems(a.numel, a.macs, a.quantized, np.atleast_1d(np.asarray(q)), np.atleast_1d(np.asarray(g)),
+                       np.atleast_1d(np.asarray(samples, dtype=np.float64)), a.calls, a.operand)
 
 
 def exact_linear_layers(a) -> np.ndarray:
