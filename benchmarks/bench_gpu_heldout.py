@@ -3,13 +3,14 @@
     python benchmarks/bench_gpu_heldout.py            # tables: timm networks, cptsim workloads (time and energy)
     python benchmarks/bench_gpu_heldout.py --json
 
-Measured on the lent H100 (benchmarks/gpu_session23.sh; raw output benchmarks/results/gpu23_H100_s3_*):
+Measured on the lent H100 (benchmarks/gpu/session.sh calibrate heldout; raw output benchmarks/results/
+gpu-heldout-*H100*, gpu-calibrate-H100*):
 
 * **12 timm networks nothing was fitted on** (HELD_OUT in gpu_measure.py: Swin, ConvNeXt-S, DenseNet-169,
   EfficientNet-B1, GhostNet, MixNet, ResNet-50-T, RegNetX-3.2GF, ResNeXt-101, DLA-102, gMLP, HRNet), AMP training
   at timm's RTX 3090 batch sizes, NCHW (all 12) and channels-last (6); where a network ran twice, the mean;
 * **cptsim's own workloads**: GCN / SAGE / GAT full batch on an ogbn-arxiv-sized graph (after the layer-norm fix,
-  gpu23_H100_s3_graphs_fixed.json), a 6x512 transformer-lm (seq 256, batch 64) and a 2x650 lstm-lm (seq 35,
+  gpu-heldout-graphs-H100.json), a 6x512 transformer-lm (seq 256, batch 64) and a 2x650 lstm-lm (seq 35,
   batch 128), FP32 and AMP, eager; CIFAR ResNet-20 b128 FP32 replayed as a CUDA graph; timm ViT-S/16 AMP b256 --
   each with NVML joules per step over ~3 s of back-to-back steps.
 
@@ -18,7 +19,7 @@ default TF32 flags, which the runs kept: convolutions TF32, matmuls strict FP32)
 
 * ``h100`` -- the shipped profile (Hopper constants fitted on the earlier H100 runs' other networks);
 * ``calibrated`` -- what `cptsim hw calibrate --device cuda` wrote on this H100 from microbenchmarks alone
-  (gpu24_H100/calibrated.toml; cptsim.calibration.gpu_micro);
+  (gpu-optrace-H100/calibrated.toml; cptsim.calibration.gpu_micro);
 * ``datasheet`` -- the H100 as a user would write it from its datasheet (h100.toml's peaks, SM count, clock,
   bandwidth, TDP) with every fitted constant taken from the Ampere fit (rtx3090.toml), i.e. a GPU nobody measured.
 
@@ -38,21 +39,22 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "gpu"))  # fit_gpu_model, gpu_zoo_profiles
 RES = HERE / "results"
-TIMM_RUNS = [RES / "gpu23_H100_s3_heldout.json", RES / "gpu23_H100_s3_heldout2.json"]
+TIMM_RUNS = [RES / "gpu-heldout-H100-run1.json", RES / "gpu-heldout-H100-run2.json"]
 # The fourth session's: 7 more timm networks no constant has seen in any way (not fitted on, not traced: the NCHW
 # batch-norm constants were measured per kernel on traces of 7 networks of the third session's set -- ghostnet_130,
 # hrnet_w18, mixnet_s, dla102, resnet50t, densenet169, gmlp -- so for those rows the held-out claim is weaker),
-# profiled into their own file so that no fit ever reads them (benchmarks/gpu_session24b.sh)
-TIMM_RUNS_S4 = [RES / "gpu24_H100" / "heldout3.json"]
+# profiled into their own file so that no fit ever reads them (benchmarks/gpu/session.sh never-seen)
+TIMM_RUNS_S4 = [RES / "gpu-optrace-H100" / "heldout3.json"]
 PROFILES_S4 = HERE / "data" / "timm" / "profiles-heldout-s4.json.gz"
 TRACED = {"ghostnet_130", "hrnet_w18", "mixnet_s", "dla102", "resnet50t", "densenet169", "gmlp_s16_224"}
-WORKLOAD_RUNS = [RES / "gpu23_H100_s3_graphs_fixed.json", RES / "gpu23_H100_s3_heldout2.json",
-                 RES / "gpu23_H100_s3_heldout.json"]  # first wins: the graph rows before the fix are superseded
-# what `cptsim hw calibrate --device cuda` wrote on the lent H100 in the fourth session (gpu_session24.sh): the first
-# calibrate with the per-op dispatch and per-cuDNN-conv host times measured (the third session's predates them)
-CALIBRATED = RES / "gpu24_H100" / "calibrated.toml"
+WORKLOAD_RUNS = [RES / "gpu-heldout-graphs-H100.json", RES / "gpu-heldout-H100-run2.json",
+                 RES / "gpu-heldout-H100-run1.json"]  # first wins: the graph rows before the fix are superseded
+# what `cptsim hw calibrate --device cuda` wrote on the lent H100 in the fourth session (gpu/session.sh calibrate):
+# the first calibrate with the per-op dispatch and per-cuDNN-conv host times measured (the third session's predates
+# them)
+CALIBRATED = RES / "gpu-optrace-H100" / "calibrated.toml"
 
 
 def hardware() -> dict:

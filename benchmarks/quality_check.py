@@ -18,10 +18,11 @@ The runs were made with (each run a normal run directory; ~10-30 s per run on on
 
 The planner's ``--quality db`` fits a run's *validation* measure, never its test accuracy (issue 22), and the runs
 above recorded none (they trained on the whole training set). ``--val-db`` (default: the shipped
-benchmarks/results/issue22-val.db) holds the 3-epoch bits-2-4 sweep again, with the default validation split held
-out (``cptsim sweep`` does that by default now):
+benchmarks/results/quality-digits-val-split.db) holds the 3-epoch bits-2-4 sweep again, with the default validation
+split held out (``cptsim sweep`` does that by default now):
 
-    cptsim sweep --epochs 3 --seeds 0,1,2 --jobs 2 --out runs/hard-val --db benchmarks/results/issue22-val.db \
+    cptsim sweep --epochs 3 --seeds 0,1,2 --jobs 2 --out runs/hard-val \
+      --db benchmarks/results/quality-digits-val-split.db \
       --schedules (the 14 schedules above)
 
 and this script plans that workload with ``--quality db`` from it at CPT default's BitOPs: the model's measure,
@@ -53,7 +54,7 @@ def main() -> int:
     ap.add_argument("--db", default=str(HERE / "results" / "issue9.db"))
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", default=None, help="write one accuracy-vs-cost PNG per workload into this folder")
-    ap.add_argument("--val-db", default=str(HERE / "results" / "issue22-val.db"),
+    ap.add_argument("--val-db", default=str(HERE / "results" / "quality-digits-val-split.db"),
                     help="runs with a validation split, for the --quality db check (issue 22)")
     args = ap.parse_args()
     val = quality_db_check(args.val_db) if Path(args.val_db).exists() else None

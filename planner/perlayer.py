@@ -1,4 +1,4 @@
-"""Per-layer (time-varying) precision under a budget: a multiple-choice knapsack solved as a MILP (issue 27).
+"""Per-layer (time-varying) precision under a budget: a multiple-choice knapsack solved as a MILP.
 
 Each quantized layer l picks one option m from a small menu (an offset of the global schedule's range, so its
 bits still vary over training with the global shape). Choosing option m for layer l costs C[l, m] on the budget's

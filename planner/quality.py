@@ -15,7 +15,7 @@ z standardises each feature over the measured schedules. The signs are what is k
 does not fall when a schedule's proxy score, its mean bits, its cost, or the share of its work above the lowest
 width rise (quality tracks cost; early precision matters; a width too low is a cliff, not a slope).
 
-The features, of a uniform schedule and of a per-layer plan alike (issue 27), on one scale: a per-layer plan is a
+The features, of a uniform schedule and of a per-layer plan alike, on one scale: a per-layer plan is a
 set of quantized layers l, each with its own forward bits q_l(t) (``cptsim.cost.layerplan``; a uniform schedule
 gives every layer the same), weighted by the layer's share m_l of the quantized layers' forward MACs per sample:
 
@@ -25,7 +25,7 @@ gives every layer the same), weighted by the layer's share m_l of the quantized 
 * ``above_floor``: sum_l m_l #{t : q_l(t) > floor} / T, the share of the forward work done above ``floor``, the
   lowest forward width any measured run of the workload used (``QualityModel.floor``). It is there for the cliff
   the other three are too smooth to see: on digits at 2-4 bits, 2 bits costs 6 points and 3 bits almost nothing
-  (benchmarks/results/issue27-evidence.txt), so what matters is how much of the work sits at 2 bits, not the mean.
+  (benchmarks/results/perlayer-evidence.txt), so what matters is how much of the work sits at 2 bits, not the mean.
   Monotone: more work at the floor never makes a run better. 1.0 for every schedule that never reaches the floor.
   Measured on those digits runs (benchmarks/bench_perlayer_quality.py) it barely moves the leave-one-schedule-out
   rank correlation: 0.77 with it against 0.78 without (MAC weights), 0.87 against 0.84 (sensitivity weights). It
@@ -34,7 +34,7 @@ gives every layer the same), weighted by the layer's share m_l of the quantized 
 With a per-layer sensitivity measurement (``plan --per-layer --sensitivity``) the refinement refits the model
 with the layers weighted by their sensitivity instead of their MACs (the weights the MILP maximises), so a plan that
 raises the sensitive layers and lowers the rest reads as the better plan it is: on the transformer-lm runs of
-benchmarks/results/issue27-evidence-lm.txt the leave-one-schedule-out rank correlation is 0.88 with loss-sensitivity
+benchmarks/results/perlayer-evidence-lm.txt the leave-one-schedule-out rank correlation is 0.88 with loss-sensitivity
 weights against 0.15 with MAC weights (the output head holds ~5% of the MACs and half the sensitivity).
 
 For a uniform schedule each equals the schedule's own figure (score_bits of its bits, their mean, its BitOPs), so a
@@ -49,13 +49,13 @@ falls back to the proxy, and says so.
 
 The model does not extrapolate. It is trusted only inside the range its features were measured over (per feature,
 from the lowest to the highest value among the measured schedules: ``QualityModel.in_range``). Outside it a linear
-fit says nothing -- fitted to issue 9's runs, whose mean bits span 2.99-3.01 and relative cost 0.30-0.31, it
-"predicted" static:8 at 0.9998 +- 0.676, and 8% of its bootstrap refits gave the near-constant cost a positive
-weight, which would rank "most expensive within budget" first. So a candidate outside the range gets no prediction and
-keeps the place the proxy score gives it: the planner takes the proxy's ranking and lets the model re-order only
-the candidates inside the range, among the places they hold. The plan marks the others ``extrapolated``, says how
-many there were (and when the chosen one is among them); when no candidate within budget is inside, the plan is
-ranked by the proxy altogether and says why.
+fit says nothing -- fitted to the quality check's digits-cnn runs at 2-4 bits, whose mean bits span 2.99-3.01 and
+relative cost 0.30-0.31, it "predicted" static:8 at 0.9998 +- 0.676, and 8% of its bootstrap refits gave the
+near-constant cost a positive weight, which would rank "most expensive within budget" first. So a candidate outside
+the range gets no prediction and keeps the place the proxy score gives it: the planner takes the proxy's ranking and
+lets the model re-order only the candidates inside the range, among the places they hold. The plan marks the others
+``extrapolated``, says how many there were (and when the chosen one is among them); when no candidate within budget
+is inside, the plan is ranked by the proxy altogether and says why.
 
 Why these features and not more: a few dozen runs is what a user has; four sign-constrained coefficients cannot
 chase seed noise far, and all four exist for every candidate without materialising its bits (the fast path of
@@ -299,7 +299,7 @@ def load_measurements(workload, db=None, evidence=None) -> Measurements:
     from .evidence import need_evidence
 
     rows, key, path = need_evidence(evidence, "--quality db").measurements(measured_workload(workload), db)
-    # a per-layer run (issue 27) keeps its rules: its features are its plan's, not its global schedule's
+    # a per-layer run keeps its rules: its features are its plan's, not its global schedule's
     if _is_text(workload.dataset):
         measure = {"key": "val_loss", "name": "validation loss per token (log perplexity)",
                    "higher_is_better": False}

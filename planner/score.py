@@ -34,7 +34,7 @@ Checked against measured runs (``benchmarks/quality_check.py``; tests/test_quali
 on digits-cnn, 3 epochs, forward bits 2-4, 14 schedules at equal BitOPs x 3 seeds, Spearman(score, mean accuracy)
 = 0.69 (per seed 0.68 +- 0.04). That holds once evaluation re-estimates BatchNorm statistics at the evaluation
 bits (``cptsim.run.train.recalibrate``): the score rewards "high early, low late", and without re-estimation a schedule
-that ends low was judged with low-precision statistics (issue 9). With it, the one-cycle triangular schedule that
+that ends low was judged with low-precision statistics. With it, the one-cycle triangular schedule that
 ends at q_min is the best cyclic schedule measured, as the score predicts, so schedules are not forced to end at
 q_max and the score has no final-precision term.
 """

@@ -68,7 +68,7 @@ def metric_levels(cands: Candidates, metric: str) -> list[tuple[list[int], float
     traffic may still differ a little), for BitOPs every width on its own. [(bits, lowest and highest cost of
     one full-batch step at those bits and the baseline's gradient bits, how the hardware runs them)]."""
     key = COST_KEYS[metric]
-    # with a float family (issue 26) a width's tier is its format's: describe the profile that prices them
+    # with a float family a width's tier is its format's: describe the profile that prices them
     space, hw = cands.space, cands.hardware.with_formats(getattr(cands.workload, "formats", None))
     top = baseline_schedule(space)
     lo = max(space.q_min_range[0], space.min_bits or 1)
@@ -245,7 +245,7 @@ def evaluation_json(schedule: Schedule, steps: int) -> dict:
     """How a run of this plan is evaluated (``cptsim.run.train.evaluate``): at q_max, after BatchNorm statistics and
     activation ranges are re-estimated at q_max. The statistics a model carries belong to the precision it last
     trained at, so a schedule that ends below q_max (one-cycle or odd-cycle triangular) would otherwise be scored
-    with statistics of the wrong precision (issue 9: 24% instead of 92% on MNIST)."""
+    with statistics of the wrong precision (24% instead of 92% on MNIST, measured)."""
     from cptsim.run.config import TrainConfig
 
     cfg = TrainConfig()
@@ -597,5 +597,5 @@ def range_settings(workload: Workload, space: SearchSpace, steps_per_stage: int 
                 q_max=top.q_max, g_bits=min(top.g_max, 16), steps_per_stage=steps_per_stage,
                 seed=workload.seed, device=device, augment=workload.augment,
                 image_size=getattr(workload, "image_size", None), fp_layers=list(workload.fp_layers),
-                # issue 26: the test probes in the workload's number formats (one stage per distinct format)
+                # the test probes in the workload's number formats (one stage per distinct format)
                 number_format=workload.number_format, grad_format=workload.grad_format)

@@ -49,7 +49,7 @@ class Workload:
     lr_min: float = 0.0  # the cosine's floor, recorded for training
     quant_agg: bool = False  # graph models: the aggregation quantized too (its BitOPs at the step's widths)
     graph_edges: int | None = None  # a graph dataset: the directed edges its model aggregates over (no self-loops)
-    # number formats (issue 26; cptsim.numerics.families): the family the widths name and the gradient format;
+    # number formats (cptsim.numerics.families): the family the widths name and the gradient format;
     # every estimate of this workload prices them (``formats``), and the run trains in them
     number_format: str = "int"
     grad_format: str | None = None

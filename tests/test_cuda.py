@@ -3,7 +3,7 @@ agree with the eager ones, unbiased stochastic rounding on the GPU.
 
 What a CPU can check runs everywhere (the step reads no tensor value from the layers, the fused formulas equal the
 eager ones, a failed compile falls back); the rest is marked ``cuda`` and skips without a GPU
-(``pytest -m cuda`` on a GPU machine; benchmarks/gpu_check.sh runs it).
+(``pytest -m cuda`` on a GPU machine; benchmarks/gpu/gpu_check.sh runs it).
 """
 
 import pytest

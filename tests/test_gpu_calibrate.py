@@ -1,5 +1,5 @@
 """`cptsim hw calibrate --device cuda`'s GPU profile (cptsim.calibration.gpu_micro), checked offline on the records
-it wrote on our H100 (benchmarks/results/gpu23_H100_s3_calibrate.json) and against what that card then measured."""
+it wrote on our H100 (benchmarks/results/gpu-calibrate-H100.json) and against what that card then measured."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 @pytest.fixture(scope="module")
 def records():
-    return json.loads((RESULTS / "gpu23_H100_s3_calibrate.json").read_text())["gpu_records"]
+    return json.loads((RESULTS / "gpu-calibrate-H100.json").read_text())["gpu_records"]
 
 
 def test_the_shipped_calibrated_profile_is_what_its_records_give(records):
     """Provenance: the TOML the H100 run wrote is re-derived from the raw microbenchmarks it saved (the same fits,
     the same inherited constants), so nothing in it was typed by hand."""
     text = gpu_micro.calibrated_profile_text(records, "host-gpu")
-    assert text == (RESULTS / "gpu23_H100_s3_calibrated.toml").read_text()
+    assert text == (RESULTS / "gpu-calibrate-H100-profile.toml").read_text()
 
 
 def test_what_is_measured_and_what_is_inherited(records):

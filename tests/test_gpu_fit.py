@@ -1,6 +1,6 @@
 """The GPU shape model's shipped constants are what the fit gives on the shipped measurements (issue 23).
 
-benchmarks/fit_gpu_model.py fits them; here the same fit is re-run from the same data (timm's RTX 3090 tables,
+benchmarks/gpu/fit_gpu_model.py fits them; here the same fit is re-run from the same data (timm's RTX 3090 tables,
 our H100 runs, the profiles in benchmarks/data/timm/profiles-224.json.gz), starting from the TOML's values: if a
 change to the cost model, the profiler or the data moves the optimum, or the TOML is edited by hand, this fails.
 The [validation] figures each profile prints beside its times are re-measured too.
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH))  # bench_gpu_heldout
+sys.path.insert(0, str(BENCH / "gpu"))  # fit_gpu_model
 
 import fit_gpu_model as FG  # noqa: E402
 

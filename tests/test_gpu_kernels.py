@@ -291,7 +291,7 @@ def test_the_zoo_backfills_hook_count_of_batch_norms_equals_the_op_counters():
     import torch
     import torch.nn as nn
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "gpu"))
     from gpu_zoo_profiles import batch_norm_shapes_by_hooks
 
     from cptsim.measure.opcount import count_step_ops

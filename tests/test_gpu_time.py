@@ -24,7 +24,7 @@ def r50():
 def _datasheet_bench():
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
     import bench_gpu_datasheet as B
 
     return B
@@ -32,7 +32,7 @@ def _datasheet_bench():
 
 def test_published_resnet50_throughput_is_predicted_from_the_datasheet_profiles(r50):
     """Issue 23: a100, v100 and rtx4090 are written from their datasheets with Ampere's fitted constants, so every
-    published row is a held-out check (benchmarks/bench_gpu_datasheet.py). NVIDIA's rows are priced as they ran
+    published row is a held-out check (benchmarks/gpu/bench_gpu_datasheet.py). NVIDIA's rows are priced as they ran
     (AMP in NHWC). Each profile's [validation] is what the check gives today: a change to the model that moves a
     prediction fails here until the check is re-run (--write)."""
     import copy
@@ -328,7 +328,7 @@ def test_under_static_16_a_gpu_runs_the_full_precision_layers_on_the_fp16_tier_b
 def test_nvidias_amp_rows_with_default_flags(r50):
     # AMP means AMP: cptsim's default full-precision layers run FP16 too. The A100 (Ampere, the generation the
     # constants were fitted on) within 10%; the V100 (Volta, priced from its datasheet with Ampere's constants)
-    # within 15% -- benchmarks/results/issue23-datasheet.txt
+    # within 15% -- benchmarks/results/gpu-datasheet-resnet50.txt
     assert not all(layer.quantized for layer in r50.layers)   # the shipped profile has cptsim's default fp layers
     B = _datasheet_bench()
     amp = {r.gpu: r for r in B.ROWS if r.source == "nvidia" and r.precision == "AMP"}
@@ -345,12 +345,12 @@ def test_cost_help_says_amp_means_amp():
 
 
 def test_language_models_are_priced_against_published_throughput():
-    """Issue 23 item 6: benchmarks/bench_gpu_lm.py prices cptsim's transformer-lm and lstm-lm stand-ins for
+    """Issue 23 item 6: benchmarks/gpu/bench_gpu_lm.py prices cptsim's transformer-lm and lstm-lm stand-ins for
     Transformer-XL base and GNMT on every shipped GPU profile (its cached step counts ship with it); the stand-ins
     do the published networks' work per token (within 5%), and every row prices to a finite, positive rate."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
     import bench_gpu_lm as B
 
     assert B.CACHE.is_file()  # shipped: the test never profiles (minutes on a CPU)

@@ -137,7 +137,7 @@ def test_one_workload_has_one_key_and_two_workloads_two(tmp_path):
 
 
 def test_the_keys_of_databases_written_before_stay_the_same():
-    """Rows of the issue 9 and issue 22 evidence databases are found under the keys they were written with."""
+    """Rows of the shipped evidence databases (benchmarks/results/*.db) keep the keys they were written with."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / "benchmarks" / "results"

@@ -1,4 +1,4 @@
-"""Issue 25 item 5: benchmarks/gpu_check.sh finds or builds the project's environment (as `make` does), then says
+"""Issue 25 item 5: benchmarks/gpu/gpu_check.sh finds or builds the project's environment (as `make` does), then says
 "no CUDA device: nothing to check" and exits 0 on a machine without a GPU.
 
 The script runs from a copy of the checkout (no .venv) with a PATH whose python3 has no torch. Building a real
@@ -35,8 +35,8 @@ touch "$venv/.installed"
 
 def _checkout(tmp_path: Path) -> Path:
     root = tmp_path / "checkout"
-    (root / "benchmarks").mkdir(parents=True)
-    for f in ("benchmarks/gpu_check.sh", "Makefile", "pyproject.toml"):
+    (root / "benchmarks" / "gpu").mkdir(parents=True)
+    for f in ("benchmarks/gpu/gpu_check.sh", "Makefile", "pyproject.toml"):
         shutil.copy(REPO / f, root / f)
     return root
 
@@ -58,8 +58,8 @@ def _bin(tmp_path: Path, make: bool) -> Path:
 
 def _run(root: Path, bindir: Path, tmp_path: Path, **env_extra):
     env = {"PATH": str(bindir), "HOME": str(tmp_path), "FAKE_MAKE_LOG": str(tmp_path / "make.log"), **env_extra}
-    r = subprocess.run([BASH, str(root / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True, env=env,
-                       cwd=tmp_path, timeout=120)
+    r = subprocess.run([BASH, str(root / "benchmarks" / "gpu" / "gpu_check.sh")], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=120)
     log = tmp_path / "make.log"
     return r, log.read_text().splitlines() if log.exists() else []
 

@@ -6,7 +6,7 @@ per second from a hardware profile and the layer profile (per-layer MACs + the s
 the same ``cptsim.cost.estimate`` every command uses. ``fit_tier_efficiency`` solves the one parameter a row
 identifies -- the achieved efficiency of the tier its GEMMs run on -- with the memory efficiency and the
 per-kernel overhead held at their stated values; the results are written into the shipped TOML files by hand,
-with a comment (``python benchmarks/bench_gpu_throughput.py --fit`` prints them).
+with a comment (``python benchmarks/gpu/bench_gpu_throughput.py --fit`` prints them).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ NUM_CLASSES = 1000
 STEPS = 20
 # The rows are costed with `cptsim cost`'s default flags: the model's own full-precision layers (ResNet-50's stem,
 # downsample convs and classifier: CPT's convention). AMP casts every conv and linear layer to FP16, and so does
-# the GPU time model in an FP16 step (GPUProfile.full_precision_bits): no --fp-layers none needed (issue 23).
+# the GPU time model in an FP16 step (GPUProfile.full_precision_bits): no --fp-layers none needed.
 FP_LAYERS: list[str] | None = None  # the model's default convention
 
 

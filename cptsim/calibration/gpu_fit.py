@@ -7,7 +7,7 @@ priced by ``cptsim.cost.estimate`` exactly as ``cptsim cost`` prices it -- never
 that transfers to networks the fit did not see is measured by leaving one family out at a time (``lofo``).
 
 The data: timm's published RTX 3090 training tables (``benchmarks/data/timm``), profiled once by
-``benchmarks/gpu_zoo_profiles.py``; ``benchmarks/bench_gpu_zoo.py --fit`` runs this and prints the TOML lines.
+``benchmarks/gpu/gpu_zoo_profiles.py``; ``benchmarks/gpu/bench_gpu_zoo.py --fit`` runs this and prints the TOML lines.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def error_summary(errors) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
-# Per-kernel microbenchmarks (benchmarks/gpu_measure.py's "conv" and "gemm" records on a GPU): each priced by the
+# Per-kernel microbenchmarks (benchmarks/gpu/gpu_measure.py's "conv" and "gemm" records on a GPU): each priced by the
 # same gpu_kernels.gemm_times the cost model calls, one layer at a time.
 
 def _kernel_case(rec: dict) -> tuple[np.ndarray, bool, float, float, int, str]:

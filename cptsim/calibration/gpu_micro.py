@@ -12,7 +12,7 @@ measured
     ``peak_ops`` with efficiency 1 (the achieved large-GEMM rate *is* what the model scales from);
   * ``bandwidth_gb_s``: the best of a copy and an add over 1e8 elements (bytes read + written), the stream rate;
   * ``gemm_n0``, ``gemm_k0``: least squares of the shape model on an FP16 GEMM grid (``gpu_fit.fit_kernels``, the
-    same function ``benchmarks/fit_gpu_model.py`` fits the shipped H100 constants with);
+    same function ``benchmarks/gpu/fit_gpu_model.py`` fits the shipped H100 constants with);
   * ``depthwise_efficiency``, ``depthwise_memory_efficiency``, ``nchw_depthwise_factor``: the same fit on
     depthwise convolutions (forward, dgrad, wgrad; NCHW and channels-last);
   * ``kernel_overhead_us``: CIFAR ResNet-20 at batch 128 in FP32 (cptsim's own model, no data needed) replayed
@@ -32,10 +32,10 @@ inherited (not identifiable from isolated kernels; the shipped fit of the genera
     on the lent H100, not by these microbenchmarks): Hopper (compute capability 9.x) from ``hw_profiles/h100.toml``, anything
     else from the Ampere fit (``gpu_kernels.DEFAULTS`` and ``hw_profiles/rtx3090.toml``).
 
-The microbenchmark records have the format of ``benchmarks/gpu_measure.py``'s JSON (which imports its timing
+The microbenchmark records have the format of ``benchmarks/gpu/gpu_measure.py``'s JSON (which imports its timing
 helpers from here), so a profile can also be re-derived offline from a saved measurement
-(``constants_from_records``; ``benchmarks/bench_gpu_calibrate.py`` does it for the H100 run in
-``benchmarks/results/gpu23_H100.json``).
+(``constants_from_records``; ``benchmarks/gpu/bench_gpu_calibrate.py`` does it for the H100 run in
+``benchmarks/results/gpu-shape-model-H100-run1.json``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import time
 import numpy as np
 
 # FP16 GEMM grid for the shape constants: square sizes, skinny N / K, transformer- and CNN-like shapes
-# (M, N, K) = (rows, output columns, reduction depth), as benchmarks/gpu_measure.py's GEMM_SHAPES
+# (M, N, K) = (rows, output columns, reduction depth), as benchmarks/gpu/gpu_measure.py's GEMM_SHAPES
 GEMM_GRID = [(s, s, s) for s in (256, 512, 1024, 2048, 4096, 8192)] + [
     (37824, 768, 768), (37824, 3072, 768), (37824, 768, 3072), (8192, 64, 8192), (64, 8192, 8192),
     (8192, 8192, 64), (512, 4096, 4096), (256, 1000, 2048), (32768, 64, 64), (131072, 64, 576),
@@ -58,7 +58,8 @@ DEPTHWISE = [(128, 96, 56, 56, 96, 3, 1, 1, 96, "dw3x3_56"), (128, 384, 14, 14, 
              (128, 96, 56, 56, 96, 7, 1, 3, 96, "dw7x7_convnext"), (128, 240, 28, 28, 240, 5, 1, 2, 240, "dw5x5_28")]
 STREAM_N = 100_000_000
 # the stream efficiency the shipped network fits' memory_efficiency is relative to: copies and adds of 1e8
-# elements reach 0.87 of the H100's HBM3 peak (benchmarks/results/gpu23_H100.json; fit_gpu_model.STREAM_EFFICIENCY)
+# elements reach 0.87 of the H100's HBM3 peak (benchmarks/results/gpu-shape-model-H100-run1.json;
+# fit_gpu_model.STREAM_EFFICIENCY)
 STREAM_EFFICIENCY = 0.87
 # (the NCHW batch-norm shape constants are per-kernel measurements of the generation's cuDNN kernels, made on the
 # lent H100 from profiler traces, not yet by this microbenchmark run: inherited too)
@@ -116,7 +117,7 @@ def bench(torch, dev, fn, target_ms=1.0, reps=5, warmup=2, max_inner=100) -> dic
     return {"ms": statistics.median(ts), "ms_min": min(ts), "inner": inner, "reps": reps}
 
 
-# -- microbenchmarks (records in benchmarks/gpu_measure.py's format) ----------------------------------------------
+# -- microbenchmarks (records in benchmarks/gpu/gpu_measure.py's format) ------------------------------------------
 
 def gemm_item(torch, dev, M, N, K, dt) -> dict:
     """One GEMM M x K @ K x N in ``dt`` (fp16, bf16, tf32, fp32, int8 via _int_mm, fp8 e4m3 via _scaled_mm)."""

@@ -192,7 +192,7 @@ def aggregation_bytes(numel: np.ndarray, macs: np.ndarray, quantized: np.ndarray
     autocast's FP32 ops. Weighting 16-bit messages by them promotes the messages, the scatter and the result to
     32 bits (torch's type promotion), so an AMP step's weighted aggregation moves FP32 bytes: on our H100 a GCN
     step on an ogbn-arxiv-sized graph took 89 ms under AMP and 86 ms in FP32 (benchmarks/results/
-    gpu23_H100_s3_graphs_fixed.json). Above, the weighting pass then writes, and the scatter and the result
+    gpu-heldout-graphs-H100.json). Above, the weighting pass then writes, and the scatter and the result
     use, m_v = max(m, b_v).
     """
     store = storage or packed_bits

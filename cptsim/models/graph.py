@@ -146,9 +146,9 @@ def graph_layer_norm(h: torch.Tensor, graphs: int, eps: float = 1e-5) -> torch.T
     On CUDA it is computed as ``(h - mean) * rsqrt(var + eps)`` from ``torch.var_mean``: ``F.layer_norm`` gives
     each normalised row one thread block, and here a row is a whole graph (ogbn-arxiv: 169,343 x 512 = 86.7M
     elements), so on our H100 one such norm took 200 ms forward, 354 ms forward + backward, against 0.76 and
-    3.5 ms by reductions (benchmarks/results/gpu23_H100_s3_layernorm.log); a full-batch GCN step on an
+    3.5 ms by reductions (benchmarks/results/gpu-layernorm-vs-var-mean-H100.log); a full-batch GCN step on an
     arxiv-sized graph went from 781 ms at 158 W to 86 ms at 488 W, SAGE's (one norm) from 381 to 34 ms
-    (gpu23_H100_s3_heldout.json, gpu23_H100_s3_graphs_fixed.json). Reductions spread over
+    (gpu-heldout-H100-run1.json, gpu-heldout-graphs-H100.json). Reductions spread over
     the whole GPU. On a CPU ``F.layer_norm`` is the faster (it splits the row among
     threads) and is kept. Both are the same formula (biased variance, eps inside the root); they agree to float
     rounding (tests/test_graph_models.py)."""

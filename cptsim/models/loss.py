@@ -4,7 +4,7 @@ Sequence and graph models return logits laid out (B, C, *rest) -- the class dime
 takes them -- usually as a transposed view of the head's contiguous (B, *rest, C) output. Handed to
 ``F.cross_entropy`` in that layout, its log-softmax reduces over a strided dimension: on the lent H100 a
 transformer-lm's (64, 10000, 256) logits took 12.0 ms forward and 5.7 ms backward in PyTorch's spatial softmax kernel
-(``cunn_SpatialSoftMaxForward``), 40% of its AMP step's GPU time (benchmarks/results/gpu24_H100/
+(``cunn_SpatialSoftMaxForward``), 40% of its AMP step's GPU time (benchmarks/results/gpu-optrace-H100/
 trace-transformer-lm-6x512-amp.json.gz), where the same values as contiguous rows are one bandwidth-bound pass; on
 this CPU the loss and its backward take half the time as rows (32 x 64 tokens x 2000 classes: 23 vs 42-57 ms).
 So the loss is computed on the rows (B * rest, C) -- for a transposed view ``movedim(1, -1)`` is the contiguous

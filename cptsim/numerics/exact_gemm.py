@@ -39,7 +39,7 @@ path below, which is off by default until a GPU measures it. config.json records
 (``host.gemm_paths.choice``); a resume that would run another path than the run recorded says so (``path_change``).
 Measured side by side on a CPU with AVX512-VNNI
 (``python benchmarks/bench_quant_step.py --models resnet20 transformer-lm lstm-lm gcn``, 2 threads, two runs,
-benchmarks/results/issue28-quant-step-paths.txt): the exact step is 0.85-0.88x the fake-quant step on lstm-lm
+benchmarks/results/quant-step-gemm-paths.txt): the exact step is 0.85-0.88x the fake-quant step on lstm-lm
 (0.96-1.01x FP32), 0.94-1.00x on transformer-lm, 0.99x on gcn, and resnet20 has no int8 layer (the same step); peak memory the
 same within 3%. What made it pay: the weight's range, Qw(W), codes, sums and transpose in one C call
 (``weight_codes``, 37 -> 11 ms for lstm-lm's head) and the error's stochastic rounding with its codes in one pass

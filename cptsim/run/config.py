@@ -67,8 +67,8 @@ class TrainConfig:
     # a per-layer plan: the layer schedule's JSON (cptsim.cost.layerplan: {"format", "rules": ["GLOB=SPEC", ...]});
     # None: every quantized layer runs the schedule's bits
     layer_schedule: dict | None = None
-    # number formats (issue 26; cptsim.numerics.families): the family the schedule's widths name (int: CPT's
-    # integers, today's path; fp | mx | nvfp: float formats, fake-quantized in FP32) and the gradient format
+    # number formats (cptsim.numerics.families): the family the schedule's widths name (int: CPT's
+    # integers, the default path; fp | mx | nvfp: float formats, fake-quantized in FP32) and the gradient format
     # (a float family only; None: gradients map through the family like the forward operands)
     number_format: str = "int"
     grad_format: str | None = None
@@ -136,7 +136,7 @@ EVAL_DEFAULTS = {"eval_bits": None, "recal_batches": 16}  # TrainConfig's: the s
 # the optimizer (Adam's update is counted work, and another recipe is another workload), the cosine floor and the
 # aggregation's quantization (graph models' BitOPs): keyed, like EVAL_DEFAULTS, only away from TrainConfig's default
 RECIPE_DEFAULTS = {"optimizer": "sgd", "lr_min": 0, "quant_agg": False,
-                   # number formats (issue 26): an integer run's key stays what it was
+                   # number formats: keyed only away from int, so an integer run keeps the key it always had
                    "number_format": "int", "grad_format": None}
 FOLDER_DATASETS = ("imagefolder",)  # the data are the user's folder: its path and class count are the workload's
 

@@ -19,7 +19,7 @@ A profile that gives ``sm_count`` prices each layer's GEMM from its shape instea
 waves, reduction depth, depthwise convolutions on CUDA cores, the memory format), its norms at their own achieved
 bandwidth, fused attention from its MACs, and says how an eager step compares with its host's dispatch
 (``host_overhead_us``, ``launch_bound``). Every constant is one per GPU generation, fitted to measurements that ship
-with the repository (benchmarks/fit_gpu_model.py, benchmarks/bench_gpu_throughput.py), never per network.
+with the repository (benchmarks/gpu/fit_gpu_model.py, benchmarks/gpu/bench_gpu_throughput.py), never per network.
 
 Energy (a model until NVML measurements calibrate it): average power between idle and board power by
 utilisation. While a kernel runs the GPU is busy and draws ``power_w x power_fraction``; during per-kernel
@@ -266,7 +266,7 @@ class GPUProfile(HardwareProfile):
             return i
         return np.where(np.asarray(matmul, dtype=bool) & (i == self._fp32_index), self._fp32_matmul_index, i)
 
-    # -- number formats (issue 26): tiers that list the formats they run ------------------------------------------
+    # -- number formats: tiers that list the formats they run -----------------------------------------------------
 
     def tier_formats(self, i: int) -> tuple[str, ...] | None:
         """The formats tier ``i`` lists (``formats`` in the file), or None where it lists none."""
@@ -545,10 +545,10 @@ class GPUProfile(HardwareProfile):
 
     def nchw_norm_rate(self, element_bits: int) -> float | None:
         """Bytes per second, in ``element_bits``-wide elements, that a batch / group norm of an NCHW step moves at
-        most: SMs x boost clock x ``nchw_norm_elements_per_clock`` (issue 23: its per-channel reductions are bound
+        most: SMs x boost clock x ``nchw_norm_elements_per_clock`` (its per-channel reductions are bound
         by the SMs, so at 16 bits it moves as many elements per second as at 32, not twice as many -- our H100's
-        batch norm ran 1e8 FP16 elements slower than FP32 ones, benchmarks/results/gpu23_H100.json membw); None
-        without a boost clock."""
+        batch norm ran 1e8 FP16 elements slower than FP32 ones, benchmarks/results/gpu-shape-model-H100-run1.json
+        membw); None without a boost clock."""
         clock = self.params.get("boost_clock_mhz")
         if clock is None or not self.shape_model:
             return None

@@ -1,7 +1,7 @@
-"""The time of one GEMM-like kernel on a GPU from its shape: tiles and waves under the roofline (issue 23).
+"""The time of one GEMM-like kernel on a GPU from its shape: tiles and waves under the roofline.
 
 Pure functions over arrays (numpy), used by the ``gpu`` kind (``gpu.py``) and by the fit that sets its constants
-(``benchmarks/bench_gpu_zoo.py --fit``), so that what is fitted is exactly what ``cost``, ``plan`` and ``report``
+(``benchmarks/gpu/bench_gpu_zoo.py --fit``), so that what is fitted is exactly what ``cost``, ``plan`` and ``report``
 compute. The model, per layer and phase (fwd, dgrad, wgrad), with M rows, N output columns and K-deep reductions
 per group (``cptsim.measure.profiler.GEMM_KEYS``):
 
@@ -60,8 +60,8 @@ DEFAULTS = {
     "norm_memory_efficiency": 0.9976,
     "nchw_norm_factor": 0.352,
     "nchw_norm_elements_per_clock": 1.17,
-    # NCHW batch norm by its shape (nchw_batch_norm_seconds): measured per kernel on the lent H100 (fourth session,
-    # benchmarks/results/gpu24_H100/trace-*-nchw, 366 cuDNN batch-norm calls of 7 networks; bench_gpu_optrace.py)
+    # NCHW batch norm by its shape (nchw_batch_norm_seconds): measured per kernel on an H100 (366 cuDNN batch-norm
+    # calls of 7 networks in benchmarks/results/gpu-optrace-H100/trace-*-nchw; bench_gpu_optrace.py)
     "nchw_norm_rows_per_clock": 0.72,
     "nchw_norm_backward_rows_per_clock": 0.377,
     "nchw_norm_channels_per_sm": 1.5,

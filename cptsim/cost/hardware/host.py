@@ -1,6 +1,6 @@
 """The ``host`` kind: the machine cptsim runs on, with rates measured by ``cptsim hw calibrate``.
 
-Tiers (issue 28): the host measures its FP32 matmul rate and, where torch reaches them on this CPU, int8
+Tiers: the host measures its FP32 matmul rate and, where torch reaches them on this CPU, int8
 ``torch._int_mm`` (VNNI / AMX) and bf16 matmul rates. Which tier a GEMM runs on is what really runs, not what could:
 
 * FP32 for every GEMM the exact path does not take -- fake-quantized training computes in FP32 whatever the bits;
@@ -84,7 +84,7 @@ class HostProfile(HardwareProfile):
         Field("cpu", "string", "processor model", "unknown"),
         Field("torch_version", "string", "torch version that measured", "unknown"),
         Field("measured_at", "string", "when it was measured (ISO 8601)", "never"),
-        # issue 28 (added, optional: a host.toml without them reads as before, FP32 only)
+        # optional, so that a host.toml measured without them still reads (FP32 only)
         Field("int8_gmac_s", "nonneg", "int8 torch._int_mm rate in 1e9 MAC/s (VNNI/AMX; what the exact path "
               "CPTSIM_EXACT_GEMM runs its int8 GEMMs on, by default on a CPU); 0 = not measured", 0.0),
         Field("bf16_gmac_s", "nonneg", "bf16 matmul rate in 1e9 MAC/s (measured for reference: no training GEMM "
@@ -127,7 +127,7 @@ class HostProfile(HardwareProfile):
     def exact_gemm(self, on: bool) -> None:
         self._exact_gemm = bool(on)
 
-    # -- tiers (issue 28) ----------------------------------------------------------------------------------------------
+    # -- tiers -------------------------------------------------------------------------------------------------------
 
     def with_exact_gemm(self, on: bool) -> "HostProfile":
         """This profile with the exact int8 path on or off (a run's config.json ``host.gemm_paths`` says which

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue 14 (see benchmarks/gpu_check.py): run from anywhere as `bash benchmarks/gpu_check.sh`.
+# The GPU acceptance check (see benchmarks/gpu/gpu_check.py): run from anywhere as `bash benchmarks/gpu/gpu_check.sh`.
 #
 # Which python: the project's environment, found or built the way `make` builds it --
 #   1. $GPU_CHECK_VENV (default .venv) if its python holds torch;
@@ -10,7 +10,7 @@
 # On a machine without CUDA it then prints "no CUDA device: nothing to check" and exits 0.
 # GPU_CHECK_ARGS passes options through (e.g. "--device cpu --quick" tests the plumbing on a CPU).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 VENV=${GPU_CHECK_VENV:-.venv}
 ARGS=${GPU_CHECK_ARGS:-}
 
@@ -64,4 +64,4 @@ if ! "$PY" -c 'import cptsim.cli.main, cptsim.planner' >/dev/null 2>&1 \
     fi
 fi
 export PYTHONUNBUFFERED=1 CPTSIM_HOME="${CPTSIM_HOME:-$(mktemp -d)}"
-exec "$PY" benchmarks/gpu_check.py $ARGS
+exec "$PY" benchmarks/gpu/gpu_check.py $ARGS

@@ -1,12 +1,12 @@
 """GPU profiles written from a datasheet alone, checked on published ResNet-50 training throughput (issue 23).
 
-    python benchmarks/bench_gpu_datasheet.py            # the table: published vs modelled img/s, error per row
-    python benchmarks/bench_gpu_datasheet.py --json
-    python benchmarks/bench_gpu_datasheet.py --write    # also write each datasheet profile's [validation]
+    python benchmarks/gpu/bench_gpu_datasheet.py            # the table: published vs modelled img/s, error per row
+    python benchmarks/gpu/bench_gpu_datasheet.py --json
+    python benchmarks/gpu/bench_gpu_datasheet.py --write    # also write each datasheet profile's [validation]
 
 hw_profiles/a100.toml, v100.toml, t4.toml and rtx4090.toml give the peaks, SM count and boost clock of their
 datasheets and nothing fitted to that GPU: the GPU shape model's constants are Ampere's, fitted on timm's RTX 3090
-tables (benchmarks/fit_gpu_model.py). Every row below is therefore a held-out check, never a fit. The fitted
+tables (benchmarks/gpu/fit_gpu_model.py). Every row below is therefore a held-out check, never a fit. The fitted
 profiles (rtx3090, h100) are checked on the rows here that they were not fitted on (Lambda's runs, and our H100's
 TF32 run: their fits saw AMP timm runs only).
 
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = HERE.parents[1]
 PROFILE = ROOT / "tests" / "data" / "imagenet-resnet50-profile.json"
 
 SOURCES = {
@@ -41,7 +41,7 @@ SOURCES = {
               "pytorch:22.09 NGC container, synthetic data, NCHW (no --memory-format), batch from pytorch-train-bs-"
               "{fp16,fp32}.csv and scripts/config_v1/config_pytorch_{24GB,16GB,80GB}.sh (AMP: --amp "
               "--static-loss-scale 256)",
-    "measured": "our lent H100, timm resnet50 NCHW TF32 (cudnn.benchmark, SGD; benchmarks/results/gpu23_H100.json)",
+    "measured": "our lent H100, timm resnet50 NCHW TF32 (cudnn.benchmark, SGD; benchmarks/results/gpu-shape-model-H100-run1.json)",
 }
 
 
@@ -137,7 +137,7 @@ def validation_against(gpu: str) -> str:
 def validation_text(gpu: str, s: dict) -> str:
     return ("[validation]\n"
             "# checked on published measurements this profile was not fitted to (it was written from the datasheet):\n"
-            "# python benchmarks/bench_gpu_datasheet.py prints the rows; tests/test_gpu_time.py re-measures these\n"
+            "# python benchmarks/gpu/bench_gpu_datasheet.py prints the rows; tests/test_gpu_time.py re-measures these\n"
             f"against = {json.dumps(validation_against(gpu))}\n"
             f"n = {s['n']}\n"
             f"median_abs_error = {s['median_abs_error']:.4g}\n"

@@ -6,11 +6,11 @@ so the profiles are computed once and shipped (benchmarks/data/timm/profiles-224
 the fit read them. Every layer is quantized-capable (``--fp-layers none``): under AMP every conv and linear runs
 in FP16, and at 32 bits the layers run plain.
 
-    python benchmarks/gpu_zoo_profiles.py                   # the default sample (every family), ~10-20 min
-    python benchmarks/gpu_zoo_profiles.py --models a,b,c    # add these
-    python benchmarks/gpu_zoo_profiles.py --per-family 0    # every usable row of the table (hours)
-    python benchmarks/gpu_zoo_profiles.py --unfused-attention   # attention models as PyTorch 1.12 ran them
-    python benchmarks/gpu_zoo_profiles.py --norm-shapes   # add batch norms' shapes to stored op lists (~10 min)
+    python benchmarks/gpu/gpu_zoo_profiles.py                   # the default sample (every family), ~10-20 min
+    python benchmarks/gpu/gpu_zoo_profiles.py --models a,b,c    # add these
+    python benchmarks/gpu/gpu_zoo_profiles.py --per-family 0    # every usable row of the table (hours)
+    python benchmarks/gpu/gpu_zoo_profiles.py --unfused-attention   # attention models as PyTorch 1.12 ran them
+    python benchmarks/gpu/gpu_zoo_profiles.py --norm-shapes   # add batch norms' shapes to stored op lists (~10 min)
 
 The tables were measured with PyTorch 1.12 (pt112), which had no fused attention: a transformer's attention ran as
 two batched matmuls and a softmax over its N x N scores. Today's timm calls F.scaled_dot_product_attention, so
@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TABLE = HERE / "data" / "timm" / "benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv"
-OUT = HERE / "data" / "timm" / "profiles-224.json.gz"
+TABLE = HERE.parent / "data" / "timm" / "benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv"
+OUT = HERE.parent / "data" / "timm" / "profiles-224.json.gz"
 
 # The issue's families; the first pattern a name starts with decides (order matters: seresnext before resnet).
 FAMILIES = [

@@ -5,18 +5,19 @@ there if it drifts from the constants in hw_profiles/*.toml:
 
 * Ampere (hw_profiles/rtx3090.toml, and gpu_kernels.DEFAULTS for a GPU described only by its datasheet): every
   constant fitted on timm's published RTX 3090 AMP training tables, NCHW and NHWC (benchmarks/data/timm), the
-  networks profiled once by benchmarks/gpu_zoo_profiles.py; checked by leaving one family out (--lofo).
+  networks profiled once by benchmarks/gpu/gpu_zoo_profiles.py; checked by leaving one family out (--lofo).
 * Hopper (hw_profiles/h100.toml, h200.toml): the tiers' large-GEMM efficiencies are our H100's measured 8192^3
   GEMMs; the depthwise constants fitted on its depthwise-conv microbenchmarks; the NCHW factor and the achieved
-  memory bandwidth fitted on its timm training runs (benchmarks/results/gpu23_H100*.json); the shape constants
+  memory bandwidth fitted on its timm training runs (benchmarks/results/gpu-shape-model-H100-run*.json); the shape
+  constants
   n0, k0 are Ampere's (one physics, not refitted on 24 rows).
 * Checks: the H100 predicted from its datasheet with Ampere's constants (what a user gets for a GPU nobody
   measured), CIFAR ResNet-20 at batch 128 (H100 measured here; H200 measured in benchmarks/results/
   gpu_check_H200_run3.txt) graphed and eager.
 
-    python benchmarks/fit_gpu_model.py             # fits and checks, prints the TOML lines and the tables
-    python benchmarks/fit_gpu_model.py --lofo      # also leave-one-family-out on the RTX 3090 tables (minutes)
-    python benchmarks/fit_gpu_model.py --json
+    python benchmarks/gpu/fit_gpu_model.py             # fits and checks, prints the TOML lines and the tables
+    python benchmarks/gpu/fit_gpu_model.py --lofo      # also leave-one-family-out on the RTX 3090 tables (minutes)
+    python benchmarks/gpu/fit_gpu_model.py --json
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from gpu_zoo_profiles import (HERE as _H, family, has_fused_attention, load_prof
 
 from cptsim.calibration import gpu_fit as F  # noqa: E402
 
-NHWC_TABLE = _H / "data" / "timm" / "benchmark-train-amp-nhwc-pt112-cu113-rtx3090.csv"
-H100_RUNS = [HERE / "results" / f for f in ("gpu23_H100.json", "gpu23_H100_run2.json", "gpu23_H100_run3.json")]
+NHWC_TABLE = _H.parent / "data" / "timm" / "benchmark-train-amp-nhwc-pt112-cu113-rtx3090.csv"
+H100_RUNS = [HERE.parent / "results" / f"gpu-shape-model-H100-run{i}.json" for i in (1, 2, 3)]
 SHAPE_FIT = ("gemm_n0", "gemm_k0")  # on the H100's GEMM microbenchmarks: one tile physics for both generations
 # nchw_norm_elements_per_clock is no longer fitted: since batch norms with recorded shapes are priced by shape in a
 # 16-bit step (the AMP tables' and our runs'), these rows barely move it (a free fit wandered to 8.6), yet it still
@@ -49,19 +50,19 @@ HOPPER_DEPTHWISE = ("nchw_depthwise_factor", "depthwise_efficiency", "depthwise_
 HOPPER_NETWORK = ("nchw_conv_factor", "memory_efficiency", "norm_memory_efficiency")
 # GPUs described by their datasheet alone (peaks, SM count, boost clock): Ampere's fitted constants, i.e.
 # gpu_kernels.DEFAULTS, and its fitted tier efficiency and memory efficiency, written into their files by --write;
-# benchmarks/bench_gpu_datasheet.py checks them on published ResNet-50 training throughput
+# benchmarks/gpu/bench_gpu_datasheet.py checks them on published ResNet-50 training throughput
 DATASHEET = ("a100", "v100", "t4", "rtx4090")
 # Streaming ops (copy, add, activations) reach 0.87 of the H100's HBM3 peak at 1e8 elements (2927 of 3350 GB/s,
-# benchmarks/results/gpu23_H100.json), but a network's memory-bound ops -- small tensors, strided copies, reductions
-# -- reach less: memory_efficiency is fitted, from this start.
+# benchmarks/results/gpu-shape-model-H100-run1.json), but a network's memory-bound ops -- small tensors, strided
+# copies, reductions -- reach less: memory_efficiency is fitted, from this start.
 STREAM_EFFICIENCY = 0.87
 # gpu_kernels.DEFAULTS' NCHW batch-norm constants are not fitted on throughput: measured per kernel on the lent H100
-# (benchmarks/bench_gpu_optrace.py --fit), the same cuDNN kernels per SM and clock on every generation; --write keeps
-# this comment above them
-ROWS_COMMENT = """    # NCHW batch norm by its shape (nchw_batch_norm_seconds): measured per kernel on the lent H100 (fourth session,
-    # benchmarks/results/gpu24_H100/trace-*-nchw, 366 cuDNN batch-norm calls of 7 networks; bench_gpu_optrace.py)"""
+# (benchmarks/gpu/bench_gpu_optrace.py --fit), the same cuDNN kernels per SM and clock on every generation; --write
+# keeps this comment above them
+ROWS_COMMENT = """    # NCHW batch norm by its shape (nchw_batch_norm_seconds): measured per kernel on an H100 (366 cuDNN batch-norm
+    # calls of 7 networks in benchmarks/results/gpu-optrace-H100/trace-*-nchw; bench_gpu_optrace.py)"""
 # measured resnet20 (CIFAR), batch 128, FP32 steps: (GPU, graphed ms, eager ms, where)
-RESNET20 = [("h100", 5.03, 11.08, "benchmarks/results/gpu23_H100.json (cudnn.benchmark on)"),
+RESNET20 = [("h100", 5.03, 11.08, "benchmarks/results/gpu-shape-model-H100-run1.json (cudnn.benchmark on)"),
             ("h200", 5.72, 8.88, "benchmarks/results/gpu_check_H200_run3.txt")]
 
 
@@ -166,7 +167,7 @@ def _set_tiers(text: str, eff: float) -> str:
 
 def write(doc: dict) -> None:
     """Put the fitted constants and the measured errors into the shipped TOMLs (rtx3090, h100, h200)."""
-    prof_dir = HERE.parent / "hw_profiles"
+    prof_dir = HERE.parents[1] / "hw_profiles"
     amp = doc["ampere"]
     t = (prof_dir / "rtx3090.toml").read_text()
     t = _set_tiers(t, amp["constants"]["tier:fp16"])
@@ -179,7 +180,7 @@ def write(doc: dict) -> None:
     t = _set(t, "validation", "worst_abs_error", float(np.max(errs)))
     (prof_dir / "rtx3090.toml").write_text(t)
     # a GPU described by its datasheet alone gets Ampere's constants (gpu_kernels.DEFAULTS)
-    src = HERE.parent / "cptsim" / "cost" / "hardware" / "gpu_kernels.py"
+    src = HERE.parents[1] / "cptsim" / "cost" / "hardware" / "gpu_kernels.py"
     code = src.read_text()
     import re
 

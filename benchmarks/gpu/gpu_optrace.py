@@ -1,14 +1,14 @@
 """Per-op GPU time of whole training steps, for the networks the cost model misprices most (issue 23), and the
 quantized ResNet-50 step against AMP and FP32 with an exactness check of its convolutions (issue 28).
 
-    python benchmarks/gpu_optrace.py --out DIR [--budget 200] [--quick] [--sections trace,quant]
+    python benchmarks/gpu/gpu_optrace.py --out DIR [--budget 200] [--quick] [--sections trace,quant]
 
-trace: each workload (timm networks in NCHW/NHWC AMP as benchmarks/gpu_measure.py ran them held out -- SGD,
+trace: each workload (timm networks in NCHW/NHWC AMP as benchmarks/gpu/gpu_measure.py ran them held out -- SGD,
   batch as there, cudnn.benchmark left at PyTorch's default -- and cptsim's LSTM/Transformer LMs under AMP) takes 3
   warm-up steps, then 2 steps under torch.profiler (CUDA + CPU activities, shapes recorded). Written per workload
   to DIR/trace-NAME.json.gz: the step's wall time (CUDA events, median of 5 unprofiled steps), the GPU-busy time,
   and for every CPU op that launched kernels: the op, its input shapes, the kernels' names and summed device time
-  (aggregated over the 2 steps, divided by 2). benchmarks/bench_gpu_optrace.py compares them with the cost
+  (aggregated over the 2 steps, divided by 2). benchmarks/gpu/bench_gpu_optrace.py compares them with the cost
   model's per-op prediction offline.
 
 quant: torchvision ResNet-50, batch 128, 224x224, eager, NCHW: the step time of AMP (fp16 autocast + GradScaler),

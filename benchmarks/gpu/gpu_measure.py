@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """Time-boxed GPU measurements for cptsim issue 23 (per-op GPU time model), one JSON file out.
 
-    python benchmarks/gpu_measure.py --out FILE.json [--budget 330] [--sections a,b,d,c,e,b2]   # on a GPU machine
-    python benchmarks/gpu_measure.py --device cpu --quick --out /tmp/smoke.json                 # CPU smoke test
+    python benchmarks/gpu/gpu_measure.py --out FILE.json [--budget 330] [--sections a,b,d,c,e,b2]   # on a GPU machine
+    python benchmarks/gpu/gpu_measure.py --device cpu --quick --out /tmp/smoke.json                 # CPU smoke test
 
 Run from the cptsim repo root (for section d). Needs torch, timm, numpy; pynvml optional. No network.
-The H100 run of issue 23 is benchmarks/results/gpu23_H100.{json,log} (timm AMP training img/s, resnet20 steps,
-micro-benchmarks, NVML energy); benchmarks/bench_gpu_zoo.py --source h100-measured compares it with cptsim.
+The first H100 run is benchmarks/results/gpu-shape-model-H100-run1.{json,log} (timm AMP training img/s, resnet20 steps,
+micro-benchmarks, NVML energy); benchmarks/gpu/bench_gpu_zoo.py --source h100-measured compares it with cptsim.
 Sections, in the order they run (each item guarded; every item's result or error or "skipped" goes in the JSON,
 which is rewritten after every item so a kill still leaves data):
   a  device facts
@@ -127,7 +127,7 @@ SECTIONS = set()
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="gpu23_measure.json")
+    ap.add_argument("--out", default="gpu_measure.json")
     ap.add_argument("--budget", type=float, default=330.0, help="hard wall-clock budget in seconds (default 330)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
@@ -196,7 +196,7 @@ def main():
 # ------------------------------------------------------------------------------------------------------------------
 # timing helpers and the GEMM / convolution microbenchmarks: one implementation, shared with `cptsim hw calibrate
 # --device cuda` (cptsim.calibration.gpu_micro), so what calibrate fits on is what this script records
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's cptsim
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's cptsim
 from cptsim.calibration.gpu_micro import Clock, bench, conv_item, gemm_item, graph_replay, sync  # noqa: E402
 
 
@@ -866,7 +866,7 @@ def _workload(torch, dev, w):
 
 def workload_train_step(torch, dev, w, precision):
     """(step, net, input description) of one WORKLOADS entry on dev: one SGD/Adam/AdamW training step with cptsim's
-    training loss, AMP (fp16 autocast + GradScaler on CUDA) when ``precision`` is "amp". benchmarks/gpu_optrace.py
+    training loss, AMP (fp16 autocast + GradScaler on CUDA) when ``precision`` is "amp". benchmarks/gpu/gpu_optrace.py
     traces the same step."""
     from cptsim.models.loss import class_cross_entropy
 
@@ -886,7 +886,7 @@ def workload_train_step(torch, dev, w, precision):
 
 def train_step(torch, dev, opt, amp: bool, loss_of):
     """One training step of ``loss_of()`` with ``opt``: under autocast when ``amp`` (fp16 with a GradScaler on CUDA,
-    bf16 elsewhere), else FP32. benchmarks/gpu_optrace.py builds its steps with it too."""
+    bf16 elsewhere), else FP32. benchmarks/gpu/gpu_optrace.py builds its steps with it too."""
     scaler = torch.amp.GradScaler("cuda") if (amp and dev.type == "cuda") else None
 
     def step():

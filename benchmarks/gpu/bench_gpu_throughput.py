@@ -1,12 +1,12 @@
 """The GPU time model against measured training throughput: ResNet-50 v1.5 on A100 and V100 (one GPU).
 
-    python benchmarks/bench_gpu_throughput.py [--json] [--fit] [--profile PATH]
+    python benchmarks/gpu/bench_gpu_throughput.py [--json] [--fit] [--profile PATH]
 
 Published img/s: NVIDIA DeepLearningExamples (shared/reference/gpu-throughput.md). Modelled img/s: `cptsim cost`'s
 estimate from the shipped hardware profiles and the layer profile (per-layer MACs + the step's op list) of
 imagenet-resnet50, 224x224, 1000 classes, each row in the memory format it ran (NVIDIA's AMP rows: NHWC).
 Since issue 23 a100 and v100 are written from their datasheets (GPU shape model, Ampere's constants), so these
-rows are held-out checks: benchmarks/bench_gpu_datasheet.py prints them with more published rows and writes the
+rows are held-out checks: benchmarks/gpu/bench_gpu_datasheet.py prints them with more published rows and writes the
 profiles' [validation]. --fit prints the tier efficiency each row would need (a diagnostic; nothing is fitted
 on these rows any more).
 By default the profile is tests/data/imagenet-resnet50-profile.json (give --profile '' to measure it afresh:
@@ -23,7 +23,7 @@ from pathlib import Path
 from cptsim.calibration.gpu import ROWS, SOURCE, fit_tier_efficiency, modelled_throughput, resnet50_profile
 from cptsim.cost.hardware import load_profile
 
-DEFAULT_PROFILE = Path(__file__).resolve().parents[1] / "tests" / "data" / "imagenet-resnet50-profile.json"
+DEFAULT_PROFILE = Path(__file__).resolve().parents[2] / "tests" / "data" / "imagenet-resnet50-profile.json"
 
 
 def main() -> None:

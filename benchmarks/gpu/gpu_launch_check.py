@@ -1,7 +1,7 @@
 """Launch-bound check on a real GPU: digits-cnn's op list counted on CUDA, its eager step time and kernel count
 measured, next to the cost model's estimate on the h100 profile. Run on a CUDA machine from the repo root:
 
-    PYTHONPATH=. python3 benchmarks/gpu_launch_check.py
+    PYTHONPATH=. python3 benchmarks/gpu/gpu_launch_check.py
 """
 
 import time

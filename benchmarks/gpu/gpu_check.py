@@ -1,6 +1,6 @@
-"""The GPU acceptance check of issue 14, in one go (benchmarks/gpu_check.sh runs it; about 4-5 minutes on one GPU).
+"""The GPU acceptance check of issue 14, in one go (benchmarks/gpu/gpu_check.sh runs it; about 4-5 minutes on one GPU).
 
-    python benchmarks/gpu_check.py [--device cuda] [--quick] [--json]
+    python benchmarks/gpu/gpu_check.py [--device cuda] [--quick] [--json]
 
 Prints, section by section:
   1. the CUDA tests (pytest -m cuda tests/test_cuda.py);
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 T0 = time.perf_counter()
 DEADLINE = [float("inf")]  # --budget: no command runs past T0 + budget (a partial report beats none)

@@ -1,8 +1,8 @@
 """The GPU time model on language models: cptsim's transformer-lm and lstm-lm against published training throughput.
 
-    python benchmarks/bench_gpu_lm.py            # model vs published tokens/s, per row, with the source
-    python benchmarks/bench_gpu_lm.py --json
-    python benchmarks/bench_gpu_lm.py --reprofile   # profile the stand-in models afresh (minutes on a CPU)
+    python benchmarks/gpu/bench_gpu_lm.py            # model vs published tokens/s, per row, with the source
+    python benchmarks/gpu/bench_gpu_lm.py --json
+    python benchmarks/gpu/bench_gpu_lm.py --reprofile   # profile the stand-in models afresh (minutes on a CPU)
 
 Nobody publishes the training throughput of cptsim's own LMs, so each published network gets the closest cptsim
 model (a "stand-in"), priced by the shipped GPU profiles exactly as ``cptsim cost`` prices it (one training step,
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-CACHE = HERE / "data" / "lm-profiles.json.gz"
+CACHE = HERE.parent / "data" / "lm-profiles.json.gz"
 
 SOURCES = {
     "nvidia-txl": "NVIDIA DeepLearningExamples, PyTorch/LanguageModeling/Transformer-XL/README.md, 'Training "

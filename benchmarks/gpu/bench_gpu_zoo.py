@@ -1,10 +1,10 @@
 """The GPU time model against published or measured training throughput of many networks (issue 23).
 
-    python benchmarks/bench_gpu_zoo.py                              # the issue's 12 models on rtx3090 (timm NCHW)
-    python benchmarks/bench_gpu_zoo.py --source timm-rtx3090-nhwc
-    python benchmarks/bench_gpu_zoo.py --source h100-measured       # our H100 runs vs the datasheet h100 profile
-    python benchmarks/bench_gpu_zoo.py --models resnet50,vit_base_patch16_224:128 --hw my.toml --json
-    python benchmarks/bench_gpu_zoo.py --all [--img-sizes 224|any] [--limit N]   # every usable timm row (slow)
+    python benchmarks/gpu/bench_gpu_zoo.py                              # the issue's 12 models on rtx3090 (timm NCHW)
+    python benchmarks/gpu/bench_gpu_zoo.py --source timm-rtx3090-nhwc
+    python benchmarks/gpu/bench_gpu_zoo.py --source h100-measured       # our H100 runs vs the datasheet h100 profile
+    python benchmarks/gpu/bench_gpu_zoo.py --models resnet50,vit_base_patch16_224:128 --hw my.toml --json
+    python benchmarks/gpu/bench_gpu_zoo.py --all [--img-sizes 224|any] [--limit N]   # every usable timm row (slow)
 
 For each model: the published (or measured) training images/s, the images/s cptsim predicts for the same batch,
 and the error (predicted / published - 1: negative = predicted too slow). The prediction is what
@@ -16,8 +16,8 @@ Sources (all shipped in the repository, nothing is downloaded):
   timm-rtx3090-nchw / -nhwc  benchmarks/data/timm/benchmark-train-amp-{nchw,nhwc}-pt112-cu113-rtx3090.csv: timm's
                              published AMP training throughput on an RTX 3090 (see SOURCE.md there); default
                              --hw rtx3090 (hw_profiles/rtx3090.toml, written from the datasheet only).
-  h100-measured / -nhwc      benchmarks/results/gpu23_H100*.json: timm AMP training throughput we measured on an
-                             H100 80GB HBM3 (SXM) with benchmarks/gpu_measure.py (median step time); default --hw
+  h100-measured / -nhwc      H100_RUNS in benchmarks/results: timm AMP training throughput we measured on an
+                             H100 80GB HBM3 (SXM) with benchmarks/gpu/gpu_measure.py (median step time); default --hw
                              h100, the shipped datasheet profile nobody fitted to an H100: a datasheet-only
                              prediction for a GPU then measured. Also prints the run's micro-benchmarks beside
                              the profile's peak x efficiency, bandwidth x memory efficiency and kernel overhead,
@@ -48,9 +48,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMM_DIR = ROOT / "benchmarks" / "data" / "timm"
 RESULTS = ROOT / "benchmarks" / "results"
+# every H100 run in gpu_measure.py's format, in the order they were made: the shape-model runs, then the
+# calibration and held-out runs
+H100_RUNS = [RESULTS / f"gpu-shape-model-H100-run{i}.json" for i in (1, 2, 3)] + [
+    RESULTS / f for f in ("gpu-calibrate-H100.json", "gpu-heldout-graphs-H100.json", "gpu-heldout-H100-run1.json",
+                          "gpu-heldout-H100-run2.json")]
 SOURCES = {
     "timm-rtx3090-nchw": ("timm", TIMM_DIR / "benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv", "rtx3090"),
     "timm-rtx3090-nhwc": ("timm", TIMM_DIR / "benchmark-train-amp-nhwc-pt112-cu113-rtx3090.csv", "rtx3090"),
@@ -81,9 +86,9 @@ def timm_rows(path: Path) -> list[dict]:
 
 
 def measured_rows(fmt: str, precision: str = "amp") -> tuple[list[dict], list[str]]:
-    """AMP training rows of every benchmarks/results/gpu23_H100*.json in format ``fmt``; a model measured in more
+    """AMP training rows of every H100 run (H100_RUNS) in format ``fmt``; a model measured in more
     than one run gets the median of its runs' img/s (median step time each)."""
-    files = sorted(RESULTS.glob("gpu23_H100*.json"))
+    files = H100_RUNS
     by = {}
     for f in files:
         d = json.loads(f.read_text())
@@ -263,7 +268,7 @@ def profile_toml(hw) -> dict | None:
 
 def micro_vs_profile(hw) -> dict:
     """The H100 run's micro-benchmarks beside what the profile file assumes (read from its TOML)."""
-    runs = [json.loads(f.read_text()) for f in sorted(RESULTS.glob("gpu23_H100*.json"))]
+    runs = [json.loads(f.read_text()) for f in H100_RUNS]
     d = next((r for r in runs if r.get("gemm")), None)
     t = profile_toml(hw)
     if d is None or t is None:
@@ -502,7 +507,7 @@ def print_report(doc: dict) -> None:
                   + (" ..." if len(other) > 12 else ""))
     m = doc.get("h100_micro_vs_profile")
     if m:
-        print(f"\n{m['device']}: micro-benchmarks (gpu23_H100.json) beside profile {doc['hardware_arg']}")
+        print(f"\n{m['device']}: micro-benchmarks (gpu-shape-model-H100-run1.json) beside profile {doc['hardware_arg']}")
         for g in m["gemm"]:
             large = f"{g['median_large_tflops']:.0f}" if g["median_large_tflops"] else "-"
             print(f"  GEMM {g['dtype']:5} best {g['best_tflops']:6.1f} T/s ({g['best_shape']}), median of shapes "

@@ -1,12 +1,12 @@
 """Per-op GPU time measured on the lent H100 against the cost model's, op kind by op kind (issue 23).
 
-    python benchmarks/bench_gpu_optrace.py           # each traced step: measured vs modelled batch norms, and the step
-    python benchmarks/bench_gpu_optrace.py --fit     # fit the NCHW batch-norm constants to the traced kernels
-    python benchmarks/bench_gpu_optrace.py --convs   # every traced convolution call: measured vs the shape model
-    python benchmarks/bench_gpu_optrace.py --steps   # per trace: GPU busy vs step, and where the non-GEMM time goes
-    python benchmarks/bench_gpu_optrace.py --json
+    python benchmarks/gpu/bench_gpu_optrace.py           # each traced step: measured vs modelled batch norms, and the step
+    python benchmarks/gpu/bench_gpu_optrace.py --fit     # fit the NCHW batch-norm constants to the traced kernels
+    python benchmarks/gpu/bench_gpu_optrace.py --convs   # every traced convolution call: measured vs the shape model
+    python benchmarks/gpu/bench_gpu_optrace.py --steps   # per trace: GPU busy vs step, and where the non-GEMM time goes
+    python benchmarks/gpu/bench_gpu_optrace.py --json
 
-The traces are benchmarks/gpu_optrace.py's (run on the lent H100 in the fourth session, benchmarks/gpu_session24.sh):
+The traces are benchmarks/gpu/gpu_optrace.py's (run on the lent H100, benchmarks/gpu/session.sh optrace):
 two profiled AMP training steps of timm networks -- the held-out outliers GhostNet, HRNet, MixNet, DLA, gMLP, and
 ResNet-50-T / DenseNet-169 as controls -- with every CPU op's kernels and their device time.
 
@@ -57,7 +57,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-TRACES = HERE / "results" / "gpu24_H100"
+TRACES = HERE.parent / "results" / "gpu-optrace-H100"
 CLOCK_HZ, SMS = 1980e6, 132  # the lent H100 SXM (nvidia-smi: 1980 MHz max SM clock; 132 SMs)
 
 

@@ -2,10 +2,10 @@
 -- microbenchmarks plus the generation's inherited constants, no network fitted on the card -- prices whole networks
 measured on the same card (issue 23, item 4).
 
-    python benchmarks/bench_gpu_calibrate.py                       # the H100 run in benchmarks/results/gpu23_H100.json
-    python benchmarks/bench_gpu_calibrate.py --records R.json --runs A.json,B.json [--json]
+    python benchmarks/gpu/bench_gpu_calibrate.py                       # the H100 run in benchmarks/results/gpu-shape-model-H100-run1.json
+    python benchmarks/gpu/bench_gpu_calibrate.py --records R.json --runs A.json,B.json [--json]
 
---records: a `cptsim hw calibrate --device cuda --json` output (its "records") or a benchmarks/gpu_measure.py JSON
+--records: a `cptsim hw calibrate --device cuda --json` output (its "records") or a benchmarks/gpu/gpu_measure.py JSON
 (converted: its GEMM grid, depthwise convolutions, stream ops, ResNet-20 steps and NVML loop).
 --runs: gpu_measure.py JSONs whose timm AMP training rows are compared (default: the three H100 runs).
 Prints the constants, then per network measured vs modelled img/s for the calibrated profile and the shipped one.
@@ -22,7 +22,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-RUNS = [HERE / "results" / f for f in ("gpu23_H100.json", "gpu23_H100_run2.json", "gpu23_H100_run3.json")]
+RUNS = [HERE.parent / "results" / f"gpu-shape-model-H100-run{i}.json" for i in (1, 2, 3)]
 
 
 def records_from_measure(doc: dict) -> dict:
