@@ -201,7 +201,7 @@ def _workload_option_defs() -> dict:
             help="Graph models: quantize the message passing's aggregation too -- its inputs at the step's bits, "
                  "the error flowing back into it at the gradient bits (cpt_gnn's quant_agg); counted at those "
                  "widths. [default: the aggregation in FP32, as cpt_gnn]"),
-        # number formats (issue 26; cptsim.numerics.families): what `cost` spells out in its own options
+        # number formats (cptsim.numerics.families): what `cost` spells out in its own options
         "number_format": click.option(
             "--number-format", "number_format", default="int", show_default=True,
             help="Format family the schedule's widths name: int (CPT's integers), fp (4 fp4e2m1, 6 fp6e3m2, "

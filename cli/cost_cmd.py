@@ -10,7 +10,8 @@ from cptsim.errors import InputError
 from .common import (batch_size_or_default, emit_json, err, json_option, out, print_table, run_length, si,
                      wide_option)
 from .common import workload_options
-from .profile_cmd import build_profile, profile_flags, rate_text, resolve_workload, throughput
+from .timing import rate_text, sureness_lines, throughput, time_sureness
+from .workload import build_profile, profile_flags, resolve_workload
 
 DEFAULT_HW = "h100,a100,bitfusion,stripes,int8-systolic"
 
@@ -163,33 +164,3 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
     for p in profiles:
         for n in p.notes:
             err.print(f"[yellow]note ({p.name}):[/yellow] {n}", highlight=False)
-
-
-def time_sureness(hw, prof, mix: list[str], c) -> dict:
-    """How sure a profile's time is (its [validation] against this network's op mix) and, on a GPU with a measured
-    host overhead, whether an eager step is launch-bound and what CUDA graphs save: the ``cost --json`` keys
-    ``time_validation`` and ``launch_bound``. ``mix``: ``prof.op_mix()``."""
-    out = {"time_validation": hw.time_validation(mix)}
-    if c.steps:
-        lb = hw.launch_bound(prof.ops, c.latency_s["total"] / c.steps)
-        if lb is not None:
-            out["launch_bound"] = lb
-    return out
-
-
-def sureness_lines(name: str, s: dict) -> list[str]:
-    v = s["time_validation"]
-    if not v["checked"]:
-        lines = [f"{name} time: {v['note']}"]
-    else:
-        cover = ("its op mix was covered" if v.get("op_mix_covered") else
-                 f"not checked on {', '.join(v.get('op_mix_missing', []))} (this network has them)")
-        lines = [f"{name} time: median |error| {100 * v['median_abs_error']:.0f}%, worst "
-                 f"{100 * v['worst_abs_error']:.0f}% over {v['n']} {v['against']} "
-                 f"({'held out' if v['held_out'] == 'yes' else 'in-sample'}); {cover}"]
-    lb = s.get("launch_bound")
-    if lb is not None:
-        lines.append(f"{name} step: GPU {si(lb['gpu_step_s'], 's')}, host dispatch {si(lb['host_step_s'], 's')} "
-                     f"-> an eager step is {lb['bound']}-bound ({si(lb['eager_step_s'], 's')}); CUDA graphs (cptsim "
-                     f"train's default on CUDA) would save {100 * lb['cuda_graphs_saving']:.0f}%")
-    return lines

@@ -192,7 +192,7 @@ def plan(budget, metric, hw, model, dataset, data_dir, image_size, batch_size, e
                                   grad_format=grad_format)
     rt = None
     if space.min_bits_auto:
-        from .rangetest_cmd import print_result, run_with_progress
+        from .rangetest_view import print_result, run_with_progress
 
         from cptsim.study.rangetest import RangeTestSettings
 
@@ -281,12 +281,12 @@ def _layer_weights(src: str, workload, db, show: bool) -> dict | None:
 
 
 def plan_sureness(p) -> dict:
-    """How sure the plan's times are, as ``cost`` says it (``cost_cmd.time_sureness``: the profile's [validation]
+    """How sure the plan's times are, as ``cost`` says it (``timing.time_sureness``: the profile's [validation]
     against this network's op mix, and on a GPU with a measured host overhead whether an eager step is
     launch-bound), and, for a time budget, the pick's margin against the profile's error (``budget_margin``)."""
     from cptsim.planner.budget import time_margin
 
-    from .cost_cmd import time_sureness
+    from .timing import time_sureness
 
     prof = p.workload.profile
     doc = time_sureness(p.hardware, prof, prof.op_mix(), p.estimate)
@@ -406,7 +406,7 @@ def print_plan(p, doc: dict) -> None:
                  if _per_layer(doc) else ""), highlight=False)
     out.print(f"baseline {base}: {si(b['bitops']['total'])} BitOPs, {si(b['energy_j'], 'J')}, "
               f"{si(b['latency_s'], 's')}", highlight=False)
-    from .cost_cmd import sureness_lines
+    from .timing import sureness_lines
 
     for line in sureness_lines(p.hardware.name, doc):
         out.print(line, highlight=False, markup=False)  # [validation] is text, not markup

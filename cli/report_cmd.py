@@ -143,7 +143,9 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
     # ---- calibration fit --------------------------------------------------------------------------------------
     fit_doc = None
     if fit:
-        fit_doc = _fit(run_dirs, holdout, host, fit_out, force)
+        from cptsim.study.reportfit import fit_runs
+
+        fit_doc = fit_runs(run_dirs, holdout, host, fit_out, force)
 
     if as_json:
         emit_json({"format": R.REPORT_FORMAT, "runs": [R.to_json(r) for r in reports], "comparison": rows,
@@ -173,23 +175,6 @@ def _write(path, data: bytes, writer) -> None:
         writer(Path(path), data)
     except OSError as e:
         raise InputError(f"--plot: cannot write {str(path)!r}: {e.strerror or e}") from None
-
-
-def _fit(run_dirs, holdout, host, fit_out, force) -> dict:
-    from cptsim.calibration.fit import RunSteps, fit_host, host_profile, write_fitted_profile
-    from cptsim.run.rundir import RunDir
-
-    base = host_profile(host)
-    fitted = [RunSteps.from_run(RunDir.open(d), base) for d in run_dirs]
-    held = [RunSteps.from_run(RunDir.open(d), base) for d in holdout]
-    result = fit_host(fitted, base)
-    path, prof = write_fitted_profile(result, fit_out, force=force)
-    doc = result.to_json()
-    doc["holdout"] = [result.evaluate(h) for h in held]
-    if len(fitted) > 1:  # leave one run out: fit on the others, predict it
-        doc["leave_one_out"] = [fit_host([f for f in fitted if f is not r], base).evaluate(r) for r in fitted]
-    doc["written"] = {"path": str(path), "name": prof.name, "hash": prof.content_hash}
-    return doc
 
 
 # ------------------------------------------------------------------------------------------------ tables
@@ -313,7 +298,7 @@ def _print_run(r) -> None:
         out.print("  plan: the plan's own estimate (plan.json), or the cost model's estimate of the planned schedule "
                   "on that profile; exec: the executed steps; saving: 1 - cost / cost of the same steps at static "
                   "q_max", highlight=False)
-        from .cost_cmd import sureness_lines
+        from .timing import sureness_lines
 
         for x in d["hardware"]:  # how sure each modelled time is, as `cost` says it
             for line in sureness_lines(x["name"], x):

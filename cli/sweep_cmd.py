@@ -3,8 +3,6 @@ vs cost; show where each run stands; index the runs' result records into the res
 
 from __future__ import annotations
 
-import time
-
 import click
 from rich.table import Table
 
@@ -241,35 +239,15 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
         from pathlib import Path
 
         cluster.job_name = f"cptsim-{Path(out_dir).resolve().name}"
-        return _submit(SW, C, out_dir, settings, texts, seed_list, cluster, picked, wait, dry_run, db_path, no_db,
+        return _submit(out_dir, settings, texts, seed_list, cluster, picked, wait, dry_run, db_path, no_db,
                        plot, show, as_json)
     if dry_run:
-        return _dry_run_local(SW, out_dir, settings, texts, seed_list, as_json)
-    jobs = jobs or 1
-    db = None
-    if not no_db:
-        from cptsim.study.results import ResultsDB
-
-        db = ResultsDB(db_path)
-    runs = SW.prepare(out_dir, settings, texts, seed_list)
-    t0 = time.perf_counter()
-    try:
-        if show:
-            _execute_with_progress(SW, runs, settings, jobs, db)
-        else:
-            SW.execute(runs, settings, jobs, db)
-    finally:
-        if db is not None:
-            db.close()
-    doc = {"format": SW.SWEEP_FORMAT, "out": out_dir, "db": None if db is None else str(db.path),
-           "workload": settings.workload(), "planner": picked, "runs": [r.to_json() for r in runs],
-           "wall_time_s": round(time.perf_counter() - t0, 2)}
-    rows = [r.row for r in runs if r.row is not None]
-    doc["workload_key"] = rows[0]["workload_key"] if rows else None
-    doc["report"] = SW.sweep_report(rows) if rows else None
+        return _dry_run_local(out_dir, settings, texts, seed_list, as_json)
+    res = SW.run_sweep(out_dir, settings, texts, seed_list, jobs, picked, db_path, no_db,
+                       on_event=_ProgressBar(jobs or 1) if show else None)
+    doc, runs, failed = res.doc, res.runs, res.failed
     if plot and doc["report"]:
         _write_plot(doc["report"], plot)
-    failed = [r for r in runs if r.status in ("failed", "busy")]
     if as_json:
         emit_json(doc)
     else:
@@ -277,7 +255,7 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
         if doc["report"]:
             _print_report(doc["report"])
         out.print(f"{sum(r.status == 'done' for r in runs)} of {len(runs)} runs finished in {out_dir}"
-                  + (f"; results in {db.path}" if db is not None else "")
+                  + (f"; results in {doc['db']}" if doc["db"] is not None else "")
                   + (f"; figure {plot}" if plot and doc["report"] else ""), highlight=False)
     if failed:
         r = failed[0]
@@ -285,14 +263,12 @@ def sweep(schedules, seeds, jobs, out_dir, db_path, no_db, top, budget, metric, 
                         f"(log {r.log}); rerun the same command to retry them")
 
 
-def _dry_run_local(SW, out_dir, settings, texts, seeds, as_json) -> None:
+def _dry_run_local(out_dir, settings, texts, seeds, as_json) -> None:
     """--dry-run of a local sweep: the runs and the `cptsim train` command each would run; nothing written."""
-    import shlex
+    from cptsim.study import sweep as SW
 
-    runs = SW.prepare(out_dir, settings, texts, seeds, write=False)
-    todo = [r for r in runs if r.action in ("new", "resume")]
-    doc = {"executor": "local", "out": out_dir, "workload": settings.workload(), "runs": [r.to_json() for r in runs],
-           "train": {r.name: shlex.join(SW.train_command(settings, r)) for r in todo}}
+    res = SW.dry_run(out_dir, settings, texts, seeds)
+    doc, runs, todo = res.doc, res.runs, res.todo
     if as_json:
         emit_json(doc)
         return
@@ -310,37 +286,48 @@ class _nothing:
         return False
 
 
-def _execute_with_progress(SW, runs, settings, jobs, db) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+class _ProgressBar:
+    """A local sweep's progress on stderr: one bar for the sweep, one per training run (``run_sweep``'s events)."""
 
-    todo = [r for r in runs if r.action != "skip"]
-    skipped = len(runs) - len(todo)
-    err.print(f"sweep: {len(runs)} runs ({skipped} finished before, "
-              f"{sum(r.action == 'resume' for r in todo)} to resume, {sum(r.action == 'new' for r in todo)} new), "
-              f"{jobs} at a time", highlight=False)
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-               TimeElapsedColumn()]
-    with Progress(*columns, console=err, transient=False) as bar:
-        overall = bar.add_task("[bold]sweep", total=len(runs), completed=skipped, info="")
-        tasks: dict[str, int] = {}
+    def __init__(self, jobs: int):
+        self.jobs, self.bar, self.tasks = jobs, None, {}
 
-        def on_event(ev: str, run) -> None:
-            if ev == "start":
-                tasks[run.name] = bar.add_task(f"  {run.name}", total=run.total_steps, completed=run.steps_done,
-                                               info=run.action)
-            elif ev == "progress" and run.name in tasks:
-                bar.update(tasks[run.name], total=run.total_steps, completed=run.steps_done)
-            elif ev == "end":
-                if run.name in tasks:
-                    bar.remove_task(tasks.pop(run.name))
-                if run.action != "skip":
-                    bar.advance(overall)
-                    acc = (run.row or {}).get("test_acc")
-                    what = f"{100 * acc:.1f}% @ {run.row['eval_bits']} bits" if acc is not None else \
-                        f"{run.status}: {run.error or ''}"
-                    bar.console.print(f"  {run.name}: {what} ({run.time_s:.0f} s)", highlight=False)
+    def __call__(self, ev: str, obj) -> None:
+        if ev == "prepared":
+            self._open(obj)
+        elif ev == "executed":
+            if self.bar is not None:
+                self.bar.stop()
+        elif ev == "start":
+            run = obj
+            self.tasks[run.name] = self.bar.add_task(f"  {run.name}", total=run.total_steps,
+                                                     completed=run.steps_done, info=run.action)
+        elif ev == "progress" and obj.name in self.tasks:
+            self.bar.update(self.tasks[obj.name], total=obj.total_steps, completed=obj.steps_done)
+        elif ev == "end":
+            run = obj
+            if run.name in self.tasks:
+                self.bar.remove_task(self.tasks.pop(run.name))
+            if run.action != "skip":
+                self.bar.advance(self.overall)
+                acc = (run.row or {}).get("test_acc")
+                what = f"{100 * acc:.1f}% @ {run.row['eval_bits']} bits" if acc is not None else \
+                    f"{run.status}: {run.error or ''}"
+                self.bar.console.print(f"  {run.name}: {what} ({run.time_s:.0f} s)", highlight=False)
 
-        SW.execute(runs, settings, jobs, db, on_event=on_event)
+    def _open(self, runs) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        todo = [r for r in runs if r.action != "skip"]
+        skipped = len(runs) - len(todo)
+        err.print(f"sweep: {len(runs)} runs ({skipped} finished before, "
+                  f"{sum(r.action == 'resume' for r in todo)} to resume, {sum(r.action == 'new' for r in todo)} "
+                  f"new), {self.jobs} at a time", highlight=False)
+        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[info]}"), TimeElapsedColumn()]
+        self.bar = Progress(*columns, console=err, transient=False)
+        self.bar.start()
+        self.overall = self.bar.add_task("[bold]sweep", total=len(runs), completed=skipped, info="")
 
 
 def _print_runs(runs) -> None:
@@ -364,46 +351,38 @@ def _warn(lines) -> None:
         err.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)  # unwrapped: paths stay whole
 
 
-def _submit(SW, C, out_dir, settings, texts, seeds, cluster, picked, wait, dry_run, db_path, no_db, plot, show,
+def _submit(out_dir, settings, texts, seeds, cluster, picked, wait, dry_run, db_path, no_db, plot, show,
             as_json) -> None:
     """--executor slurm | submitit-local: submit the unfinished runs as jobs; with --wait, wait, index, report."""
-    from cptsim.run.rundir import ExclusiveLock, RunLock
-    from cptsim.study.resultfile import ResultDamaged, read_result, record_result
+    from cptsim.study import cluster as C
+    from cptsim.study.sweepsubmit import submit_sweep
 
-    runs = SW.prepare(out_dir, settings, texts, seeds, write=not dry_run)
-    jobs_doc = C.read_jobs(out_dir)
-    states = C.scheduler_states(out_dir, {"runs": {r.name: jobs_doc["runs"][r.name] for r in runs
-                                                   if r.action != "skip" and r.name in jobs_doc["runs"]}})
-    todo = []
-    for r in runs:
-        rec = jobs_doc["runs"].get(r.name) or {}
-        phase = C.job_phase(states.get(r.name))
-        if r.action == "skip":
-            try:
-                r.row = read_result(r.path)
-            except ResultDamaged:
-                r.row = None
-        elif phase in ("queued", "running"):  # its job of an earlier submission is still on it: not twice
-            r.action, r.status, r.job_id = "wait", phase, rec.get("job_id")
-        elif r.action == "record":
-            if not dry_run:  # trained already: writing its record is all there is to do, no job needed
-                lock = RunLock(r.path)
-                if lock.try_acquire():
-                    try:
-                        r.row, r.status = record_result(r.path, "sweep"), "done"
-                    finally:
-                        lock.release()
-                else:
-                    r.action, r.status = "busy", "running"
-        else:
-            todo.append(r)
+    spinner = {}
+
+    def on_event(ev, detail) -> None:
+        if not show:
+            return
+        if ev == "submitted":
+            runs, todo = detail["runs"], detail["todo"]
+            err.print(f"sweep: {len(runs)} runs: {sum(r.action == 'skip' for r in runs)} done before, "
+                      f"{len(todo)} submitted ({cluster.executor}), "
+                      f"{sum(r.action == 'wait' for r in runs)} still queued or running", highlight=False)
+        elif ev == "waiting":
+            spinner["n"] = len(detail["names"])
+            spinner["status"] = err.status(f"waiting for {spinner['n']} jobs (^C stops waiting; the jobs go on)")
+            spinner["status"].start()
+        elif ev == "poll" and "status" in spinner:
+            n = {p: sum(C.job_phase(s) == p for s in detail["states"].values()) for p in ("queued", "running")}
+            spinner["status"].update(f"jobs: {n['queued']} queued, {n['running']} running, "
+                                     f"{spinner['n'] - n['queued'] - n['running']} ended  (^C stops waiting; the "
+                                     "jobs go on)")
+        elif ev == "waited" and "status" in spinner:
+            spinner.pop("status").stop()
+
+    sub = submit_sweep(out_dir, settings, texts, seeds, cluster, picked, wait=wait, dry_run=dry_run,
+                       db_path=db_path, no_db=no_db, on_event=on_event)
+    doc, runs, todo = sub.doc, sub.runs, sub.todo
     if dry_run:
-        import shlex
-
-        doc = {"executor": cluster.executor, "out": out_dir, "submit": [r.name for r in todo],
-               "runs": [r.to_json() for r in runs],
-               "script": C.sbatch_script(out_dir, cluster, len(todo)) if cluster.executor == "slurm" else None,
-               "train": shlex.join(C.TrainJob(C.run_spec(settings, todo[0])).command(resume=False)) if todo else None}
         if as_json:
             emit_json(doc)
             return
@@ -418,76 +397,22 @@ def _submit(SW, C, out_dir, settings, texts, seeds, cluster, picked, wait, dry_r
             out.print("job script (sbatch):", highlight=False)
             out.print(doc["script"], markup=False, highlight=False, soft_wrap=True)
         return
-    sweep_lock = ExclusiveLock(f"{out_dir}/.sweep.lock")
-    if not sweep_lock.try_acquire():
-        raise InputError(f"another sweep is submitting or running in {out_dir}; wait for it or pick another --out")
-    t0 = time.perf_counter()
-    try:
-        ids = C.submit(out_dir, todo, settings, cluster)
-        for r, jid in zip(todo, ids):
-            r.job_id, r.status = jid, "submitted"
-        if show:
-            err.print(f"sweep: {len(runs)} runs: {sum(r.action == 'skip' for r in runs)} done before, "
-                      f"{len(todo)} submitted ({cluster.executor}), "
-                      f"{sum(r.action == 'wait' for r in runs)} still queued or running", highlight=False)
-        doc = {"format": SW.SWEEP_FORMAT, "out": out_dir, "executor": cluster.executor,
-               "workload": settings.workload(), "planner": picked, "submitted": ids}
-        if not wait:
-            doc["runs"] = [r.to_json() for r in runs]
-            if as_json:
-                emit_json(doc)
-                return
-            _print_runs(runs)
-            out.print(f"{len(todo)} jobs submitted. Watch: cptsim sweep --status --out {out_dir}; when they are "
-                      f"done: cptsim sweep --index --out {out_dir} (into the database), "
-                      f"cptsim sweep --report --out {out_dir}", markup=False, highlight=False)
+    if not wait:
+        if as_json:
+            emit_json(doc)
             return
-        waiting = [r.name for r in runs if r.job_id]
-        poll_s = 1.0 if cluster.executor == "submitit-local" else 30.0
-        try:
-            if show:
-                with err.status(f"waiting for {len(waiting)} jobs (^C stops waiting; the jobs go on)") as st:
-                    def on_poll(states):
-                        n = {p: sum(C.job_phase(s) == p for s in states.values()) for p in ("queued", "running")}
-                        st.update(f"jobs: {n['queued']} queued, {n['running']} running, "
-                                  f"{len(waiting) - n['queued'] - n['running']} ended  (^C stops waiting; the jobs "
-                                  "go on)")
-                    C.wait(out_dir, waiting, poll_s, on_poll)
-            else:
-                C.wait(out_dir, waiting, poll_s)
-        except KeyboardInterrupt:
-            from cptsim.errors import RunStopped
-
-            raise RunStopped(f"stopped waiting; the jobs go on: cptsim sweep --status --out {out_dir}") from None
-    finally:
-        sweep_lock.release()
-    status = SW.sweep_status(out_dir)
-    by_name = {r["name"]: r for r in status["runs"]}
-    ind = None
-    if not no_db:
-        from cptsim.study.results import ResultsDB
-
-        with ResultsDB(db_path) as db:
-            ind = SW.index(out_dir, db)
-            doc["db"] = str(db.path)
-    warnings = status["warnings"]
-    rows = {row["run_path"]: row for row in (ind["rows"] if ind else SW.rows_from_dir(out_dir, []))}
-    for r in runs:
-        st = by_name.get(r.name, {})
-        r.status, r.error = st.get("status", r.status), st.get("error") or r.error
-        r.steps_done, r.total_steps = st.get("steps_done", r.steps_done), st.get("total_steps")
-        r.row = rows.get(str(r.path.resolve()), r.row)
-    mine = [r.row for r in runs if r.row is not None and r.status == "done"]
-    doc.update(runs=[r.to_json() for r in runs], wall_time_s=round(time.perf_counter() - t0, 2),
-               workload_key=mine[0]["workload_key"] if mine else None,
-               report=SW.sweep_report(mine) if mine else None, warnings=warnings)
+        _print_runs(runs)
+        out.print(f"{len(todo)} jobs submitted. Watch: cptsim sweep --status --out {out_dir}; when they are "
+                  f"done: cptsim sweep --index --out {out_dir} (into the database), "
+                  f"cptsim sweep --report --out {out_dir}", markup=False, highlight=False)
+        return
     if plot and doc["report"]:
         _write_plot(doc["report"], plot)
-    failed = [r for r in runs if r.status != "done"]
+    failed = sub.failed
     if as_json:
         emit_json(doc)
     else:
-        _warn(warnings)
+        _warn(doc["warnings"])
         _print_runs(runs)
         if doc["report"]:
             _print_report(doc["report"])

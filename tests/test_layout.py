@@ -197,3 +197,11 @@ def test_every_stage_package_says_what_it_holds_and_may_import():
     for pkg in ("numerics", "models", "data", "measure", "cost", "calibration", "run", "study"):
         doc = ast.get_docstring(ast.parse((ROOT / "cptsim" / pkg / "__init__.py").read_text()))
         assert doc and "import" in doc, f"cptsim/{pkg}/__init__.py needs a docstring saying what it may import"
+
+
+def test_no_cli_command_module_imports_another():
+    """A command's shared helpers live in cli/common.py (or another helper module) or in the library: a command
+    module that imports another command's module ties two commands' code together for one helper."""
+    bad = [f"{m} imports {t}" for m, targets in sorted(GRAPH.items()) if m.startswith("cptsim.cli.")
+           and m.endswith("_cmd") for t in sorted(targets) if t.startswith("cptsim.cli.") and t.endswith("_cmd")]
+    assert not bad, "command modules importing each other:\n" + "\n".join(bad)
