@@ -1,17 +1,17 @@
 """Does the planner's pick train a model at least as good as CPT's default at the same cost? (issue 9)
 
-Reads measured runs from a results database (default: the shipped benchmarks/results/issue9.db, filled by the two
+Reads measured runs from a results database (default: the shipped benchmarks/results/quality-digits.db, filled by the two
 sweeps below) and, per workload, plans at the BitOPs of CPT's default schedule exactly as a user would, then
 prints the pick's and CPT default's measured accuracy over seeds, and the Spearman rank correlation between the
 planner's score and measured accuracy over every schedule of the workload.
 
 The runs were made with (each run a normal run directory; ~10-30 s per run on one core):
 
-    cptsim sweep --epochs 3 --seeds 0,1,2 --jobs 3 --out runs/hard --db benchmarks/results/issue9.db \\
+    cptsim sweep --epochs 3 --seeds 0,1,2 --jobs 3 --out runs/hard --db benchmarks/results/quality-digits.db \\
       --schedules cos-rep:2-4:g8:n1,cos-rep:2-4:g8:n2,cos-rep:2-4:g8:n8,cos-rep:2-4:g8:n32,cos-tri:2-4:g8:n1,\\
     cos-tri:2-4:g8:n4,lin-tri:2-4:g8:n1,lin-tri:2-4:g8:n2,lin-tri:2-4:g8:n8,lin-rep:2-4:g8:n1,lin-rep:2-4:g8:n8,\\
     exp-tri-v:2-4:g8:n4,rex-tri-v:2-4:g8:n2,static:3
-    cptsim sweep --seeds 0,1,2 --jobs 3 --out runs/digits --db benchmarks/results/issue9.db \\
+    cptsim sweep --seeds 0,1,2 --jobs 3 --out runs/digits --db benchmarks/results/quality-digits.db \\
       --schedules cos-rep:3-8:g8:n32,static:5,lin-tri:3-8:g8:n1,exp-tri-v:5-8:g8:n1
 
     python benchmarks/quality_check.py [--db PATH] [--json] [--plot DIR] [--val-db PATH]
@@ -51,7 +51,7 @@ WORKLOADS = [
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", default=str(HERE / "results" / "issue9.db"))
+    ap.add_argument("--db", default=str(HERE / "results" / "quality-digits.db"))
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", default=None, help="write one accuracy-vs-cost PNG per workload into this folder")
     ap.add_argument("--val-db", default=str(HERE / "results" / "quality-digits-val-split.db"),

@@ -44,7 +44,7 @@ are re-estimated at q_max (16 training batches, no gradient; 'cptsim train --rec
 model carries belong to the precision it last trained at: without this, a schedule ending at q_min scored 24%
 instead of 92% on MNIST. So schedules may end low, as one-cycle triangular ones do, and are judged fairly.
 
-Checked against measured runs (benchmarks/quality_check.py, results in benchmarks/results/issue9.db): on
+Checked against measured runs (benchmarks/quality_check.py, results in benchmarks/results/quality-digits.db): on
 digits-cnn at forward bits 2-4, 3 epochs, 14 schedules at equal BitOPs x 3 seeds, the score's Spearman rank
 correlation with measured accuracy is reported there (it must be >= 0.5; tests/test_quality.py checks it).
 

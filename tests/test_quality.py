@@ -1,6 +1,6 @@
 """The planner's quality decisions, checked against independent truth: a known generating model for the learned
 quality model, hand-computed BatchNorm statistics for the evaluation's re-estimation, and the measured runs shipped
-in benchmarks/results/issue9.db for the score and the pick."""
+in benchmarks/results/quality-digits.db for the score and the pick."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from cptsim.planner.quality import MIN_SCHEDULES, fit_quality, features
 from cptsim.planner.score import score_bits
 from cptsim.cost.schedules import parse_schedule
 
-SHIPPED_DB = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "issue9.db"
+SHIPPED_DB = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "quality-digits.db"
 
 
 # -- the learned quality model -----------------------------------------------------------------------------------------
@@ -370,7 +370,7 @@ def test_the_mnist_shaped_workload_gets_a_pick_evaluated_at_its_own_precision():
 
 def _shipped(workload_filter):
     if not SHIPPED_DB.exists():
-        pytest.skip("benchmarks/results/issue9.db not present")
+        pytest.skip("benchmarks/results/quality-digits.db not present")
     from cptsim.study.results import ResultsDB
 
     with ResultsDB(SHIPPED_DB) as db:

@@ -30,7 +30,7 @@ SAVING_NOTE = (
     "place bits change this machine's time: the modelled saving is what the int8 tier's measured rate promises, "
     "and the gap says how much of it the exact path's extra passes (codes, epilogue) and the GEMM shapes the "
     "calibration did not time keep from showing up. Measured on this project's 2-CPU VM "
-    "(benchmarks/results/issue28-host-saving.txt): on transformer-lm the exact path runs 62% of the MACs as int8 "
+    "(benchmarks/results/host-saving-modelled-vs-measured.txt): on transformer-lm the exact path runs 62% of the MACs as int8 "
     "and saves 3-6% of an 8-bit step (modelled 0-5%), which stays 1.23-1.33x the FP32 step; on digits-cnn nothing is "
     "int8 (its only Linear layer is the full-precision classifier). On a machine other jobs share, a saving moves by "
     "~10 points from one pass to the next: read the range the pass prints.")
