@@ -82,10 +82,7 @@ def mode() -> str:
 def enabled(threads: int | None = None) -> bool:
     """The CPU int8 path is on: with CPTSIM_EXACT_GEMM=1, and unset where this machine measured it to pay at
     ``threads`` threads (default: torch's current count; gemm_choice). Cheap after the first call."""
-    m = mode()
-    if m not in ("auto", "1") or not hasattr(torch, "_int_mm"):
-        return False
-    return m == "1" or gemm_choice.measured_choice(threads)["on"]
+    return choice(threads)["on"]
 
 
 def choice(threads: int | None = None) -> dict:

@@ -54,7 +54,7 @@ from typing import Any
 
 from cptsim.errors import InputError
 
-__all__ = ["PLAN_FORMAT", "REQUIRED", "validate_plan", "read_plan", "write_plan", "plan_digest"]
+__all__ = ["PLAN_FORMAT", "REQUIRED", "validate_plan", "read_plan", "write_plan", "plan_digest", "looks_like_plan"]
 
 PLAN_FORMAT = "cptsim.plan/1"
 
@@ -121,3 +121,13 @@ def write_plan(plan: dict, path: str | Path) -> None:
 def plan_digest(plan: dict) -> str:
     """Short content hash of a plan (recorded in a run's config so a report can tell which plan it ran)."""
     return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def looks_like_plan(path: str | Path) -> bool:
+    """Whether ``path`` is a JSON document of the plan format (any version): for telling a user who gave a plan
+    where something else belongs what they gave. Nothing else is checked."""
+    try:
+        fmt = json.loads(Path(path).read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(fmt, str) and fmt.split("/")[0] == PLAN_FORMAT.split("/")[0]

@@ -235,11 +235,9 @@ def _not_a_run_file(p: Path) -> str:
     directory, a plan (cptsim plan's plan.json) is trained first."""
     if (p.parent / CONFIG).is_file():
         return f"{p} is a file of the run directory {p.parent}, not a run directory: give {p.parent}"
-    try:
-        fmt = json.loads(p.read_text()).get("format")
-    except (OSError, ValueError, AttributeError):
-        fmt = None
-    if isinstance(fmt, str) and fmt.startswith("cptsim.plan/"):
+    from .planfile import looks_like_plan
+
+    if looks_like_plan(p):
         return (f"{p} is a plan file, not a run directory: train it with `cptsim train --plan {p} --out DIR`, "
                 "then give DIR")
     return f"{p} is a file, not a run directory"
