@@ -52,7 +52,9 @@ def _pct(x, none="-") -> str:
                    "[default: the plan's hardware, h100, and bitfusion for an integer run (it computes "
                    "integers only)].")
 @click.option("--host", "host", default="host", show_default=True,
-              help="Host profile (name or .toml path) that models this machine's wall time.")
+              help="The profile (name or .toml path) that models the measured step times: a host profile for a CPU "
+                   "run (default: this machine, measured once); for a CUDA run a GPU profile (default: the one "
+                   "config.json names for the GPU that ran it).")
 @click.option("--top", type=int, default=10, show_default=True, help="Layers in the per-layer table.")
 @click.option("--plot", "plot_path", default=None,
               help="Also write the plot here: one run's panels, or with several runs the accuracy-vs-cost plot.")
@@ -95,10 +97,10 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
 
         check_fit_out(fit_out, force)
 
-    if host != "host":  # a host profile the user named must exist; the default may be missing (a warning then)
-        from cptsim.calibration.fit import host_profile
+    if host != "host":  # a profile the user named must exist (whether it fits each run: build_report says)
+        from cptsim.cost.hardware import load_profile
 
-        host_profile(host)
+        load_profile(host)
     reports = [R.build_report(d, targets, host=_host(d, host, no_calibrate), top=top, measure_host=measure_host)
                for d in run_dirs]
     for r in reports:
@@ -165,7 +167,11 @@ def _host(run_dir, host: str, no_calibrate: bool) -> str:
     """The host profile for one run: this machine measured once (at the run's threads and device) unless the user
     named one, has their own host.toml, or said --no-calibrate (cptsim.calibration.autocal)."""
     from cptsim.calibration.autocal import report_host
+    from cptsim.calibration.fit import run_device
+    from cptsim.run.rundir import RunDir
 
+    if host == "host" and run_device(RunDir.open(run_dir)).startswith("cuda"):
+        return host  # a CUDA run is modelled by its GPU's profile (cptsim.study.reportgpu), nothing to measure here
     return report_host(run_dir, host, calibrate=not no_calibrate,
                        say=lambda s: err.print(s, highlight=False, markup=False))
 
@@ -178,6 +184,43 @@ def _write(path, data: bytes, writer) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ tables
+
+
+R_MODELLED = "modelled (not executed on this hardware)"  # cptsim.study.report.MODELLED (not imported: lazy CLI)
+
+
+def _print_gpu_time(h) -> None:
+    """A CUDA run's measured step times and energy against its GPU's profile (cptsim.study.reportgpu)."""
+    g = h["gpu"]
+    t = Table(title=f"GPU time: measured on {g['name'] or 'the run GPU (not recorded)'} vs modelled by the "
+                    f"{h['profile']} profile, per width (steady steps; {h['warmup_steps_skipped']} warm-up left out)",
+              title_justify="left")
+    for col in ("bits/grad", "steps", "measured", "modelled", "error", "native", "native error", "native tiers"):
+        t.add_column(col, justify="right")
+    for w in h["per_width"]:
+        tiers = w["native_tiers"]
+        t.add_row(f"{w['bits']}/{w['grad_bits']}", str(w["steps"]), f"{w['measured_ms']:.3f} ms",
+                  f"{w['modelled_ms']:.3f} ms", _pct(w["error_pct"]), f"{w['native_ms']:.3f} ms",
+                  _pct(w["native_error_pct"]), "/".join(tiers.get(p, "-") for p in ("fwd", "dgrad", "wgrad")))
+    t.add_row("[bold]all[/bold]", str(sum(w["steps"] for w in h["per_width"])), f"[bold]{h['measured_s']:.4g} s[/bold]",
+              f"[bold]{h['modelled_s']:.4g} s[/bold]", f"[bold]{_pct(h['error_pct'])}[/bold]",
+              f"{h['native_modelled_s']:.4g} s", _pct(h["native_error_pct"]), "")
+    print_table(t, drop=("native tiers", ("native", "native error"), "steps"))
+    out.print(f"  ran: {h['ran']}; modelled: the {h['profile']} profile pricing what ran; native: the same widths on "
+              "the profile's own tiers (what `cptsim cost` prints: a native low-precision pipeline). Measured: the "
+              "mean of the trace's step times per width", highlight=False)
+    out.print(f"  GPU profile: {g['why']}", highlight=False)
+    if h.get("measured_energy_j") is not None:
+        out.print(f"  GPU energy: measured {si(h['measured_energy_j'], 'J')} (NVML, "
+                  f"{h.get('measured_avg_power_w', 0):.0f} W average), modelled {si(h['modelled_energy_j'], 'J')} "
+                  f"({_pct(h.get('energy_error_pct'))}), native {si(h.get('native_energy_j'), 'J')} "
+                  f"({_pct(h.get('native_energy_error_pct'))}); per epoch: "
+                  + ", ".join(f"{e['epoch']}: {si(e['measured_energy_j'], 'J')} vs {si(e['modelled_energy_j'], 'J')}"
+                              for e in h["per_epoch"][:8]), highlight=False)
+    else:
+        out.print(f"  GPU energy: {h.get('energy_note')}", highlight=False)
+    for n in h["notes"]:
+        out.print(f"  note: {n}", highlight=False)
 
 
 def _lock_runs(paths: list[str]):
@@ -242,7 +285,9 @@ def _print_run(r) -> None:
         if run.get("number_format"):  # a float run: its widths are nominal, its BitOPs count element bits
             out.print(f"  {run['number_format']['bitops_count']}", highlight=False)
 
-    if h:
+    if h and h.get("kind") == "gpu":
+        _print_gpu_time(h)
+    elif h:
         t = Table(title=f"host time on this machine: measured vs modelled ({h['profile']} profile"
                         f"{'' if h['calibrated'] else ', PLACEHOLDER numbers: run cptsim hw calibrate'})",
                   title_justify="left")
@@ -282,7 +327,9 @@ def _print_run(r) -> None:
             out.print(f"  note: {n}", highlight=False)
 
     if d["hardware"]:
-        t = Table(title="target hardware, MODELLED (not executed on this hardware): energy E and latency t",
+        ran_here = [x["name"] for x in d["hardware"] if x["label"] != R_MODELLED]
+        t = Table(title="target hardware, MODELLED (not executed on this hardware): energy E and latency t"
+                        + (f"; {', '.join(ran_here)}: EXECUTED there (the run's GPU)" if ran_here else ""),
                   title_justify="left")
         for col in ("hardware", "kind", "plan from", "E plan", "E exec", "ΔE", "t plan", "t exec", "Δt",
                     "saving E/t"):
@@ -290,7 +337,8 @@ def _print_run(r) -> None:
         for x in d["hardware"]:
             pl, ex, df, vs = x["planned"], x["executed"], x["diff_pct"], x["vs_static"]
             src = "plan.json" if pl["source"] == "plan.json estimate" else "cost model"
-            t.add_row(x["name"], x["kind"], src, si(pl["energy_j"], "J"), si(ex["energy_j"], "J"),
+            t.add_row(x["name"] + (" (executed)" if x["label"] != R_MODELLED else ""), x["kind"], src,
+                      si(pl["energy_j"], "J"), si(ex["energy_j"], "J"),
                       _pct(df["energy_j"]), si(pl["latency_s"], "s"), si(ex["latency_s"], "s"), _pct(df["latency_s"]),
                       f"{100 * (1 - vs['energy_j']):.0f}/{100 * (1 - vs['latency_s']):.0f}%"
                       if vs.get("energy_j") is not None else "-")

@@ -70,8 +70,9 @@ def _histogram_text(hist: dict[str, int], total: int, names: dict | None = None)
               help="Lower forward bits, for schedules whose text gives no range.")
 @click.option("--q-max", type=int, default=S.DEFAULT_Q_MAX, show_default=True,
               help="Upper forward bits (static: its one precision), for texts that give none.")
-@click.option("--g-bits", default=str(S.DEFAULT_G_BITS), show_default=True,
-              help='Gradient bits, "G" or "GMIN-GMAX", for texts without a :g part.')
+@click.option("--g-bits", default=None,
+              help='Gradient bits, "G" or "GMIN-GMAX", for texts without a :g part [default: '
+                   f'{S.DEFAULT_G_BITS}; static:32 is full precision, its error unquantized too].')
 @click.option("--cycles", type=int, default=S.DEFAULT_CYCLES, show_default=True,
               help="Number of cycles, for texts without an :n part.")
 @click.option("--steps", type=int, default=64000, show_default=True,

@@ -188,7 +188,8 @@ def test_list_schedules_covers_all_names_in_order():
     ("cpt:3-8", Schedule("cos-rep", 3, 8, 8, 8, 32)),
     ("cpt", Schedule("cos-rep", 3, 8, 8, 8, 32)),
     ("static:8", Schedule("static", 8, 8, 8, 8, 1)),
-    ("static:32", Schedule("static", 32, 32, 8, 8, 1)),
+    ("static:32", Schedule("static", 32, 32, 32, 32, 1)),  # full precision: the error too
+    ("static:32:g8", Schedule("static", 32, 32, 8, 8, 1)),
     ("static", Schedule("static", 8, 8, 8, 8, 1)),
     ("rex-tri-h:4-8:g6-8:n8", Schedule("rex-tri-h", 4, 8, 6, 8, 8)),
     ("lin-tri:n4:g6:2-5", Schedule("lin-tri", 2, 5, 6, 6, 4)),

@@ -563,13 +563,25 @@ def _parse_g_bits(g_bits: Any) -> tuple[int, int]:
     return g_bits, g_bits
 
 
+def default_g_bits(name: str, q_max: int) -> int:
+    """The gradient bits a schedule gets when none are written: full precision for full precision (``static:32``:
+    forward and error unquantized), else DEFAULT_G_BITS (both papers' static 8-bit error).
+
+    Why: ``static:32`` is the FP32 baseline people compare against; an 8-bit error quantizer under it (what it
+    meant before) made "full precision" cost 50% of FP32 and quantized its backward. Plans and run directories
+    store the schedule as JSON with its gradient bits written out, so those written before keep their meaning;
+    a run's settings text is re-read only through its resolved JSON (``cptsim.run.train.resume``)."""
+    return FULL_PRECISION if canonical_name(name) == "static" and q_max == FULL_PRECISION else DEFAULT_G_BITS
+
+
 def make_schedule(name: str, q_min: int = DEFAULT_Q_MIN, q_max: int = DEFAULT_Q_MAX,
-                  g_bits: int | tuple[int, int] | str = DEFAULT_G_BITS, cycles: int = DEFAULT_CYCLES) -> Schedule:
-    """A validated Schedule. `g_bits` is one precision (static gradient) or (lo, hi) / "lo-hi" (cyclic).
+                  g_bits: int | tuple[int, int] | str | None = None, cycles: int = DEFAULT_CYCLES) -> Schedule:
+    """A validated Schedule. `g_bits` is one precision (static gradient) or (lo, hi) / "lo-hi" (cyclic); None:
+    ``default_g_bits`` (32 for static:32, else 8).
 
     For `static`, q_min and cycles are ignored: the schedule is q_max at every step.
     """
-    g_min, g_max = _parse_g_bits(g_bits)
+    g_min, g_max = _parse_g_bits(default_g_bits(name, q_max) if g_bits is None else g_bits)
     return Schedule(name=name, q_min=q_min, q_max=q_max, g_min=g_min, g_max=g_max, cycles=cycles)
 
 
@@ -577,14 +589,15 @@ _RANGE_RE = re.compile(r"(\d+)(?:-(\d+))?")
 
 
 def parse_schedule(text: str, *, q_min: int = DEFAULT_Q_MIN, q_max: int = DEFAULT_Q_MAX,
-                   g_bits: int | tuple[int, int] | str = DEFAULT_G_BITS, cycles: int = DEFAULT_CYCLES) -> Schedule:
+                   g_bits: int | tuple[int, int] | str | None = None, cycles: int = DEFAULT_CYCLES) -> Schedule:
     """Parse ``NAME[:QMIN-QMAX|:Q][:gG|:gGMIN-GMAX][:nCYCLES]``. The keyword arguments fill the parts the
-    text leaves out (a static schedule's omitted Q comes from `q_max`); parts written in the text win."""
+    text leaves out (a static schedule's omitted Q comes from `q_max`); parts written in the text win. Gradient
+    bits neither written nor given: ``default_g_bits`` (``static:32`` is full precision, error included)."""
     if not isinstance(text, str) or not text.strip():
         raise InputError(f"empty schedule; expected {TEXT_FORM}, {_TEXT_EXAMPLE}")
     parts = [p.strip() for p in text.strip().split(":")]
     name = canonical_name(parts[0])
-    g_lo, g_hi = _parse_g_bits(g_bits)
+    g_lo, g_hi = _parse_g_bits(DEFAULT_G_BITS if g_bits is None else g_bits)
     seen: set[str] = set()
 
     def bad(part: str, why: str) -> InputError:
@@ -619,6 +632,8 @@ def parse_schedule(text: str, *, q_min: int = DEFAULT_Q_MIN, q_max: int = DEFAUL
             if hi is not None:
                 raise bad(part, "is not a cycle count nCYCLES")
             cycles = lo
+    if g_bits is None and "g" not in seen:
+        g_lo = g_hi = default_g_bits(name, q_max)
     try:
         return Schedule(name=name, q_min=q_min, q_max=q_max, g_min=g_lo, g_max=g_hi, cycles=cycles)
     except InputError as e:

@@ -377,6 +377,7 @@ def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
     """What config.json records: the settings, what they resolved to, and the versions that ran them."""
     from cptsim.numerics.exact_gemm import format_gemm_paths, gemm_paths
     from cptsim.numerics.layers import unquantized_layers
+    from cptsim.run.device import device_record
 
     config = {
         # the image size resolved (imagefolder's own when not given): what a resume, plan and report must see
@@ -408,6 +409,8 @@ def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
                  # which GEMMs of each quantized layer run exact int8 and which the FP32 fake-quant path
                  "gemm_paths": gemm_paths(w.model, cfg.device) if w.precision.formats is None else
                  format_gemm_paths(w.model, cfg.device, w.precision.formats)},
+        # the hardware that ran it, and (a GPU) the profile that describes it: what report models the run with
+        "device": device_record(cfg.device),
         "argv": sys.argv,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -575,6 +578,12 @@ def resume(run_path: str, progress: bool = True, keep_checkpoints: int | None = 
     run = RunDir.open(run_path)
     recorded = run.read_config()
     cfg = TrainConfig.from_dict(recorded["settings"])
+    if isinstance(recorded.get("schedule"), dict):
+        # the schedule the run resolved, gradient bits written out: a settings text written before static:32 meant
+        # an unquantized error (it meant static:32:g8) resumes as what it ran
+        from cptsim.cost.schedules import Schedule
+
+        cfg.schedule = Schedule.from_json(recorded["schedule"]).to_text()
     if keep_checkpoints is not None:
         cfg.keep_checkpoints = keep_checkpoints
     d = dist.from_env(cfg.device)
@@ -602,7 +611,9 @@ def resume(run_path: str, progress: bool = True, keep_checkpoints: int | None = 
             run.remove_stale_temp_files()
             run.truncate_after(start)
         d.barrier()
-        return _loop(cfg, w, run, d, start_step=start, progress=progress, ckpt=ckpt)
+        # the optimizer implementation the run started with (one recorded before there was a choice: this device's)
+        impl = (recorded.get("host") or {}).get("optimizer_impl")
+        return _loop(cfg, w, run, d, start_step=start, progress=progress, ckpt=ckpt, opt_impl=impl)
     finally:
         if lock is not None:
             lock.release()
@@ -785,67 +796,258 @@ def _step_ops(model: nn.Module, x: torch.Tensor, device: str, precision=None, op
             st.set(b, g)
 
 
-def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progress: bool, ckpt: dict | None = None):
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+def optimizer_impl(device: str) -> str:
+    """torch.optim's implementation the loop steps with: ``fused`` on CUDA (SGD, Adam and AdamW's update as one
+    kernel per parameter group and dtype, chunked, where ``foreach`` launches one per elementwise op), ``foreach``
+    elsewhere (what the op count, cptsim.measure.opcount, counts). The same update rule; the two round differently
+    (fused contracts the update into fused multiply-adds: within float32 ulps of foreach, not bit for bit), so a run
+    keeps the implementation it started with (config.json ``host.optimizer_impl``)."""
+    return "fused" if str(device).startswith("cuda") else "foreach"
 
-    from cptsim.cost.model import step_cost
-    from cptsim.measure.profiler import PHASES, MacCounter
-    from .rundir import PROFILE
 
-    device, model = cfg.device, w.model
-    params = [p for p in model.parameters() if p.requires_grad]
-    clip = getattr(model, "cptsim_grad_clip", None)  # language models clip the gradient norm (Zaremba: 5)
-    # the optimizer and the clearing of gradients that the step's op count (cptsim.measure.opcount) counts
-    from cptsim.measure.opcount import training_optimizer, zero_grad
+def make_optimizer(params: list, cfg: TrainConfig, impl: str = "foreach") -> torch.optim.Optimizer:
+    """The run's optimizer (``cptsim.measure.opcount.training_optimizer``'s hyperparameters) in implementation
+    ``impl`` (``optimizer_impl``)."""
+    from cptsim.measure.opcount import training_optimizer
 
     opt = training_optimizer(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                              name=cfg.optimizer.strip().lower())
-    graph = is_graph(w.train_set)
-    # a language model's sample is a sequence: its loss is summed over the sequence's tokens (the gradient, a
-    # mean over sequences, stays so), and the loss it shows and records is divided by them, per token
-    tokens = int(w.train_set.seq_len) if getattr(w.train_set, "is_text", False) else 1
-    torch.manual_seed(cfg.seed * 1_000_003 + 17 + d.rank)  # each rank draws its own rounding noise
-    epoch_stats = [0.0, 0, 0]  # loss sum, correct, samples of the current epoch so far
-    epoch_carried = 0.0  # wall seconds of the current epoch before this process took over (a mid-epoch resume)
-    T, spe = w.total_steps, w.steps_per_epoch
-    if ckpt is not None:
-        opt.load_state_dict(ckpt["optimizer"])
-        restore_rng(ckpt, d, device)
-        epoch_stats = list(ckpt.get("epoch_stats", epoch_stats))
-        epoch_carried = float(ckpt.get("epoch_time_s", 0.0)) if start_step % spe else 0.0
-    if start_step >= T:
-        return run  # already complete: nothing to run, nothing to append
-    kill_at, nan_at, int_at = _fault("KILL"), _fault("NAN"), _fault("SIGINT")
-    fmap = w.precision.formats  # a float family's FormatMap; None: integers
-    counter = MacCounter(model, cfg.model)  # forward hooks reading shapes: ~0.1% of a resnet20 step
-    modules = dict(model.named_modules())
+    if impl == "foreach":
+        return opt
+    if impl != "fused":
+        raise InputError(f"optimizer implementation must be foreach or fused, got {impl!r}")
+    return type(opt)(params, **{**opt.defaults, "foreach": None, "fused": True})
 
-    def ran_bits(arrays, bits):
+
+class StepCosts:
+    """The MACs and BitOPs per phase a trace line records, memoized: they depend only on the step's executed
+    shapes (the MAC counter's per-layer MACs and which layers quantize: batch size, sequence length) and on the
+    bits, so the cost formula (``cptsim.cost.model.step_cost``) runs once per distinct (shapes, bits, gradient
+    bits), not once per step -- a CPT schedule has a few widths, a run a few batch sizes (its last, ragged
+    batch). ``fmap``: a float family's FormatMap (BitOPs count its element bits), None for integers."""
+
+    def __init__(self, fmap=None):
+        self.fmap = fmap
+        self.memo: dict = {}
+        self._held: dict = {}  # id(arrays) -> (arrays, its key): a CUDA graph's arrays come back every replay
+
+    def _shape_key(self, arrays) -> bytes:
+        got = self._held.get(id(arrays))
+        if got is not None and got[0] is arrays:
+            return got[1]
+        key = arrays.macs.tobytes() + arrays.quantized.tobytes() + bytes(str(arrays.macs.shape), "ascii")
+        if len(self._held) < 64:  # holding the object keeps its id from being reused by another
+            self._held[id(arrays)] = (arrays, key)
+        return key
+
+    def counts(self, arrays, bits, grad_bits: int) -> list[int]:
+        """[MACs fwd, dgrad, wgrad, BitOPs fwd, dgrad, wgrad] of one step: ``bits`` the forward width (or, under a
+        per-layer plan, a list of each profiled layer's), ``grad_bits`` the gradient's."""
+        key = (self._shape_key(arrays), tuple(bits) if isinstance(bits, list) else bits, grad_bits)
+        got = self.memo.get(key)
+        if got is None:
+            got = self.memo[key] = self.formula(arrays, bits, grad_bits)
+        return got
+
+    def formula(self, arrays, bits, grad_bits: int) -> list[int]:
+        """The cost model's formula itself, at the bits each layer ran at."""
+        from cptsim.cost.model import step_cost
+        from cptsim.measure.profiler import PHASES
+
+        fmap = self.fmap
+        if fmap is not None:  # BitOPs count the formats' element bits (cptsim.cost.model)
+            qb = [int(fmap.fwd_element_bits[b]) for b in bits] if isinstance(bits, list) \
+                else int(fmap.fwd_element_bits[bits])
+            executed = step_cost(arrays, qb, int(fmap.grad_element_bits[grad_bits]), batch=1)
+        else:
+            executed = step_cost(arrays, bits, grad_bits, batch=1)
+        return [executed[k][p] for k in ("macs", "bitops") for p in PHASES]
+
+
+def step_path(model: nn.Module, paths: dict | None, bits: int) -> str:
+    """The GEMM route the quantized layers' forwards took at ``bits`` (a CUDA trace line's ``path``): each layer's
+    last forward (``layer.gemm_path``, set where a route is chosen), else what ``host.gemm_paths`` names for it
+    (``paths``: ``exact_gemm.gemm_paths``); at full precision nothing is quantized (``fp32``). Several routes:
+    joined by ``+``, the most used first."""
+    from collections import Counter
+
+    from cptsim.numerics.quant import FULL_PRECISION
+
+    if bits >= FULL_PRECISION:
+        return "fp32"
+    recorded = (paths or {}).get("layers") or {}
+    seen: Counter = Counter()
+    for name, m in model.named_modules():
+        if not hasattr(m, "precision") or not hasattr(m, "act_count"):
+            continue
+        last = m.__dict__.get("gemm_path")
+        route = last.get("forward") if isinstance(last, dict) else (recorded.get(name) or {}).get("forward")
+        if isinstance(route, str):
+            seen[route] += 1
+    return "+".join(r for r, _ in seen.most_common()) or "none"
+
+
+def quantizer_fallbacks():
+    """The quantized layers whose quantizers run a slower path than the fused one (``cptsim.numerics.quant``'s
+    ``fallbacks()``, where that exists), as JSON for config.json; None when there are none."""
+    from cptsim.numerics import quant
+
+    fn = getattr(quant, "fallbacks", None)
+    got = fn() if callable(fn) else None
+    if not got:
+        return None
+    if isinstance(got, dict):
+        return {str(k): v for k, v in got.items()}
+    return sorted(str(v) for v in got) if isinstance(got, (set, frozenset)) else [v if isinstance(v, (str, dict))
+                                                                                   else str(v) for v in got]
+
+
+def _fallback_names(fallbacks) -> list[str]:
+    if isinstance(fallbacks, dict):
+        return list(fallbacks)
+    return [v.get("layer", v.get("name", str(v))) if isinstance(v, dict) else str(v) for v in fallbacks]
+
+
+def lagged_reads(device: str, d) -> bool:
+    """Whether a step's loss is read one step late: in one process on a GPU, the host reads step k's loss (and
+    writes its trace line) while the GPU runs step k+1, instead of waiting for step k to end before launching
+    k+1. Elsewhere (a CPU, several processes: their all-reduce reads anyway) each step is read as it ends."""
+    return str(device).startswith("cuda") and not d.active
+
+
+@dataclass
+class _Launched:
+    """A training step whose work is queued (on a GPU) or done (a CPU), waiting to be read and recorded."""
+
+    step: int
+    epoch: int
+    n_global: int
+    n_loss: int
+    bits: int
+    grad_bits: int
+    lr: float
+    counts: list
+    stats: object           # [loss sum, correct]: a device tensor, a pinned host copy being filled, or None
+    t0: float
+    warmup: bool
+    graphed: bool
+    host_syncs: int | None
+    has_batch: bool
+    start: object = None    # lagged: the CUDA event recorded as the step's work began
+    path: str | None = None
+    t_end: float = 0.0      # where the step's time ends (see _Training.launch and _complete)
+    energy: tuple | None = None
+    loss_sum: float = 0.0
+    correct: float = 0.0
+    loss: float = 0.0
+
+
+class _Training:
+    """One process's part of a run, as the named steps ``_loop`` takes: ``set_precision``, ``launch`` (forward,
+    backward, optimizer), ``record`` (read the step's totals, check them, append its trace line), ``checkpoint``,
+    ``evaluate``. On a GPU in one process (``lagged_reads``) a step is recorded while the next one runs: every
+    checkpoint and evaluation first ``drain``s the step in flight, so what they save and report is as complete as
+    on a CPU."""
+
+    def __init__(self, cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, ckpt: dict | None,
+                 opt_impl: str | None = None):
+        self.cfg, self.w, self.run, self.d = cfg, w, run, d
+        self.device, self.model = cfg.device, w.model
+        self.cuda = self.device.startswith("cuda")
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.clip = getattr(self.model, "cptsim_grad_clip", None)  # language models clip the gradient norm (5)
+        # the optimizer and the clearing of gradients that the step's op count (cptsim.measure.opcount) counts
+        self.opt = make_optimizer(self.params, cfg, opt_impl or optimizer_impl(self.device))
+        self.graph = is_graph(w.train_set)
+        # a language model's sample is a sequence: its loss is summed over the sequence's tokens (the gradient, a
+        # mean over sequences, stays so), and the loss it shows and records is divided by them, per token
+        self.tokens = int(w.train_set.seq_len) if getattr(w.train_set, "is_text", False) else 1
+        torch.manual_seed(cfg.seed * 1_000_003 + 17 + d.rank)  # each rank draws its own rounding noise
+        self.epoch_stats = [0.0, 0, 0]  # loss sum, correct, samples of the current epoch so far
+        self.epoch_carried = 0.0  # wall seconds of the current epoch before this process took over (mid-epoch resume)
+        self.start_step = start_step
+        if ckpt is not None:
+            self.opt.load_state_dict(ckpt["optimizer"])
+            restore_rng(ckpt, d, self.device)
+            self.epoch_stats = list(ckpt.get("epoch_stats", self.epoch_stats))
+            self.epoch_carried = float(ckpt.get("epoch_time_s", 0.0)) if start_step % w.steps_per_epoch else 0.0
+        self.done = start_step >= w.total_steps  # already complete: nothing to run, nothing to append
+        if not self.done:
+            self._prepare()
+
+    def _prepare(self) -> None:
+        from cptsim.measure.opcount import zero_grad
+        from cptsim.measure.profiler import MacCounter
+        from .rundir import PROFILE
+
+        cfg, d, device = self.cfg, self.d, self.device
+        self.zero_grad = zero_grad  # as the op count clears gradients
+        self.kill_at, self.nan_at, self.int_at = _fault("KILL"), _fault("NAN"), _fault("SIGINT")
+        self.costs = StepCosts(self.w.precision.formats)  # None: integers; else a float family's FormatMap
+        self.counter = MacCounter(self.model, cfg.model)  # forward hooks reading shapes: ~0.1% of a resnet20 step
+        self.modules = dict(self.model.named_modules())
+        self.meter = None
+        if self.cuda and d.is_main:
+            from cptsim.measure.energy import EnergyMeter
+
+            self.meter = EnergyMeter.for_device(device)  # None without NVML or without the GPU's energy counter
+        self.sync_check = _SyncCheck(os.environ.get("CPTSIM_SYNC_DEBUG", "") if self.cuda else "",
+                                     first_step=self.start_step + SYNC_CHECK_WARMUP)
+        self.need_profile = d.is_main and self.run.read_json(PROFILE) is None
+        if cfg.tensorboard and d.is_main:  # every trace and metrics line the run appends also goes to TensorBoard
+            from .tensorboard import logged_run
+
+            self.run = logged_run(self.run, cfg.tensorboard)
+        if d.is_main:
+            self.run.buffer_trace()  # written at checkpoints, evaluations, every few seconds and at the end
+        self.graphs = None  # one process on a GPU: forward + backward replayed as CUDA graphs (cptsim.run.cudagraph)
+        if self.cuda and not d.active:
+            from .cudagraph import GraphedSteps, graphs_enabled
+
+            if graphs_enabled():
+                self.graphs = GraphedSteps(self.params, self.counter)
+        self.pacer = _CheckpointPacer()
+        self.lagged = lagged_reads(device, d)
+        self.pending: _Launched | None = None  # lagged: the step launched and not yet recorded
+        self.host_bufs = None
+        if self.lagged and self.cuda:  # two pinned buffers: step k's totals land in one while k-1's are read
+            self.host_bufs = [torch.zeros(2, dtype=torch.float64, pin_memory=True) for _ in range(2)]
+        self.gemm_paths, self.paths = None, {}  # CUDA: the trace's per-step GEMM route, per (bits, layer bits)
+        if self.cuda and d.is_main:
+            from cptsim.numerics.exact_gemm import format_gemm_paths, gemm_paths
+
+            fmap = self.w.precision.formats
+            self.gemm_paths = gemm_paths(self.model, device) if fmap is None else \
+                format_gemm_paths(self.model, device, fmap)
+        self.fallbacks = None  # the quantizer fallbacks config.json records (host.quantizer_fallbacks)
+        self.first_launch = True
+        self.t_epoch = time.perf_counter()
+
+    # ---- the steps of one training step ----------------------------------------------------------------------
+
+    def faults(self, step: int) -> None:
+        """Test hooks (``_fault``): die or be interrupted as step ``step`` begins."""
+        if self.kill_at is not None and step == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.int_at is not None and step == self.int_at:
+            os.kill(os.getpid(), signal.SIGINT)  # as if ^C arrived during this step
+
+    def set_precision(self, step: int) -> tuple[int, int, float]:
+        """This step's bits on every quantized layer and its learning rate on the optimizer: (bits, grad bits, lr)."""
+        w = self.w
+        bits, gbits = w.bits[step], w.grad_bits[step]
+        w.set_bits(bits, gbits, step)
+        lr = step_lr(self.cfg, step, w.total_steps)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        return bits, gbits, lr
+
+    def _ran_bits(self, arrays, bits):
         # each profiled layer's forward bits as its own PrecisionState held them this step (what it quantized at)
-        return [getattr(getattr(modules.get(n), "precision", None), "bits", bits) for n in arrays.names]
-    channels_last = cfg.channels_last
-    meter = None
-    if device.startswith("cuda") and d.is_main:
-        from cptsim.measure.energy import EnergyMeter
+        return [getattr(getattr(self.modules.get(n), "precision", None), "bits", bits) for n in arrays.names]
 
-        meter = EnergyMeter.for_device(device)  # None without NVML or without the GPU's energy counter
-    sync_check = _SyncCheck(os.environ.get("CPTSIM_SYNC_DEBUG", "") if device.startswith("cuda") else "",
-                            first_step=start_step + SYNC_CHECK_WARMUP)
-    need_profile = d.is_main and run.read_json(PROFILE) is None
-    if cfg.tensorboard and d.is_main:  # every trace and metrics line the run appends also goes to TensorBoard
-        from .tensorboard import logged_run
-
-        run = logged_run(run, cfg.tensorboard)
-    graphs = None  # one process on a GPU: forward + backward replayed as CUDA graphs (cptsim.run.cudagraph)
-    if device.startswith("cuda") and not d.active:
-        from .cudagraph import GraphedSteps, graphs_enabled
-
-        if graphs_enabled():
-            graphs = GraphedSteps(params, counter)
-
-    def forward_backward(x, y, n_global, poison):
-        logits = model(x)
+    def _forward_backward(self, x, y, n_global, poison):
+        logits = self.model(x)
         # summed here and divided by the *global* batch (a graph: by its labelled training nodes, the others
         # carry the ignore_index): the gradient of the global batch's mean loss
         loss = class_cross_entropy(logits, y, reduction="sum")  # over rows: see cptsim.models.loss
@@ -854,179 +1056,312 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
         (loss / n_global).backward()
         return torch.stack([loss.detach().double(), (logits.detach().argmax(1) == y).sum().double()])
 
-    pacer = _CheckpointPacer()
+    def launch(self, step: int, epoch: int, n_global: int, batch) -> _Launched:
+        """Set the step's precision, run its forward and backward (eagerly, or as a CUDA graph) and its optimizer
+        update. Read synchronously (a CPU, several processes), the step's totals are read between the backward and
+        the update, so that a non-finite loss leaves the weights untouched; lagged, they are copied to the host
+        without waiting and read while the next step runs (``record``)."""
+        w, d, device = self.w, self.d, self.device
+        if self.meter is not None and (not self.lagged or self.pending is None):
+            self.meter.start()  # the step's energy: not what the GPU drew since the last step (evaluation, ...)
+        t0 = time.perf_counter()
+        start = None
+        if self.lagged and self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+        caught = self.sync_check.begin(step)
+        # warm-up: the process's first CUDA step (lazy initialisation), one that compiled a kernel or that
+        # prepared or captured a CUDA graph; marked in the trace, left out of fits and time comparisons
+        warmup, compiles = self.cuda and step == self.start_step, _compiles()
+        # what the loss is averaged over: the batch's samples, or a graph's labelled training nodes (the
+        # trace's batch_size stays the samples, one graph, which is what the step's cost scales with)
+        n_loss = w.train_set.labelled if self.graph else n_global
+        bits, gbits, lr = self.set_precision(step)
+        self.counter.reset()
+        self.zero_grad(self.opt)
+        stats, graphed = None, False  # loss sum and correct count: on the device until they are read
+        counts = [0] * 6  # MACs, BitOPs per phase: host integers (shapes only, no device read)
+        if batch is not None:
+            stats, arrays, warm, graphed = self._forward_backward_batch(step, batch, bits, gbits, n_loss)
+            warmup = warmup or warm
+            # the cost model's formula, at the bits each layer ran at (a per-layer plan: its own)
+            counts = self.costs.counts(arrays, self._ran_bits(arrays, bits) if w.layer_states else bits, gbits)
+        d.all_reduce_grads(self.params)
+        if self.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        launched = _Launched(step, epoch, n_global, n_loss, bits, gbits, lr, counts, stats, t0, warmup, graphed,
+                             None, batch is not None, start)
+        if self.lagged:
+            if stats is not None and self.host_bufs is not None:
+                buf = self.host_bufs[step % 2]
+                buf.copy_(stats, non_blocking=True)  # ordered after the backward on this stream; read next step
+                launched.stats = buf
+            self.opt.step()
+        else:
+            self._read(launched)  # the step's one host-device synchronisation, before the update
+            self.opt.step()
+            # No synchronisation after opt.step(): on a GPU its kernels run while the next batch is prepared,
+            # and the next step's read waits for them, so each step's time_s holds the previous step's
+            # optimizer update instead of its own (the sum over a run is the same).
+            launched.t_end = time.perf_counter()
+            launched.energy = self.meter.read() if self.meter is not None else None
+        launched.host_syncs = self.sync_check.end(caught)
+        launched.warmup = launched.warmup or _compiles() != compiles
+        if self.gemm_paths is not None:
+            launched.path = self._path(bits)
+        if self.d.is_main and self.need_profile and batch is not None:
+            self._write_profile(batch)
+        if self.first_launch:
+            self.first_launch = False
+            self.note_fallbacks()
+        return launched
 
-    def checkpoint(step: int) -> None:
+    def _forward_backward_batch(self, step: int, batch, bits: int, gbits: int, n_loss: int):
+        """(stats, the MAC counter's arrays, warm-up?, replayed as a graph?) of the step's forward and backward."""
+        device = self.device
+        x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
+        if self.cfg.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        poison = self.nan_at is not None and step == self.nan_at
+        arrays, graphed, warm = None, False, False
+        if self.graphs is not None and not poison:
+            stats, arrays, warm = self.graphs.step(
+                lambda a, b: self._forward_backward(a, b, n_loss, False), x, y,
+                (bits, gbits, n_loss, *(st.bits for st, _, _ in self.w.layer_states)),  # a graph per layer bits
+                on_capture=self.sync_check.allow)  # capturing synchronises (torch.cuda.graph): warm-up
+            graphed = not warm
+        else:
+            stats = self._forward_backward(x, y, n_loss, poison)
+        return stats, arrays if arrays is not None else self.counter.step_arrays(), warm, graphed
+
+    def _read(self, s: _Launched) -> None:
+        """Read a step's totals (summed over ranks) to the host; a non-finite loss stops the run."""
+        self.sync_check.allow()  # the read below is the one expected synchronisation: counted, not an error
+        if self.lagged:
+            vals = s.stats.tolist() if s.stats is not None else [0.0, 0.0]
+            loss_sum, correct, c = vals[0], vals[1], list(s.counts)
+        else:
+            loss_sum, correct, c = self.d.step_totals(s.stats, s.counts)
+        s.loss_sum, s.correct, s.counts = loss_sum, correct, c
+        s.loss = loss_sum / (s.n_loss * self.tokens)  # per token for a language model, as metrics.jsonl's
+        if not math.isfinite(s.loss):
+            raise RunFailed(
+                f"loss became {s.loss} at step {s.step} (bits {s.bits}, grad bits {s.grad_bits}); nothing of that step "
+                f"was applied or recorded, the last good checkpoint is kept - resume with --resume {self.run.path} "
+                "(it will diverge again unless the cause was transient), or train anew with a higher q_min "
+                "or a lower --lr")
+
+    def record(self, s: _Launched, bar=None, task=None, n_epochs: int = 0) -> None:
+        """Account for a step that was read: the epoch's totals, its trace line (rank 0), the progress bar."""
+        from cptsim.measure.profiler import PHASES
+
+        self.epoch_stats[0] += s.loss_sum
+        self.epoch_stats[1] += int(s.correct)
+        self.epoch_stats[2] += s.n_loss
+        if self.d.is_main:
+            c = s.counts
+            line = {"step": s.step, "epoch": s.epoch, "batch_size": s.n_global, "bits": s.bits,
+                    "grad_bits": s.grad_bits, "macs": dict(zip(PHASES, c[:3])), "bitops": dict(zip(PHASES, c[3:])),
+                    "lr": s.lr, "time_s": round(s.t_end - s.t0, 6), "loss": s.loss}
+            fmap = self.w.precision.formats
+            if fmap is not None:  # the formats this step ran (the mapping: config.json "number_format";
+                # not "format": a trace line's own format version has that key)
+                line["formats"] = {"forward": fmap.fwd_names[s.bits], "gradient": fmap.grad_names[s.grad_bits]}
+            if s.path is not None:  # CUDA: the GEMM route of the quantized layers' forwards at this width
+                line["path"] = s.path
+            if s.energy is not None:  # NVML: this GPU's energy counter over the step (see cptsim.measure.energy)
+                line["energy_j"], line["power_w"] = s.energy
+            if s.has_batch and s.graphed:
+                line["graph"] = True  # replayed as a CUDA graph (what the CUDA host profile models)
+            if s.warmup:
+                line["warmup"] = True
+            elif s.host_syncs is not None:
+                line["host_syncs"] = s.host_syncs
+            self.run.append_trace(line)
+        if bar is not None:
+            bar.update(task, advance=1, description=f"epoch {s.epoch + 1}/{n_epochs}",
+                       info=f"loss {s.loss:.3f}  bits {s.bits}/{s.grad_bits}")
+
+    def finish(self, launched: _Launched, bar, task, n_epochs: int) -> None:
+        """Record a launched step: at once when read synchronously; lagged, the step launched before it, whose
+        end is where this one began on the GPU (waiting for it is the step's one synchronisation)."""
+        if not self.lagged:
+            self.record(launched, bar, task, n_epochs)
+            return
+        prev, self.pending = self.pending, launched
+        if prev is not None:
+            self._complete(prev, launched.start, bar, task, n_epochs)
+
+    def drain(self, bar=None, task=None, n_epochs: int = 0) -> None:
+        """Lagged: wait for the step in flight and record it (before a checkpoint, an evaluation, the end)."""
+        if self.pending is None:
+            return
+        s, self.pending = self.pending, None
+        end = None
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+        self._complete(s, end, bar, task, n_epochs)
+
+    def _complete(self, s: _Launched, end, bar, task, n_epochs: int) -> None:
+        if end is not None:
+            end.synchronize()  # step s's work, its optimizer update included, is done (the next step's is queued)
+            # the step's time on the GPU's clock: from where its work began to where the next step's began -- the
+            # GPU's own time when the host keeps ahead of it, that plus the wait for the host when it does not
+            s.t_end = s.t0 + s.start.elapsed_time(end) / 1e3
+        else:
+            s.t_end = time.perf_counter()
+        if s.host_syncs is not None:
+            s.host_syncs += 1  # the wait above
+        s.energy = self.meter.read() if self.meter is not None else None
+        self._read(s)
+        self.record(s, bar, task, n_epochs)
+
+    def _path(self, bits: int) -> str:
+        # what ran is known after a step's first (eager) run at these bits; a graph replays the same route
+        key = (bits, *(st.bits for st, _, _ in self.w.layer_states))
+        got = self.paths.get(key)
+        if got is None:
+            got = self.paths[key] = step_path(self.model, self.gemm_paths, bits)
+        return got
+
+    def _write_profile(self, batch) -> None:
+        from .rundir import PROFILE
+
+        prof = self.counter.layer_profile(batch[0].shape[0], self.w.info.input_shape)
+        prof.channels_last = self.cfg.channels_last  # the GPU model prices the step's memory format
+        prof.ops = _step_ops(self.w.model, batch[0], self.device, self.w, self.cfg.optimizer)
+        self.run.write_json(PROFILE, prof.to_json())
+        self.need_profile = False
+
+    def note_fallbacks(self) -> None:
+        """Quantizers that fell back to a slower path (``quantizer_fallbacks``): named in one warning line and in
+        config.json ``host.quantizer_fallbacks``, once per change (rank 0)."""
+        if not self.d.is_main:
+            return
+        got = quantizer_fallbacks()
+        if got is None or got == self.fallbacks:
+            return
+        self.fallbacks = got
+        names = _fallback_names(got)
+        print(f"warning: {len(names)} quantized layer(s) run a slower quantizer path than the fused one: "
+              f"{', '.join(names)} (config.json host.quantizer_fallbacks)", file=sys.stderr)
+        self.run.update_config("host.quantizer_fallbacks", got)
+
+    # ---- between steps ---------------------------------------------------------------------------------------
+
+    def checkpoint(self, step: int) -> None:
+        """Write the checkpoint of ``step`` steps done (every rank takes part, rank 0 writes)."""
+        self.drain()
+        d = self.d
         t_write = time.perf_counter()
-        ranks = rank_states(d, model, device)  # a collective: every rank takes part, rank 0 writes
+        ranks = rank_states(d, self.model, self.device)  # a collective: every rank takes part, rank 0 writes
         if d.is_main:
             try:
-                run.save_checkpoint({"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                                     **ranks, "epoch_stats": list(epoch_stats),
-                                     "epoch_time_s": time.perf_counter() - t_epoch}, keep=cfg.keep_checkpoints)
+                self.run.save_checkpoint({"step": step, "model": self.model.state_dict(),
+                                          "optimizer": self.opt.state_dict(), **ranks,
+                                          "epoch_stats": list(self.epoch_stats),
+                                          "epoch_time_s": time.perf_counter() - self.t_epoch},
+                                         keep=self.cfg.keep_checkpoints)
             except OSError as e:  # ENOSPC, EIO: the checkpoints before this one and their manifest are untouched
                 raise RunFailed(f"cannot write the checkpoint at step {step} ({e.strerror or e}); the earlier "
-                                f"checkpoints are intact - make room, then continue with --resume {run.path}") from None
-        pacer.wrote(time.perf_counter() - t_write)
+                                f"checkpoints are intact - make room, then continue with --resume {self.run.path}") \
+                    from None
+        self.pacer.wrote(time.perf_counter() - t_write)
 
+    def begin_epoch(self) -> None:
+        self.model.train()
+        # a run resumed mid-epoch goes on timing its epoch from the wall time the checkpoint carried (the
+        # steps re-run after the checkpoint replace the killed ones, in the trace and here)
+        self.t_epoch, self.epoch_carried = time.perf_counter() - self.epoch_carried, 0.0
+
+    def evaluate(self, epoch: int, step: int, bar, task) -> None:
+        """The epoch's end: BatchNorm statistics and activation ranges re-estimated at the evaluation bits, the
+        test (and validation) split evaluated, one metrics line (rank 0)."""
+        w, d, device = self.w, self.d, self.device
+        self.counter.enabled = False  # evaluation is not training work
+        d.broadcast_buffers(self.model)  # BN statistics and activation ranges: rank 0's, on every rank
+        if d.is_main:
+            epoch_time = time.perf_counter() - self.t_epoch
+            recal = recalibrate(w, self.cfg, epoch, device)
+            test_loss, test_acc = evaluate(w, device)
+            rec = {"epoch": epoch, "step": step, "eval_bits": w.eval_bits,
+                   "train_loss": self.epoch_stats[0] / max(self.epoch_stats[2], 1),
+                   "train_acc": self.epoch_stats[1] / max(self.epoch_stats[2], 1),
+                   "test_loss": test_loss, "test_acc": test_acc,
+                   "epoch_time_s": round(epoch_time, 4), "recal_samples": recal["samples"],
+                   "recal_time_s": recal["time_s"]}
+            if w.val_loader is not None:
+                hits: list = []  # per validation sample: right or wrong (the pilot's paired test reads it)
+                rec["val_loss"], rec["val_acc"] = evaluate(w, device, w.val_loader, hits)
+                if hits and getattr(w.train_set, "is_text", False):  # its loss per BPTT window (the pilot's)
+                    from cptsim.data.text import pack_window_losses
+
+                    rec["val_window_loss"] = pack_window_losses(hits)
+                elif hits:
+                    from .config import pack_correct
+
+                    rec["val_correct"] = pack_correct(torch.cat(hits).numpy())
+            if getattr(w.train_set, "is_text", False):  # per token; perplexity, bits per character
+                from cptsim.data.text import lm_metrics
+
+                lm_metrics(rec, w.train_set.seq_len, w.train_set.char_level)
+            self.run.append_metrics(rec)
+            bar.update(task, info=f"test acc {test_acc:.3f} @ {w.eval_bits} bits")
+        self.counter.enabled = True
+        self.epoch_stats = [0.0, 0, 0]
+        self.note_fallbacks()  # a width first met in this epoch may have compiled (or failed to) a quantizer
+
+    def close(self) -> None:
+        """The trace lines still held go to disk (also when the run stops on an error), the hooks come off."""
+        if self.d.is_main:
+            self.run.flush_trace()
+        self.counter.close()
+
+
+def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progress: bool, ckpt: dict | None = None,
+          opt_impl: str | None = None):
+    """Train from ``start_step`` to the end: per step, its batch, precision, forward/backward/update and trace
+    line; per epoch, evaluation and checkpoint (``_Training``)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    t = _Training(cfg, w, run, d, start_step, ckpt, opt_impl)
+    if t.done:
+        return run
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
+    T, spe = w.total_steps, w.steps_per_epoch
     n_epochs = math.ceil(T / spe)
     step = start_step
-    with _StopRequest() as stop, Progress(*columns, console=Console(stderr=True),
-                                          disable=not (progress and d.is_main)) as bar:
-        task = bar.add_task("train", total=T, completed=start_step, info="")
-        for epoch in range(step // spe, n_epochs):
-            model.train()
-            # a run resumed mid-epoch goes on timing its epoch from the wall time the checkpoint carried (the
-            # steps re-run after the checkpoint replace the killed ones, in the trace and here)
-            t_epoch, epoch_carried = time.perf_counter() - epoch_carried, 0.0
-            last = min(spe, T - epoch * spe)
-            for i, n_global, batch in epoch_batches(cfg, w, epoch, step - epoch * spe, last, d.rank, d.world):
-                if kill_at is not None and step == kill_at:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                if int_at is not None and step == int_at:
-                    os.kill(os.getpid(), signal.SIGINT)  # as if ^C arrived during this step
-                if meter is not None:
-                    meter.start()  # the step's energy: not what the GPU drew since the last step (evaluation, ...)
-                t0 = time.perf_counter()
-                caught = sync_check.begin(step)
-                # warm-up: the process's first CUDA step (lazy initialisation), one that compiled a kernel or that
-                # prepared or captured a CUDA graph; marked in the trace, left out of fits and time comparisons
-                warmup, compiles = device.startswith("cuda") and step == start_step, _compiles()
-                bits, gbits = w.bits[step], w.grad_bits[step]
-                # what the loss is averaged over: the batch's samples, or a graph's labelled training nodes (the
-                # trace's batch_size stays the samples, one graph, which is what the step's cost scales with)
-                n_loss = w.train_set.labelled if graph else n_global
-                w.set_bits(bits, gbits, step)
-                lr = step_lr(cfg, step, T)
-                for group in opt.param_groups:
-                    group["lr"] = lr
-                counter.reset()
-                zero_grad(opt)
-                stats = None  # loss sum and correct count: on the device until the step's one read below
-                counts = [0] * (2 * len(PHASES))  # MACs, BitOPs: host integers (shapes only, no device read)
-                if batch is not None:
-                    x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
-                    if channels_last:
-                        x = x.contiguous(memory_format=torch.channels_last)
-                    poison = nan_at is not None and step == nan_at
-                    arrays, graphed = None, False
-                    if graphs is not None and not poison:
-                        stats, arrays, warm = graphs.step(
-                            lambda a, b: forward_backward(a, b, n_loss, False), x, y,
-                            (bits, gbits, n_loss, *(st.bits for st, _, _ in w.layer_states)),  # a graph per layer bits
-                            on_capture=sync_check.allow)  # capturing synchronises (torch.cuda.graph): warm-up
-                        warmup, graphed = warmup or warm, not warm
-                    else:
-                        stats = forward_backward(x, y, n_loss, poison)
-                    arrays = arrays if arrays is not None else counter.step_arrays()
-                    # the cost model's formula, at the bits each layer ran at (a per-layer plan: its own)
-                    qb = ran_bits(arrays, bits) if w.layer_states else bits
-                    if fmap is not None:  # BitOPs count the formats' element bits (cptsim.cost.model)
-                        qb = [int(fmap.fwd_element_bits[b]) for b in qb] if w.layer_states \
-                            else int(fmap.fwd_element_bits[qb])
-                        executed = step_cost(arrays, qb, int(fmap.grad_element_bits[gbits]), batch=1)
-                    else:
-                        executed = step_cost(arrays, qb, gbits, batch=1)
-                    counts = [executed[k][p] for k in ("macs", "bitops") for p in PHASES]
-                d.all_reduce_grads(params)
-                if clip is not None:
-                    torch.nn.utils.clip_grad_norm_(params, clip)
-                # The step's one host-device synchronisation: loss, accuracy and counts, summed over ranks, read
-                # together. It comes before opt.step() so that a non-finite loss leaves the weights untouched.
-                sync_check.allow()  # the read below is the one expected synchronisation: counted, not an error
-                loss_sum, correct, c = d.step_totals(stats, counts)
-                loss_v = loss_sum / (n_loss * tokens)  # per token for a language model, as metrics.jsonl's
-                if not math.isfinite(loss_v):
-                    raise RunFailed(
-                        f"loss became {loss_v} at step {step} (bits {bits}, grad bits {gbits}); nothing of that step "
-                        f"was applied or recorded, the last good checkpoint is kept - resume with --resume {run.path} "
-                        "(it will diverge again unless the cause was transient), or train anew with a higher q_min "
-                        "or a lower --lr")
-                opt.step()
-                # No synchronisation after opt.step(): on a GPU its kernels run while the next batch is prepared,
-                # and the next step's read waits for them, so each step's time_s holds the previous step's
-                # optimizer update instead of its own (the sum over a run is the same).
-                dt = time.perf_counter() - t0
-                energy = meter.read() if meter is not None else None
-                host_syncs = sync_check.end(caught)
-                warmup = warmup or _compiles() != compiles
-                epoch_stats[0] += loss_sum
-                epoch_stats[1] += int(correct)
-                epoch_stats[2] += n_loss
-                if d.is_main:
-                    if need_profile and batch is not None:
-                        prof = counter.layer_profile(batch[0].shape[0], w.info.input_shape)
-                        prof.channels_last = channels_last  # the GPU model prices the step's memory format
-                        prof.ops = _step_ops(w.model, batch[0], device, w, cfg.optimizer)
-                        run.write_json(PROFILE, prof.to_json())
-                        need_profile = False
-                    line = {"step": step, "epoch": epoch, "batch_size": n_global, "bits": bits,
-                            "grad_bits": gbits, "macs": dict(zip(PHASES, c[:3])),
-                            "bitops": dict(zip(PHASES, c[3:])),
-                            "lr": lr, "time_s": round(dt, 6), "loss": loss_v}
-                    if fmap is not None:  # the formats this step ran (the mapping: config.json "number_format";
-                        # not "format": a trace line's own format version has that key)
-                        line["formats"] = {"forward": fmap.fwd_names[bits], "gradient": fmap.grad_names[gbits]}
-                    if energy is not None:  # NVML: this GPU's energy counter over the step (see cptsim.measure.energy)
-                        line["energy_j"], line["power_w"] = energy
-                    if batch is not None and graphed:
-                        line["graph"] = True  # replayed as a CUDA graph (what the CUDA host profile models)
-                    if warmup:
-                        line["warmup"] = True
-                    elif host_syncs is not None:
-                        line["host_syncs"] = host_syncs
-                    run.append_trace(line)
-                step += 1
-                bar.update(task, advance=1, description=f"epoch {epoch + 1}/{n_epochs}",
-                           info=f"loss {loss_v:.3f}  bits {bits}/{gbits}")
-                if i == last - 1:
-                    break  # the epoch's end: evaluate and checkpoint below
-                if d.any(stop.requested):
-                    checkpoint(step)
-                    raise RunStopped(_stopped(step, T, run))
-                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                    checkpoint(step)
-
-            counter.enabled = False  # evaluation is not training work
-            d.broadcast_buffers(model)  # BN statistics and activation ranges: rank 0's, on every rank
-            if d.is_main:
-                epoch_time = time.perf_counter() - t_epoch
-                recal = recalibrate(w, cfg, epoch, device)
-                test_loss, test_acc = evaluate(w, device)
-                rec = {"epoch": epoch, "step": step, "eval_bits": w.eval_bits,
-                       "train_loss": epoch_stats[0] / max(epoch_stats[2], 1),
-                       "train_acc": epoch_stats[1] / max(epoch_stats[2], 1),
-                       "test_loss": test_loss, "test_acc": test_acc,
-                       "epoch_time_s": round(epoch_time, 4), "recal_samples": recal["samples"],
-                       "recal_time_s": recal["time_s"]}
-                if w.val_loader is not None:
-                    hits: list = []  # per validation sample: right or wrong (the pilot's paired test reads it)
-                    rec["val_loss"], rec["val_acc"] = evaluate(w, device, w.val_loader, hits)
-                    if hits and getattr(w.train_set, "is_text", False):  # its loss per BPTT window (the pilot's)
-                        from cptsim.data.text import pack_window_losses
-
-                        rec["val_window_loss"] = pack_window_losses(hits)
-                    elif hits:
-                        from .config import pack_correct
-
-                        rec["val_correct"] = pack_correct(torch.cat(hits).numpy())
-                if getattr(w.train_set, "is_text", False):  # per token; perplexity, bits per character
-                    from cptsim.data.text import lm_metrics
-
-                    lm_metrics(rec, w.train_set.seq_len, w.train_set.char_level)
-                run.append_metrics(rec)
-                bar.update(task, info=f"test acc {test_acc:.3f} @ {w.eval_bits} bits")
-            counter.enabled = True
-            epoch_stats = [0.0, 0, 0]
-            stopping = d.any(stop.requested)
-            # the last step, a stop and a cadence the user chose always checkpoint; otherwise the pacer says
-            if pacer.due(d, forced=step >= T or stopping or bool(cfg.checkpoint_every)):
-                checkpoint(step)
-            if stopping:
-                raise RunStopped(_stopped(step, T, run))
-            if step >= T:
-                break
-    counter.close()
-    return run
+    try:
+        with _StopRequest() as stop, Progress(*columns, console=Console(stderr=True),
+                                              disable=not (progress and d.is_main)) as bar:
+            task = bar.add_task("train", total=T, completed=start_step, info="")
+            for epoch in range(step // spe, n_epochs):
+                t.begin_epoch()
+                last = min(spe, T - epoch * spe)
+                for i, n_global, batch in epoch_batches(cfg, w, epoch, step - epoch * spe, last, d.rank, d.world):
+                    t.faults(step)
+                    t.finish(t.launch(step, epoch, n_global, batch), bar, task, n_epochs)
+                    step += 1
+                    if i == last - 1:
+                        break  # the epoch's end: evaluate and checkpoint below
+                    if d.any(stop.requested):
+                        t.checkpoint(step)
+                        raise RunStopped(_stopped(step, T, t.run))
+                    if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                        t.checkpoint(step)
+                t.drain(bar, task, n_epochs)
+                t.evaluate(epoch, step, bar, task)
+                stopping = d.any(stop.requested)
+                # the last step, a stop and a cadence the user chose always checkpoint; otherwise the pacer says
+                if t.pacer.due(d, forced=step >= T or stopping or bool(cfg.checkpoint_every)):
+                    t.checkpoint(step)
+                if stopping:
+                    raise RunStopped(_stopped(step, T, t.run))
+                if step >= T:
+                    break
+    finally:
+        t.close()
+    return t.run

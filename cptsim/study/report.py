@@ -44,15 +44,17 @@ from .reportbitops import (PHASE_KEYS, _layer_bits_series, _layers, _pct, _plann
                            effective_bits, layer_groups, per_step_bitops, planned_batches)
 from .reportformat import _element_bits, number_format_of, run_format_map, schedule_label
 from .reporthost import MEASURED, SAVING_NOTE, _host_time, host_saving
+from .reportgpu import gpu_time, is_cuda_run
 from .reportmeasure import _exact_on, measure_host_steps  # noqa: F401 - _exact_on: scripts import it from here
 
 REPORT_FORMAT = "cptsim.report/1"
 AGREE_PCT = 0.5                       # executed vs planned BitOPs of an uninterrupted run of a plan
 DEFAULT_TARGETS = ("h100", "bitfusion")
 MODELLED = "modelled (not executed on this hardware)"
+EXECUTED = "executed: the run's GPU (its measured time is compared with this profile above)"
 
 __all__ = [
-    "AGREE_PCT", "DEFAULT_TARGETS", "MEASURED", "MODELLED", "PHASE_KEYS", "REPORT_FORMAT", "SAVING_NOTE", "RunReport",
+    "AGREE_PCT", "DEFAULT_TARGETS", "EXECUTED", "MEASURED", "MODELLED", "PHASE_KEYS", "REPORT_FORMAT", "SAVING_NOTE", "RunReport",
     "build_report", "compare", "effective_bits", "host_saving", "layer_groups", "measure_host_steps",
     "number_format_of", "per_step_bitops", "planned_batches", "run_format_map", "schedule_label", "to_json",
 ]
@@ -214,9 +216,13 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
     if xgroups is not None:  # the plot draws a per-layer run's bits per layer group and MAC-weighted
         series["layer_bits"] = _layer_bits_series(arrays, xgroups, pgroups, q)
 
-    # ---- host time: modelled vs measured -------------------------------------------------------------------
-    data["host_time"] = _host_time(run, cfg, prof, steps, host, metrics.records, world, warnings)
+    # ---- host time: modelled vs measured (a CUDA run: its GPU's profile) ------------------------------------
+    if _gpu_modelled(cfg, host, run.path):
+        data["host_time"] = gpu_time(run, cfg, prof, steps, host, metrics.records, world, warnings, fmap)
+    else:
+        data["host_time"] = _host_time(run, cfg, prof, steps, host, metrics.records, world, warnings)
     series["host_time"] = data["host_time"]
+    ran_on = data["host_time"] if (data["host_time"] or {}).get("kind") == "gpu" else None
 
     # ---- target hardware: modelled -------------------------------------------------------------------------
     names = list(hardware) if hardware else _default_targets(plan, fmap)
@@ -253,7 +259,9 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
             pl = {"energy_j": pc.energy_j["total"], "latency_s": pc.latency_s["total"]}
             src = "cost model estimate of the planned schedule" if plan else "schedule estimate (no plan)"
         ex = {"energy_j": c.energy_j["total"], "latency_s": c.latency_s["total"]}
-        rows.append({"name": hw.name, "kind": hw.kind, "label": MODELLED, "planned": {**pl, "source": src},
+        executed_here = ran_on is not None and (hw.name, hw.content_hash) == (ran_on["profile"], ran_on["hash"])
+        rows.append({"name": hw.name, "kind": hw.kind, "label": EXECUTED if executed_here else MODELLED,
+                     "planned": {**pl, "source": src},
                      "executed": ex, "diff_pct": {k: _pct(ex[k], pl[k]) for k in ex},
                      "vs_static": c.vs_static, "notes": list(hw.notes),
                      "time_validation": hw.time_validation(mix)})
@@ -266,6 +274,23 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
     # ---- host saving: modelled vs measured -------------------------------------------------------
     data["host_saving"] = host_saving(run.path, cfg, prof, steps, host, measure_host, warnings)
     return RunReport(data, series, warnings)
+
+
+def _gpu_modelled(cfg: dict, host, run_path) -> bool:
+    """Whether the run's measured side is modelled by a GPU profile (``reportgpu``) rather than a host profile.
+
+    A CUDA run: yes, unless the user named a host profile measured on a CUDA machine (``cptsim hw calibrate
+    --device cuda``'s host.toml: graph replays as host terms). A CPU run: never; a GPU profile named for it is an
+    error, one line."""
+    from cptsim.cost.hardware import load_profile
+
+    named = None if host in (None, "host") else load_profile(host)
+    if is_cuda_run(cfg):
+        return not (named is not None and named.kind == "host" and named.params.get("device") == "cuda")
+    if named is not None and named.kind != "host":
+        raise InputError(f"{run_path} ran on a CPU; --host {host!r} is a {named.kind!r} profile: a CPU run's step "
+                         "times are modelled by a host profile (--host host, or a file from `cptsim hw calibrate`)")
+    return False
 
 
 def _accuracy(cfg: dict, metrics: list[dict]) -> dict:

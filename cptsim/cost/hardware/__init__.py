@@ -22,7 +22,7 @@ from .fixed_int import FixedIntProfile, fixed_int_passes
 from .host import HostProfile, host_time_components
 # _toml_value is private but cptsim.calibration.calibrate writes TOML values with it
 from .files import (_toml_value, host_profile_text, list_profiles, load_profile, parse_profile,  # noqa: F401
-                    profile_origin, user_profile_dir)
+                    profile_origin, recalibrated_profile_text, user_profile_dir)
 
 _COMMON = {"base", "files"}
 for _m in pkgutil.iter_modules(__path__):
@@ -36,6 +36,6 @@ __all__ = [
     "FixedIntProfile", "GPUProfile", "HardwareProfile", "HostProfile", "bit_serial_lane_cycles_per_mac",
     "bitfusion_macs_per_unit_cycle", "brick_factor", "check_profile_file_name", "fixed_int_passes", "gpu_tier_index",
     "host_profile_text", "host_time_components", "kind_class", "kinds", "list_profiles", "load_profile",
-    "parse_profile", "profile_origin", "register", "roofline_time", "StepPrice", "traffic_energy_j", "unregister",
+    "parse_profile", "profile_origin", "recalibrated_profile_text", "register", "roofline_time", "StepPrice", "traffic_energy_j", "unregister",
     "user_profile_dir",
 ]

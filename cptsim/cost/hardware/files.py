@@ -53,6 +53,48 @@ def host_profile_text(name: str, description: str, sources: list[str], params: d
     return text
 
 
+def recalibrated_profile_text(base_text: str, name: str, description: str, source: str, calibration: dict,
+                              header: list[str] = ()) -> str:
+    """The text of a profile of any kind that is ``base_text`` (a profile file's text) with its name, description,
+    one more source, and these ``[calibration]`` values; every other line -- the base's numbers, tiers and comments
+    -- kept as it is, its ``[validation]`` dropped (what the base was checked on says nothing of the new values).
+    Parsed back before it is returned, like ``host_profile_text``."""
+    lines = base_text.splitlines()
+    out, section, done = [*(f"# {h}" for h in header)], None, set()
+    for line in lines:
+        head = re.match(r"\s*\[([A-Za-z0-9_.]+)\]\s*(#.*)?$", line)
+        if head:
+            if section == "calibration":
+                out += [f"{k} = {_toml_value(float(v))}" for k, v in calibration.items() if k not in done]
+            section = head.group(1)
+            if section == "validation":
+                continue
+        if section == "validation":
+            continue
+        key = re.match(r"\s*([A-Za-z0-9_]+)\s*=", line)
+        if section is None and key and key.group(1) == "name":
+            line = f"name = {_toml_value(name)}"
+        elif section is None and key and key.group(1) == "description":
+            line = f"description = {_toml_value(description)}"
+        elif section is None and key and key.group(1) == "sources":
+            out.append(line)
+            line = f"    {_toml_value(source)}," if line.rstrip().endswith("[") else None
+            if line is None:  # a one-line list: put the new source first
+                out[-1] = re.sub(r"=\s*\[", "= [" + _toml_value(source) + ", ", out[-1], count=1)
+                continue
+        elif section == "calibration" and key and key.group(1) in calibration:
+            line = f"{key.group(1)} = {_toml_value(float(calibration[key.group(1)]))}"
+            done.add(key.group(1))
+        out.append(line)
+    if section == "calibration":
+        out += [f"{k} = {_toml_value(float(v))}" for k, v in calibration.items() if k not in done]
+    elif "calibration" not in {m.group(1) for m in (re.match(r"\s*\[([A-Za-z0-9_.]+)\]", x) for x in lines) if m}:
+        out += ["", "[calibration]", *(f"{k} = {_toml_value(float(v))}" for k, v in calibration.items())]
+    text = "\n".join(out) + "\n"
+    parse_profile(text.encode("utf-8"), f"{name}.toml")
+    return text
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Finding and loading files
 # ----------------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,256 @@
+"""A GPU profile's calibration fitted to the measured steps of CUDA runs (``cptsim report --fit`` on GPU runs).
+
+What a run can identify: its steady steps' times per width and its NVML energy. The model that prices them is the
+report's (``price_kinds``: each step as it ran, ``cptsim.cost.hardware.gpu_executed``), and the constants fitted are
+the ones such steps move -- never the tiers' peak rates, which a datasheet gives:
+
+* ``kernel_overhead_us``: GPU-side time per kernel launched (a graphed small network's step is mostly this);
+* ``memory_efficiency``: achieved / peak DRAM bandwidth of the memory-bound kernels and the quantizers' passes;
+* ``power_fraction``: busy power / TDP, from the energy the steps took against their modelled busy time.
+
+Least squares on log(modelled / measured): one residual per run and width (the mean step time, weighted by the
+square root of its step count) and one per run for its energy, plus a weak pull (``PRIOR_WEIGHT``) of each constant
+toward the base profile's value, so that a constant the runs cannot tell apart from another (one network's steps
+move the launch overhead and the bandwidth together) stays where the base put it rather than wandering. A fit
+never writes a host profile for GPU runs, nor a GPU profile for CPU runs.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cptsim.errors import InputError
+
+PARAMS = {"kernel_overhead_us": (0.0, 100.0), "memory_efficiency": (0.02, 1.0), "power_fraction": (0.02, 1.0)}
+PRIOR_WEIGHT = 0.05
+TF32_KEYS = ("torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32")
+
+
+def recorded_gpu(cfg: dict) -> dict | None:
+    """config.json's ``device`` record of a CUDA run (None: a run written before runs recorded their GPU)."""
+    d = cfg.get("device")
+    return d if isinstance(d, dict) and d.get("type") == "cuda" else None
+
+
+def run_route(cfg: dict) -> tuple[str, bool, dict]:
+    """(the route the run's quantized GEMMs took, whether its quantizers ran eagerly, its TF32 flags), from what
+    config.json recorded (``host.quantizers``, ``host.gemm_paths``, the TF32 flags): the route most of its quantized
+    layers' forward GEMMs took."""
+    from cptsim.cost.hardware.gpu_executed import FAKE_QUANT, INT_CODES, NATIVE
+
+    host = cfg.get("host") or {}
+    dev = recorded_gpu(cfg) or {}
+    tf32 = {k: host[k] for k in TF32_KEYS if k in host} or dict(dev.get("tf32") or {})
+    eager = str(host.get("quantizers", "")).startswith("eager")
+    layers = (host.get("gemm_paths") or {}).get("layers") or {}
+    fwd = [str(v.get("forward", "")) for v in layers.values() if isinstance(v, dict)]
+    counts = {NATIVE: sum("int8" in f for f in fwd), INT_CODES: sum("codes" in f for f in fwd)}
+    route = max(counts, key=counts.get) if fwd and max(counts.values()) * 2 > len(fwd) else FAKE_QUANT
+    return route, eager, tf32
+
+
+def step_kinds(steps: list[dict]) -> list[tuple[int, int, int]]:
+    """The distinct (bits, grad bits, batch size) of trace lines."""
+    return sorted({(int(r["bits"]), int(r["grad_bits"]), int(r["batch_size"])) for r in steps})
+
+
+def price_kinds(prof, kinds, gpu, route: str, eager: bool, tf32: dict, fmap=None) -> dict:
+    """{(bits, grad bits, batch): {"time_s", "energy_j", "quantizer_s", "phases_s", "native_time_s",
+    "native_energy_j", "native_tiers"}}: one step of each kind on ``gpu``, as it ran (``route``) and natively."""
+    from cptsim.cost.hardware.gpu_executed import INT_CODES, NATIVE, fp32_tiers, quantizer_cost, route_view
+    from cptsim.cost.model import estimate
+
+    arrays = prof.arrays()
+    view, width = route_view(gpu, route, tf32)
+    native = fp32_tiers(gpu, tf32)
+    out = {}
+    for q, g, n in kinds:
+        qq, gg = (q, g) if width is None else (width, width)
+        one = estimate(prof, [{"step": 0, "batch_size": n, "bits": qq, "grad_bits": gg}], view, per_layer=False,
+                       formats=fmap if route == NATIVE else None)
+        tq, eq = quantizer_cost(view, arrays, q, g, n, eager=eager, codes=route == INT_CODES)
+        nat = estimate(prof, [{"step": 0, "batch_size": n, "bits": q, "grad_bits": g}], native, per_layer=False,
+                       formats=fmap)
+        tiers = native.step_tiers([(q, g)])[0]
+        out[(q, g, n)] = {
+            "time_s": float(one.latency_s["total"]) + tq, "energy_j": float(one.energy_j["total"]) + eq,
+            "quantizer_s": tq,
+            "phases_s": {k: float(v) for k, v in one.latency_s.items() if k != "total"},
+            "native_time_s": float(nat.latency_s["total"]), "native_energy_j": float(nat.energy_j["total"]),
+            "native_tiers": {k: tiers[k] for k in ("fwd", "dgrad", "wgrad") if k in tiers},
+        }
+    return out
+
+
+def gpu_profile(hw):
+    """A loaded ``gpu`` profile (name, path or HardwareProfile); InputError for any other kind."""
+    from cptsim.cost.hardware import HardwareProfile, load_profile
+
+    prof = hw if isinstance(hw, HardwareProfile) else load_profile(hw)
+    if prof.kind != "gpu":
+        raise InputError(f"hardware profile {prof.name!r} is of kind {prof.kind!r}; CUDA runs' step times are "
+                         "fitted to a GPU profile (--host h100, a .toml path, or host-gpu)")
+    return prof
+
+
+@dataclass
+class GPURunSteps:
+    """One CUDA run's steady steps as the fit sees them: the mean measured time per step kind, the energy."""
+
+    label: str
+    prof: object
+    kinds: list
+    counts: np.ndarray          # steps per kind
+    measured: np.ndarray        # mean seconds per step, per kind
+    energy: float | None        # NVML joules over the steady steps, None when not measured
+    route: str
+    eager: bool
+    tf32: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_run(cls, run, label: str | None = None) -> "GPURunSteps":
+        from cptsim.calibration.fit import measured_times, steady_steps
+
+        cfg = run.read_config()
+        steps = run.read_executed().records
+        prof = run.read_profile()
+        if prof is None or not steps:
+            raise InputError(f"{run.path}: no executed steps to fit (empty trace or no profile.json)")
+        meas = measured_times(steps)
+        keep, _ = steady_steps(steps, "cuda")
+        steps, meas = [r for r, k in zip(steps, keep) if k], meas[keep]
+        kinds = step_kinds(steps)
+        key = [(int(r["bits"]), int(r["grad_bits"]), int(r["batch_size"])) for r in steps]
+        counts = np.array([sum(k == kk for k in key) for kk in kinds], dtype=np.float64)
+        mean = np.array([meas[[k == kk for k in key]].mean() for kk in kinds])
+        e = [r.get("energy_j") for r in steps]
+        energy = float(np.sum(e)) if e and all(x is not None for x in e) and float(np.sum(e)) > 0 else None
+        route, eager, tf32 = run_route(cfg)
+        return cls(label or str(run.path), prof, kinds, counts, mean, energy, route, eager, tf32)
+
+    def predict(self, gpu) -> tuple[np.ndarray, float]:
+        """(modelled seconds per step of each kind, modelled joules of all the steady steps) on ``gpu``."""
+        priced = price_kinds(self.prof, self.kinds, gpu, self.route, self.eager, self.tf32)
+        t = np.array([priced[k]["time_s"] for k in self.kinds])
+        e = float(sum(priced[k]["energy_j"] * c for k, c in zip(self.kinds, self.counts)))
+        return t, e
+
+
+def _with(gpu, values: dict):
+    from cptsim.calibration.gpu_fit import with_values
+
+    return with_values(gpu, values)
+
+
+def _base_value(gpu, name: str) -> float:
+    v = gpu.calibration.get(name)
+    return float(v if v is not None else {"memory_efficiency": 1.0, "power_fraction": 1.0}.get(name, 0.0))
+
+
+def evaluate(gpu, rs: GPURunSteps) -> dict:
+    """How ``gpu`` prices one run's steady steps: total time and energy, errors in %."""
+    t, e = rs.predict(gpu)
+    meas = float((rs.measured * rs.counts).sum())
+    model = float((t * rs.counts).sum())
+    per_step = np.abs(t / rs.measured - 1) * 100
+    return {"run": rs.label, "steps": int(rs.counts.sum()), "measured_s": meas, "modelled_s": model,
+            "error_pct": (model / meas - 1) * 100 if meas > 0 else None,
+            "max_abs_width_error_pct": float(per_step.max()) if per_step.size else None,
+            "measured_energy_j": rs.energy, "modelled_energy_j": e,
+            "energy_error_pct": (e / rs.energy - 1) * 100 if rs.energy else None}
+
+
+@dataclass
+class GPUFit:
+    base: object
+    values: dict
+    fitted_on: list
+    runs: list
+    before: list
+
+    def profile(self):
+        return _with(self.base, self.values)
+
+    def evaluate(self, rs: GPURunSteps) -> dict:
+        return evaluate(self.profile(), rs) | {"unfitted_error_pct": evaluate(self.base, rs)["error_pct"]}
+
+    def to_json(self) -> dict:
+        return {"kind": "gpu", "base": {"name": self.base.name, "path": self.base.path, "hash": self.base.content_hash},
+                "fitted": dict(self.values), "before": {k: _base_value(self.base, k) for k in self.values},
+                "fitted_on": list(self.fitted_on), "runs": self.runs, "runs_before": self.before}
+
+
+def fit_gpu(runs: list[GPURunSteps], base) -> GPUFit:
+    """Fit ``PARAMS`` of GPU profile ``base`` to ``runs`` (module docstring)."""
+    from scipy.optimize import least_squares
+
+    base = gpu_profile(base)
+    if not runs:
+        raise InputError("--fit needs at least one run with measured steps")
+    names = list(PARAMS)
+    x0 = np.array([_base_value(base, n) for n in names])
+    lo = np.array([PARAMS[n][0] for n in names])
+    hi = np.array([PARAMS[n][1] for n in names])
+    x0 = np.clip(np.where(x0 > 0, x0, 0.5 * (lo + hi) * 0.1), np.maximum(lo, 1e-3), hi)
+    energy_runs = [r for r in runs if r.energy]
+
+    def residuals(logx):
+        x = np.exp(logx)
+        gpu = _with(base, dict(zip(names, x)))
+        res = []
+        for r in runs:
+            t, e = r.predict(gpu)
+            res.extend(np.sqrt(r.counts) * np.log(t / r.measured))
+            if r.energy:
+                res.append(np.sqrt(r.counts.sum()) * np.log(e / r.energy))
+        res.extend(PRIOR_WEIGHT * np.sqrt(sum(r.counts.sum() for r in runs)) * (logx - np.log(x0)))
+        return np.array(res)
+
+    sol = least_squares(residuals, np.log(x0), bounds=(np.log(np.maximum(lo, 1e-3)), np.log(hi)), method="trf",
+                        max_nfev=200)
+    values = dict(zip(names, (float(v) for v in np.exp(sol.x))))
+    if not energy_runs:  # nothing measured the power: keep the base's
+        values["power_fraction"] = _base_value(base, "power_fraction")
+    fit = GPUFit(base, values, [r.label for r in runs], [], [evaluate(base, r) for r in runs])
+    fit.runs = [evaluate(fit.profile(), r) for r in runs]
+    return fit
+
+
+def fitted_gpu_profile_text(fit: GPUFit, name: str) -> str:
+    """The fitted profile's text: the base GPU profile's file with the fitted calibration and its provenance."""
+    from cptsim.cost.hardware import recalibrated_profile_text
+
+    base = fit.base
+    if not base.path or not Path(base.path).is_file():
+        raise InputError(f"the GPU profile {base.name!r} has no file to start the fitted profile from")
+    now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    runs = ", ".join(Path(r).name for r in fit.fitted_on)
+    errs = ", ".join(f"{Path(r['run']).name} {r['error_pct']:+.1f}% time"
+                     + (f" {r['energy_error_pct']:+.1f}% energy" if r.get("energy_error_pct") is not None else "")
+                     for r in fit.runs)
+    source = (f"calibration ({', '.join(f'{k} = {v:.4g}' for k, v in fit.values.items())}) fitted by `cptsim report "
+              f"--fit` at {now} to the steady steps of {len(fit.fitted_on)} CUDA run(s) ({runs}) from the GPU "
+              f"profile {base.name!r}; fitted: {errs}. Identified on these runs' networks only: check it on others "
+              "(--holdout) before trusting it on them")
+    header = [f"Written by `cptsim report --fit` at {now} from the GPU profile {base.name!r} ({base.path}).",
+              "Only [calibration]'s kernel_overhead_us, memory_efficiency and power_fraction were fitted; every other "
+              "number is the base profile's."]
+    return recalibrated_profile_text(Path(base.path).read_text(), name,
+                                     base.description + " (calibration fitted to measured runs)", source,
+                                     fit.values, header)
+
+
+def write_fitted_gpu_profile(fit: GPUFit, path: str | os.PathLike, force: bool = False):
+    """Write the fitted GPU profile atomically and read it back (``load_profile`` validates it)."""
+    from cptsim.calibration.fit import check_fit_out
+    from cptsim.cost.hardware import load_profile
+    from cptsim.fileio import atomic_write_bytes
+
+    p = check_fit_out(path, force)
+    atomic_write_bytes(p, fitted_gpu_profile_text(fit, p.stem).encode("utf-8"))
+    return p, load_profile(str(p))
