@@ -25,6 +25,9 @@ step times on this machine; modelled = the host profile's estimate (`cptsim hw c
 Energy and latency on other hardware are modelled, never measured: the run did not execute there.
 --fit fits compute_efficiency, memory_efficiency, the element-wise rate and the per-layer-phase overhead of the
 host profile to every measured step (least squares), writes a new profile to --fit-out, and predicts each --holdout run with it.
+A CUDA run is compared with its GPU's profile (the one config.json names, or --host): per width, as it ran
+(fake-quant FP32, integer codes or int8 tensor cores) beside the profile's native tiers, time and NVML energy;
+--fit on CUDA runs fits that GPU profile's kernel_overhead_us, memory_efficiency and power_fraction instead.
 """
 
 
@@ -87,7 +90,8 @@ def report(run_dirs, hw, host, top, plot_path, no_save, fit, fit_out, holdout, f
     if (fit_out or holdout) and not fit:
         raise InputError("--fit-out and --holdout go with --fit")
     if fit and not fit_out:
-        raise InputError("--fit needs --fit-out PATH.toml: where to write the fitted host profile")
+        raise InputError("--fit needs --fit-out PATH.toml: where to write the fitted profile (a host profile for "
+                         "CPU runs, a GPU profile for CUDA runs)")
     targets = _parse_hw(hw)
     if plot_path is not None:
         P.require_matplotlib()  # fail before any work
@@ -441,7 +445,31 @@ def _print_comparison(rows) -> None:
     print_table(t, drop=("model", "steps", "best acc", "vs static", "time (measured)"))
 
 
+def _print_gpu_fit(doc) -> None:
+    f, b = doc["fitted"], doc["before"]
+    out.print(f"[bold]GPU calibration fit[/bold] on {len(doc['fitted_on'])} CUDA run(s) (base profile "
+              f"{doc['base']['name']}): " + ", ".join(f"{k} {b[k]:.4g} -> {v:.4g}" for k, v in f.items()),
+              highlight=False)
+    t = Table(title="fit quality: modelled vs measured (steady steps)", title_justify="left")
+    for col in ("run", "role", "steps", "measured", "modelled", "error", "unfitted", "energy error"):
+        t.add_column(col, justify="left" if col in ("run", "role") else "right")
+    rows = ([("fitted", r) for r in doc["runs"]] + [("hold-out", r) for r in doc["holdout"]]
+            + [("leave-one-out", r) for r in doc.get("leave_one_out", [])])
+    before = {r["run"]: r["error_pct"] for r in doc["runs_before"]}
+    for role, r in rows:
+        t.add_row(Path(r["run"]).name, role, str(r["steps"]), f"{r['measured_s']:.4g} s", f"{r['modelled_s']:.4g} s",
+                  _pct(r["error_pct"]), _pct(r.get("unfitted_error_pct", before.get(r["run"]))),
+                  _pct(r.get("energy_error_pct")))
+    print_table(t, drop=("steps", "unfitted"))
+    out.print("  measured: sum of the steady steps' times; modelled: the fitted GPU profile pricing them as they ran; "
+              "unfitted: the base profile's error; hold-out / leave-one-out runs were not fitted on", highlight=False)
+    out.print(f"  wrote {doc['written']['path']} (profile {doc['written']['name']!r}); use it with "
+              f"--host {doc['written']['path']} (a CUDA run) or --hw {doc['written']['path']}", highlight=False)
+
+
 def _print_fit(doc) -> None:
+    if doc.get("kind") == "gpu":
+        return _print_gpu_fit(doc)
     f, q = doc["fitted"], doc["fit"]
     out.print(f"[bold]host calibration fit[/bold] on {len(doc['fitted_on'])} run(s), {q['steps']} steps "
               f"(base profile {doc['base_profile']['name']}): compute_efficiency {f['compute_efficiency']:.3g}, "

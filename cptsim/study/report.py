@@ -9,7 +9,8 @@ Sections of ``.data`` (the keys scripts may rely on; extend freely, rename never
     bitops       planned (plan.json's estimate, or the cost model's estimate of a schedule given by hand) vs
                  executed (the trace re-counted by ``cost.estimate``, the same model the planner used), the trace's
                  own per-step counts as a cross-check, the difference in % and the reasons for it
-    host_time    the host profile's estimate of the steps' wall time vs the measured step times, per epoch and total
+    host_time    the host profile's estimate of the steps' wall time vs the measured step times, per epoch and total;
+                 on a CUDA run the model of its GPU instead, per width too, as it ran and natively (``reportgpu``)
     hardware     energy and latency of the executed steps on each target profile -- MODELLED, not executed there --
                  next to the planned estimate on the same profile, and how sure that profile's times are
                  (``time_validation``: its [validation] against this network's op mix, as ``cost`` prints it)

@@ -1,0 +1,231 @@
+"""`cptsim report` on CUDA runs, without a GPU: the two resnet20 runs measured on an H100 (tests/data/gpu_runs) and
+copies of them with a device record, another GPU, or fabricated step times. The measured side is checked against a
+hand computation from the trace; the model's quantizer term against a hand count from profile.json."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shared_runs import cptsim_here
+
+RUNS = Path(__file__).parent / "data" / "gpu_runs"
+CPT, STATIC32 = RUNS / "resnet20-cpt-synthetic", RUNS / "resnet20-static32-synthetic"
+H100_NAME = "NVIDIA H100 80GB HBM3"
+
+
+def _copy(src: Path, dst: Path, device_name: str | None = None, edit=None) -> Path:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    if device_name is not None:
+        from cptsim.cost.hardware.gpus import profile_for
+
+        m = profile_for(device_name)
+        cfg["device"] = {"type": "cuda", "name": device_name, "sm_count": 132, "profile": m["profile"],
+                         "profile_why": m["why"]}
+    if edit:
+        edit(cfg)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())  # rich wraps warnings at the terminal's width
+
+
+def _report(*args):
+    r = cptsim_here("report", *map(str, args), "--no-save", "--json")
+    return r
+
+
+def _steady(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "trace.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if not r.get("warmup")]
+
+
+def test_a_cuda_run_is_compared_per_width_with_the_h100_model_and_the_measured_side_is_the_trace(tmp_path):
+    run = _copy(CPT, tmp_path / "cpt")
+    r = _report(run)
+    assert r.exit_code == 0, r.stderr
+    assert "does not record which GPU ran it" in _flat(r.stderr) and "h100" in r.stderr  # the assumption, said
+    h = json.loads(r.stdout)["runs"][0]["host_time"]
+    assert h["kind"] == "gpu" and h["profile"] == "h100" and h["warmup_steps_skipped"] == 12
+    steady = _steady(run)
+    by = {}
+    for s in steady:
+        by.setdefault((s["bits"], s["grad_bits"]), []).append(s["time_s"])
+    assert [(w["bits"], w["grad_bits"]) for w in h["per_width"]] == sorted(by)
+    for w in h["per_width"]:  # hand computation from the trace: mean step time per width, error vs the model
+        times = by[(w["bits"], w["grad_bits"])]
+        assert w["steps"] == len(times)
+        assert w["measured_ms"] == pytest.approx(1e3 * sum(times) / len(times), rel=1e-12)
+        assert w["error_pct"] == pytest.approx(100 * (w["modelled_ms"] / w["measured_ms"] - 1), rel=1e-9)
+        assert w["native_tiers"] == {"fwd": "int8", "dgrad": "int8", "wgrad": "int8"}  # what the GPU would run
+    assert h["measured_s"] == pytest.approx(sum(s["time_s"] for s in steady), rel=1e-12)
+    assert h["measured_energy_j"] == pytest.approx(sum(s["energy_j"] for s in steady), rel=1e-12)
+    assert h["energy_error_pct"] == pytest.approx(100 * (h["modelled_energy_j"] / h["measured_energy_j"] - 1))
+    assert h["ran"].startswith("fake-quant FP32") and "convolutions TF32" in h["ran"]
+    assert sum(e["measured_s"] for e in h["per_epoch"]) == pytest.approx(h["measured_s"])
+    # the target table: the GPU that ran says so, the others stay modelled
+    rows = {x["name"]: x["label"] for x in json.loads(r.stdout)["runs"][0]["hardware"]}
+    assert rows["h100"].startswith("executed") and rows["bitfusion"].startswith("modelled")
+
+
+def test_the_quantizer_passes_are_priced_from_a_hand_count_of_profile_json():
+    from cptsim.calibration.gpu_runfit import price_kinds
+    from cptsim.cost.hardware import load_profile
+    from cptsim.measure.profiler import LayerProfile
+
+    doc = json.loads((CPT / "profile.json").read_text())
+    prof = LayerProfile.from_json(doc)
+    gpu = load_profile("h100")
+    n = 128
+    # per quantized layer: forward quantizes its input (per sample) and its weight; backward its output error
+    fwd = sum(L["numel"]["input"] * n + L["numel"]["weight"] for L in doc["layers"] if L["quantized"])
+    back = sum(L["numel"]["output"] * n for L in doc["layers"] if L["quantized"])
+    calls = 2 * sum(1 for L in doc["layers"] if L["quantized"])
+    bw = gpu.params["bandwidth_gb_s"] * 1e9 * gpu.calibration["memory_efficiency"]
+    want = (fwd + back) * 12.0 / bw + calls * 2 * gpu.calibration.get("kernel_overhead_us", 0.0) * 1e-6
+    p = price_kinds(prof, [(8, 8, n)], gpu, "fake-quant", False, {})[(8, 8, n)]
+    assert p["quantizer_s"] == pytest.approx(want, rel=1e-9)
+    # as it ran: the step's GEMMs at 32 bits (its FP32 tiers) plus those passes; natively: int8 tiers, no passes
+    from cptsim.cost.model import estimate
+
+    t32 = estimate(prof, [{"step": 0, "batch_size": n, "bits": 32, "grad_bits": 32}], gpu,
+                   per_layer=False).latency_s["total"]
+    assert p["time_s"] == pytest.approx(t32 + want, rel=1e-9)
+    t8 = estimate(prof, [{"step": 0, "batch_size": n, "bits": 8, "grad_bits": 8}], gpu,
+                  per_layer=False).latency_s["total"]
+    assert p["native_time_s"] == pytest.approx(t8, rel=1e-9)
+
+
+def test_a_recorded_gpu_picks_its_profile_and_an_unknown_one_is_refused_in_one_line(tmp_path):
+    known = _copy(CPT, tmp_path / "known", H100_NAME)
+    r = _report(known)
+    assert r.exit_code == 0, r.stderr
+    assert "does not record" not in _flat(r.stderr)
+    h = json.loads(r.stdout)["runs"][0]["host_time"]
+    assert h["gpu"]["name"] == H100_NAME and h["profile"] == "h100" and "describes" in h["gpu"]["why"]
+    pcie = _copy(CPT, tmp_path / "pcie", "NVIDIA H100 PCIe")  # not the SXM part h100.toml describes
+    r = _report(pcie)
+    assert r.exit_code == 2
+    assert "NVIDIA H100 PCIe" in r.stderr and "--host" in r.stderr and "Traceback" not in r.stderr
+    assert len([x for x in r.stderr.splitlines() if x.strip()]) == 1
+    r = _report(pcie, "--host", "a100")  # the user may name one
+    assert r.exit_code == 0 and json.loads(r.stdout)["runs"][0]["host_time"]["profile"] == "a100"
+
+
+def test_a_cpu_profile_for_a_cuda_run_and_a_gpu_profile_for_a_cpu_run_are_refused(tmp_path):
+    run = _copy(CPT, tmp_path / "cpt", H100_NAME)
+    r = _report(run, "--host", str(Path(__file__).parent.parent / "hw_profiles" / "host.toml"))
+    assert r.exit_code == 2 and "GPU profile" in _flat(r.stderr) and "Traceback" not in r.stderr
+    cpu_run = Path(__file__).parent / "data" / "pre_layout" / "run"
+    r = _report(cpu_run, "--host", "h100")
+    assert r.exit_code == 2 and "ran on a CPU" in _flat(r.stderr) and "host profile" in _flat(r.stderr)
+
+
+def _fabricate(src: Path, dst: Path, step_ms) -> Path:
+    """A copy of ``src`` whose steady steps take ``step_ms(bits)`` and whose layers ran on int8 tensor cores."""
+    def int8(cfg):
+        for v in cfg["host"]["gemm_paths"]["layers"].values():
+            v.update({"forward": "int8-tc", "wgrad": "int8-tc"})
+
+    run = _copy(src, dst, H100_NAME, int8)
+    rows = [json.loads(line) for line in (run / "trace.jsonl").read_text().splitlines() if line.strip()]
+    for r in rows:
+        if not r.get("warmup"):
+            r["time_s"] = step_ms(r["bits"]) / 1e3
+    (run / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_a_multi_width_int8_run_is_priced_on_its_tiers_per_width(tmp_path):
+    run = _fabricate(CPT, tmp_path / "int8", lambda b: 4.0 + 0.25 * b)
+    r = _report(run)
+    assert r.exit_code == 0, r.stderr
+    h = json.loads(r.stdout)["runs"][0]["host_time"]
+    assert h["route"] == "native" and h["ran"].startswith("int8")
+    for w in h["per_width"]:
+        assert w["measured_ms"] == pytest.approx(4.0 + 0.25 * w["bits"])
+        # natively and as it ran: the same tiers; as it ran adds the quantizers' passes
+        assert w["modelled_ms"] == pytest.approx(w["native_ms"] + w["modelled_quantizer_ms"], rel=1e-9)
+
+
+def test_report_fit_on_cuda_runs_writes_a_gpu_profile_and_prices_the_holdout(tmp_path):
+    from cptsim.cost.hardware import load_profile
+
+    a = _copy(CPT, tmp_path / "a", H100_NAME)
+    b = _copy(STATIC32, tmp_path / "b", H100_NAME)
+    out = tmp_path / "h100-fitted.toml"
+    r = _report(a, "--fit", "--fit-out", out, "--holdout", b)
+    assert r.exit_code == 0, r.stderr
+    fit = json.loads(r.stdout)["fit"]
+    assert fit["kind"] == "gpu" and set(fit["fitted"]) == {"kernel_overhead_us", "memory_efficiency",
+                                                           "power_fraction"}
+    prof = load_profile(str(out))
+    assert prof.kind == "gpu" and "fitted by `cptsim report --fit`" in prof.sources[0]
+    assert prof.params["tiers"] == load_profile("h100").params["tiers"]  # only the calibration moved
+    [fitted], [held] = fit["runs"], fit["holdout"]
+    assert abs(fitted["error_pct"]) < 2 and abs(fitted["energy_error_pct"]) < 2  # what it was fitted to
+    assert held["run"].endswith("b") and held["error_pct"] is not None
+    # the written profile prices the held-out run as the fit said: report it with --host
+    r = _report(b, "--host", out)
+    h = json.loads(r.stdout)["runs"][0]["host_time"]
+    # (to 0.01 points: the file keeps 6 significant digits of each fitted value)
+    assert h["profile"] == "h100-fitted" and h["error_pct"] == pytest.approx(held["error_pct"], abs=0.01)
+
+
+def test_fit_never_mixes_cpu_and_cuda_runs(tmp_path):
+    cuda = _copy(CPT, tmp_path / "a", H100_NAME)
+    cpu = Path(__file__).parent / "data" / "pre_layout" / "run"
+    r = _report(cuda, "--fit", "--fit-out", tmp_path / "x.toml", "--holdout", cpu)
+    assert r.exit_code == 2 and "CUDA runs and CPU runs together" in _flat(r.stderr)
+    assert not (tmp_path / "x.toml").exists()
+
+
+def test_static_32_is_full_precision_and_static_32_g8_keeps_the_old_meaning():
+    from cptsim.cost.schedules import describe, parse_schedule
+
+    fp, old = parse_schedule("static:32"), parse_schedule("static:32:g8")
+    assert (fp.g_min, fp.g_max) == (32, 32) and (old.g_min, old.g_max) == (8, 8)
+    assert describe(fp, 10)["relative_cost_fp32"] == 1.0
+    assert describe(old, 10)["relative_cost_fp32"] == pytest.approx((32 * 32 + 2 * 32 * 8) / (3 * 32 * 32))
+    assert parse_schedule(fp.to_text()) == fp and parse_schedule(old.to_text()) == old
+    # the shipped static:32 run (written when static:32 meant g8) keeps its meaning: its resolved JSON says g8
+    cfg = json.loads((STATIC32 / "config.json").read_text())
+    assert cfg["settings"]["schedule"] == "static:32:g8" or cfg["schedule"]["g_max"] == 8
+    assert np.all(np.array([json.loads(x)["grad_bits"] for x in (STATIC32 / "trace.jsonl").read_text().split()]) == 8)
+
+
+def test_resume_reads_the_schedule_from_the_resolved_json_not_the_settings_text(tmp_path, monkeypatch):
+    import cptsim.run.train as T
+    from cptsim.run.config import TrainConfig
+    from cptsim.run.rundir import RunDir
+
+    cfg = TrainConfig(model="digits-cnn", dataset="digits", schedule="static:32:g8", steps=2, batch_size=64,
+                      seed=0, device="cpu")
+    w = T.build(cfg)
+    doc = T.resolved_config(cfg, w)
+    doc["settings"]["schedule"] = "static:32"  # as a text written before static:32 meant an unquantized error
+    run = RunDir.create(tmp_path / "r", doc)
+    seen = {}
+    monkeypatch.setattr(T, "_loop", lambda cfg, w, *a, **k: seen.setdefault("sched", w.schedule))
+    T.resume(str(run.path), progress=False)
+    assert (seen["sched"].g_min, seen["sched"].g_max) == (8, 8)
+
+
+def test_runs_record_their_device_and_driver_names_map_only_to_the_variant_a_profile_describes():
+    from cptsim.cost.hardware.gpus import shipped_profile_for
+    from cptsim.run.device import device_record
+
+    cpu = device_record("cpu")
+    assert cpu["type"] == "cpu" and cpu["name"] and isinstance(cpu["extensions"], list)
+    names = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H100 PCIe": None, "NVIDIA H100 NVL": None,
+             "NVIDIA H200": "h200", "NVIDIA A100-SXM4-80GB": "a100", "NVIDIA A100 80GB PCIe": None,
+             "NVIDIA A100-SXM4-40GB": None, "Tesla T4": "t4", "Tesla V100-SXM2-32GB": "v100",
+             "Tesla V100-PCIE-16GB": None, "NVIDIA GeForce RTX 3090": "rtx3090", "NVIDIA GeForce RTX 3090 Ti": None,
+             "NVIDIA GeForce RTX 4090": "rtx4090", "NVIDIA L40S": "l40s", "NVIDIA B200": "b200",
+             "AMD Instinct MI300X": "mi300x"}
+    assert {n: shipped_profile_for(n) for n in names} == names
