@@ -178,7 +178,8 @@ def run_figure(report) -> bytes:
             ax_time.plot(ep, ms, label="measured (sum of step times)", color="C2")
             ax_time.plot(ep, mo, label=f"modelled ({h['profile']} profile)", color="C4")
         err = h["error_pct"]
-        ax_time.set_title(f"host step time per epoch: modelled {err:+.1f}% vs measured "
+        where = "GPU" if h.get("kind") == "gpu" else "host"
+        ax_time.set_title(f"{where} step time per epoch: modelled {err:+.1f}% vs measured "
                           f"({h['modelled_s']:.3g} s vs {h['measured_s']:.3g} s)", fontsize=10)
         ax_time.legend(loc="upper right", fontsize=8, ncol=2)
     else:
