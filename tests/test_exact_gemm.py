@@ -229,7 +229,10 @@ def test_gemm_paths_for_config(monkeypatch):
         paths = exact_gemm.gemm_paths(m, "cpu")
         assert paths["exact_gemm"] == ("on" if on else "off (measured: slow)") and paths["choice"] == why
         assert paths["layers"]["head"]["forward"] == ("int8-exact" if on else "fp32-fake-quant")
-    assert exact_gemm.gemm_paths(m, "cuda")["layers"]["head"]["forward"] == "fp32-fake-quant"  # CUDA: opt-in
+    # CUDA: the tensor-core routes only where that GPU measured them faster (gemm_choice.cuda_choice); measured slow:
+    monkeypatch.setattr(exact_gemm.gemm_choice, "cuda_choice", lambda *a, **k: {
+        "on": False, "implicit_conv": False, "implicit_wgrad": False, "why": "stub: measured slower"})
+    assert exact_gemm.gemm_paths(m, "cuda")["layers"]["head"]["forward"] == "fp32-fake-quant"
     monkeypatch.setenv("CPTSIM_EXACT_GEMM", "1")
     paths = exact_gemm.gemm_paths(m, "cpu")
     assert paths["exact_gemm"] == "on" and paths["layers"]["head"]["forward"] == "int8-exact"

@@ -1,6 +1,9 @@
 """Exact GEMMs for quantized layers: int8 ``torch._int_mm`` for Linear layers on a CPU (below),
 integer codes on TF32 for Conv2d and Linear layers on CUDA (section "Integer codes on TF32"), and FP8
-``torch._scaled_mm`` forwards (section "FP8 forward GEMMs").
+``torch._scaled_mm`` forwards (section "FP8 forward GEMMs"). On CUDA the tensor-core routes of
+cptsim.numerics.gpu_gemm (int8 ``_int_mm`` and an implicit-GEMM int8 kernel where exact, FP16 beyond) are the
+default where a measurement on that GPU says they pay (cptsim.numerics.gemm_choice.cuda_choice);
+``CPTSIM_EXACT_GEMM=int8`` forces them, on a CPU too (checks), and config.json records them (``gpu_gemm.gemm_paths``).
 
 A fake-quantized operand is a small integer times a scale: ``q = (k - zp) * s`` with ``k`` in ``0..2**b - 1``
 (cptsim.numerics.quant: activations and errors one (s, zp) per tensor, weights one per output channel). At b <= 8
@@ -73,10 +76,12 @@ INT8 = "int8-exact"
 
 
 def mode() -> str:
-    """CPTSIM_EXACT_GEMM: "auto" (unset: the CPU int8 path where measured to pay, the CUDA codes path off), "1" (both
-    on), "0" (both off), "codes" (the integer-codes path everywhere, for checks on a CPU)."""
+    """CPTSIM_EXACT_GEMM: "auto" (unset: the CPU int8 path where measured to pay, on CUDA the tensor-core routes of
+    cptsim.numerics.gpu_gemm where measured to pay), "1" (the CPU int8 path and the CUDA codes path on), "0" (all
+    off), "codes" (the integer-codes path everywhere, for checks on a CPU), "int8" (the tensor-core routes without
+    measuring, on a CPU too, for checks)."""
     m = os.environ.get("CPTSIM_EXACT_GEMM", "auto").strip().lower()
-    return m if m in ("0", "1", "codes") else "auto"
+    return m if m in ("0", "1", "codes", "int8") else "auto"
 
 
 def enabled(threads: int | None = None) -> bool:
@@ -93,6 +98,8 @@ def choice(threads: int | None = None) -> dict:
         return {"on": False, "why": "CPTSIM_EXACT_GEMM=0"}
     if m == "codes":
         return {"on": False, "why": "CPTSIM_EXACT_GEMM=codes (the integer-codes path instead)"}
+    if m == "int8":
+        return {"on": False, "why": "CPTSIM_EXACT_GEMM=int8 (the tensor-core routes instead)"}
     if not hasattr(torch, "_int_mm"):
         return {"on": False, "why": "this torch has no torch._int_mm"}
     if m == "1":
@@ -211,11 +218,23 @@ def wgrad_path(bits: int, grad_bits: int, tokens: int) -> str:
                     and MIN_WGRAD_TOKENS <= tokens <= MAX_K) else FAKE
 
 
+# The tensor-core routes (cptsim.numerics.gpu_gemm, which imports this module) register here when imported -- the
+# quantized layers import them -- so that gemm_paths records them without an import cycle: {"enabled", "paths",
+# "choice"}, gpu_gemm's functions of those names.
+_TC: dict = {}
+
+
+def register_tensor_core_routes(enabled, paths, choice) -> None:
+    _TC.update(enabled=enabled, paths=paths, choice=choice)
+
+
 def gemm_paths(model: torch.nn.Module, device: str) -> dict:
     """What config.json records (``host.gemm_paths``): the rule, and per quantized layer the path of each GEMM at
     forward/gradient bits <= 8 (above 8 bits every GEMM is the fake-quant path)."""
     if codes_on(device):
         return codes_gemm_paths(model, device)
+    if _TC and _TC["enabled"](device):
+        return _TC["paths"](model, device)
     cpu = str(device).startswith("cpu")
     why = choice() if cpu else None  # (not measured for a GPU run: the CPU path is not its question)
     on = cpu and why["on"]
@@ -227,7 +246,7 @@ def gemm_paths(model: torch.nn.Module, device: str) -> dict:
         fwd = INT8 if on and linear and m.weight.shape[-1] <= MAX_K else FAKE
         layers[name] = {"forward": fwd, "dgrad": FAKE, "wgrad": fwd}
     return {"exact_gemm": "on" if on else "off (not a CPU)" if not cpu else f"off ({why['why']})",
-            **({"choice": why} if cpu else {}),
+            **({"choice": why} if cpu else {"tensor_cores": _TC["choice"](device)} if _TC else {}),
             "rule": f"{INT8}: forward at bits <= {MAX_BITS}; wgrad at bits and grad bits <= {MAX_BITS} and "
                     f"{MIN_WGRAD_TOKENS}..{MAX_K} tokens per call (an LSTM's per-step calls: fewer); dgrad stays {FAKE} (per-channel weight scales lie along its K); training "
                     "only; anything else " + FAKE,
@@ -513,21 +532,25 @@ def format_gemm_paths(model: torch.nn.Module, device: str, fmap) -> dict:
 # ------------------------------------------------------------------------------------------------------------------
 # A resume on another path
 
+TC_ROUTES = "int8-tc"  # config.json's name for the tensor-core routes (cptsim.numerics.gpu_gemm.INT8)
+
+
 def path_kind(doc) -> str | None:
-    """The exact path a config.json ``host.gemm_paths`` names (INT8, TF32_CODES, SCALED_MM, or FAKE when none is on);
-    None when there is no such record (a run of an older cptsim)."""
+    """The exact path a config.json ``host.gemm_paths`` names (INT8, TF32_CODES, TC_ROUTES, SCALED_MM, or FAKE when
+    none is on); None when there is no such record (a run of an older cptsim)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("exact_gemm"), str):
         return None
     if doc["exact_gemm"] == "on":
         return INT8
-    if doc["exact_gemm"] == TF32_CODES:
-        return TF32_CODES
+    if doc["exact_gemm"] in (TF32_CODES, TC_ROUTES):
+        return doc["exact_gemm"]
     return SCALED_MM if str(doc.get("scaled_mm", "")).startswith("on") else FAKE
 
 
 # the setting that brings a recorded path back, by (recorded, what this process would run)
 _BACK = {INT8: "CPTSIM_EXACT_GEMM=1", SCALED_MM: "CPTSIM_SCALED_MM=1",
-         TF32_CODES: "CPTSIM_EXACT_GEMM=1 (=codes on a CPU)",
+         TF32_CODES: "CPTSIM_EXACT_GEMM=1 (=codes on a CPU)", TC_ROUTES: "CPTSIM_EXACT_GEMM=int8",
+         (FAKE, TC_ROUTES): "CPTSIM_EXACT_GEMM=0",
          (FAKE, INT8): "CPTSIM_EXACT_GEMM=0", (FAKE, SCALED_MM): "CPTSIM_SCALED_MM=0",
          (FAKE, TF32_CODES): "CPTSIM_EXACT_GEMM unset"}
 

@@ -24,6 +24,8 @@ about which of the two a machine is, so the default is measured:
   Deleting the file measures again. Writers take a lock (ranks of one machine starting together measure once).
 
 The measurement draws its operands from a private generator: a run's random stream is untouched by it.
+On CUDA the same file keeps whether the tensor-core routes (cptsim.numerics.gpu_gemm) are the default on a GPU model
+(``cuda_choice``, section at the end).
 ``CPTSIM_EXACT_GEMM=0/1/codes`` (exact_gemm.mode) overrides it and then nothing is measured.
 """
 
@@ -254,3 +256,151 @@ def measured_choice(threads: int | None = None) -> dict:
 def forget() -> None:
     """Drop this process's remembered decisions (the cache file stays): the next call reads the file again."""
     _DECIDED.clear()
+    _CUDA_DECIDED.clear()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# CUDA: whether the tensor-core routes (cptsim.numerics.gpu_gemm) are the default on this GPU
+#
+# The same question as above on a GPU: does the route beat the path it replaces? Timed once per GPU model, compute
+# capability and torch version, and kept in the same file (the key starts with "cuda |"). Two probes, each the route's
+# whole GEMM from the fake-quantized operands (their integers, the int8 codes and offsets, the int8 GEMM, the
+# epilogue) against today's GEMM of the same values with TF32 on (the faster of today's two settings: the stricter
+# comparison):
+#
+# * CUDA_MM_PROBE, a ResNet-50 1x1 convolution as a GEMM (128x256x56x56 -> 64 at batch 128: M 401408, K 256, N 64; a
+#   quarter of its rows here): the routes are on when the int8 one is at least CUDA_MIN_SPEEDUP times faster.
+# * CUDA_CONV_PROBE, a ResNet-50 3x3 convolution (64 channels, 56x56, batch 32): the implicit-GEMM int8 kernel vs the
+#   TF32 convolution of the integers (``tf32-int-codes``, exact too, which k x k forwards take otherwise), and the
+#   implicit-GEMM int8 wgrad kernel vs the TF32 wgrad of the same integers. Each kernel takes its GEMM of k x k
+#   convolutions when it is faster.
+#
+# The probes themselves are the routes' code (cptsim.numerics.gpu_gemm.cuda_probes, handed in as ``make_probes``:
+# this module imports neither gpu_gemm nor exact_gemm); ``timer`` and ``probes`` are parameters so the rule and the
+# cache are tested without a GPU.
+
+CUDA_MM_PROBE = (100352, 256, 64)
+CUDA_CONV_PROBE = (32, 64, 56, 56, 64, 3)  # N, C, H, W, O, k
+CUDA_MIN_SPEEDUP = 1.2
+CUDA_REPEATS = 20
+
+
+def cuda_key(name: str, capability, torch_version: str | None = None) -> str:
+    return f"cuda | {name} | sm{capability[0]}{capability[1]} | torch {torch_version or torch.__version__}"
+
+
+def cuda_seconds(fn, repeats: int = CUDA_REPEATS) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn`` on the current CUDA stream, after a warm-up call."""
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return best
+
+
+def measure_cuda(device, probes: dict, timer=None) -> dict:
+    """Seconds per probe (``cuda_probes``' labels: int8_mm, tf32_mm, implicit_conv, tf32_conv, implicit_wgrad,
+    tf32_wgrad); a probe that fails is left out
+    with its error under ``"errors"``."""
+    timer = cuda_seconds if timer is None else timer
+    out: dict = {}
+    for label, fn in probes.items():
+        try:
+            out[label] = timer(fn)
+        except Exception as e:  # noqa: BLE001 - a route that cannot run here is a route not taken
+            out.setdefault("errors", {})[label] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return out
+
+
+def cuda_record(figures: dict, name: str, capability) -> dict:
+    """The decision from ``measure_cuda``'s figures: on when int8_mm * CUDA_MIN_SPEEDUP <= tf32_mm; the implicit
+    conv kernel when it beat the TF32 convolution."""
+    base = {"gpu": name, "capability": f"sm{capability[0]}{capability[1]}", "torch": torch.__version__,
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **{f"{k}_ms": round(v * 1e3, 4) for k, v in figures.items() if k != "errors"}}
+    if figures.get("errors"):
+        base["errors"] = figures["errors"]
+    ti, tf = figures.get("int8_mm"), figures.get("tf32_mm")
+    if ti is None or tf is None:
+        return {"on": False, "implicit_conv": False, "implicit_wgrad": False,
+                "why": f"the int8 GEMM probe failed on {name}: {(figures.get('errors') or {}).get('int8_mm', '?')}",
+                **base}
+    on = ti * CUDA_MIN_SPEEDUP <= tf
+    beats, conv = {}, ""
+    for gemm, what in (("conv", "conv"), ("wgrad", "wgrad")):
+        tc, tt = figures.get(f"implicit_{gemm}"), figures.get(f"tf32_{gemm}")
+        beats[gemm] = tc is not None and tt is not None and tc < tt
+        if tc is not None and tt is not None:
+            conv += f"; implicit-GEMM {what} {_ms(tc)} vs TF32 {what} {_ms(tt)}"
+    M, K, N = CUDA_MM_PROBE
+    return {"on": on, "implicit_conv": beats["conv"], "implicit_wgrad": beats["wgrad"],
+            "why": f"measured: int8 route {_ms(ti)} vs TF32 GEMM {_ms(tf)} ({M}x{K} @ {K}x{N}){conv} on {name}",
+            "rule": f"on when the int8 route (from the fake-quantized operands) is at least {CUDA_MIN_SPEEDUP:g}x "
+                    "faster than the TF32 GEMM of the same values; a k x k convolution's forward / wgrad on its "
+                    "implicit-GEMM kernel when that beats the TF32 convolution of the integers",
+            **base}
+
+
+_CUDA_DECIDED: dict = {}
+
+
+def cuda_choice(device, make_probes=None, timer=None, gpu: tuple | None = None, probes: dict | None = None) -> dict:
+    """This GPU's decision (``cuda_record``): from this process's memory, else the cache file, else measured now
+    (``make_probes(device)``'s calls, or ``probes``) and kept. Off without measuring where CUDA is not available, and
+    while a CUDA graph is being captured (nothing may be timed or read back then; the eager warm-up steps before a
+    capture decide). ``gpu``: (name, capability) given instead of read from the device (tests)."""
+    if gpu is None:
+        if not torch.cuda.is_available():
+            return {"on": False, "implicit_conv": False, "implicit_wgrad": False, "why": "CUDA is not available"}
+        dev = torch.device(device)
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        gpu = (torch.cuda.get_device_name(idx), torch.cuda.get_device_capability(idx))
+        device = torch.device("cuda", idx)
+    name, cap = gpu
+    key = cuda_key(name, cap)
+    memo = (os.environ.get("CPTSIM_HOME"), os.environ.get("XDG_CACHE_HOME"), key)
+    hit = _CUDA_DECIDED.get(memo)
+    if hit is not None:
+        return hit
+    if torch.device(device).type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return {"on": False, "implicit_conv": False, "implicit_wgrad": False,
+                "why": "not measured yet (a CUDA graph capture)"}
+    if probes is None and make_probes is None:
+        return {"on": False, "implicit_conv": False, "implicit_wgrad": False, "why": "nothing to measure"}
+    out = _kept(key, lambda: cuda_record(measure_cuda(device, probes if probes is not None else make_probes(device),
+                                                      timer), name, cap))
+    _CUDA_DECIDED[memo] = out
+    return out
+
+
+def _kept(key: str, make) -> dict:
+    """The cache file's entry under ``key``, else ``make()`` kept there (under the file's lock), with its source."""
+    path = cache_path()
+    entry = _read(path).get(key)
+    if _valid(entry):
+        return {**entry, "source": f"cached in {path}"}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass
+    with _Lock(path.with_name(path.name + ".lock")):
+        entry = _read(path).get(key)  # another process may have measured while this one waited
+        if _valid(entry):
+            return {**entry, "source": f"cached in {path}"}
+        entry = make()
+        out = {**entry, "source": f"measured now, kept in {path}"}
+        try:
+            from cptsim.fileio import atomic_write_bytes
+
+            entries = _read(path)
+            entries[key] = entry
+            atomic_write_bytes(path, (json.dumps({"format": FORMAT, "entries": entries}, indent=1) + "\n").encode())
+        except OSError as e:
+            out["source"] = f"measured now, not kept ({path}: {e.strerror or e})"
+    return out

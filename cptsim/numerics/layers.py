@@ -39,14 +39,46 @@ import torch.nn.functional as F
 
 from cptsim.errors import InputError
 from cptsim.numerics import ckernels
-from . import exact_gemm
+from . import exact_gemm, gpu_gemm
 from . import formats as _formats
 from .graph_layers import AggregationQuantizer, check_has_aggregation, quantize_aggregations, unquantized_parameters
 from .quant import (FULL_PRECISION, check_bits, choose_qparams, qrange, quantize_activation, quantize_error,
                     quantize_weight)
 from .quant import QuantActivationSTE as _QuantInput  # per-tensor fake quantization, straight-through gradient
+from . import quant as _quant
 
 ACT_MOMENTUM = 0.9  # running-range momentum for eval, as in the SBM/CPT code
+
+
+class _NoScope:
+    """A no-op stand-in for quant.fallback_scope (a quant module without fallback records)."""
+
+    __slots__ = ()
+
+    def __init__(self, name=None):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# The quantizers record a call that ran a slower path than the chosen one against the layer named by the innermost
+# scope: a quantized layer names itself (its module name, set by quantize_model) around its quantizers, and again in
+# backward, which autograd runs on a thread of its own on a GPU.
+_fallback_scope = getattr(_quant, "fallback_scope", _NoScope)
+
+
+def _name(layer) -> str | None:
+    return layer.__dict__.get("_cptsim_name")
+
+
+def _scoped_error(grad: torch.Tensor, bits: int, name: str | None) -> torch.Tensor:
+    """quantize_error(grad, bits) with the layer ``name`` as its fallback scope (the error hook)."""
+    with _fallback_scope(name):
+        return quantize_error(grad, bits)
 
 
 @dataclass
@@ -230,6 +262,11 @@ class _IntCodesLayer(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
+        with _fallback_scope(_name(ctx.layer)):
+            return _IntCodesLayer._backward(ctx, grad)
+
+    @staticmethod
+    def _backward(ctx, grad):
         x, lo, hi, sx = ctx.saved_tensors
         layer, g, need = ctx.layer, ctx.grad_bits, ctx.needs_input_grad
         gq = grad if g == FULL_PRECISION else quantize_error(grad, g)
@@ -248,6 +285,73 @@ class _IntCodesLayer(torch.autograd.Function):
                 gw = layer._op_backward(gq, xq, ctx.wq, (False, True, False))[1]
         ctx.wq = None
         return gx, gw, gb, None, None, None
+
+
+class _TensorCoreLayer(torch.autograd.Function):
+    """A quantized Conv2d / Linear whose three GEMMs take the routes cptsim.numerics.gpu_gemm names (``routes``:
+    ``gpu_gemm.route`` for this layer, bits and shapes): at <= 8 bits the forward and wgrad on int8 tensor cores with
+    int32 sums, dgrad on FP16, wider as that module says. The same quantizer calls as the general path -- Qa(x) with
+    the batch range and the running-range update, Qw(W) per output channel, the error with stochastic rounding in
+    backward -- and the same straight-through gradients; the GEMMs take the integers of the quantizers' outputs.
+    Backward re-quantizes x from its range (the same tensor) unless the forward's int8 codes serve wgrad (kept: one
+    byte per input element)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer, bits, grad_bits, routes):
+        lo, hi = layer._input_range(x)
+        sx = choose_qparams(lo, hi, bits)[0]
+        # Qa(x)'s integers over Qa(x) itself (exact_gemm.int_values' operations, in place: one activation-sized
+        # tensor fewer)
+        xv = quantize_activation(x, lo, hi, bits).mul_(sx.reciprocal()).round_()
+        wq = quantize_weight(weight, bits)
+        sw = exact_gemm.channel_scale(weight, bits)
+        wv = exact_gemm.int_values(wq, sw.view(-1, *[1] * (weight.dim() - 1)))
+        y, codes = gpu_gemm.forward(layer._tc_kind, routes["forward"], xv, sx, wv, sw, bias, bits, layer._tc_geom)
+        del xv, wv
+        ctx.save_for_backward(x, lo, hi, sx)
+        ctx.wq, ctx.sw, ctx.layer, ctx.bits, ctx.grad_bits, ctx.routes = wq, sw, layer, bits, grad_bits, routes
+        ctx.codes = codes if routes["wgrad"] in (gpu_gemm.INT8, gpu_gemm.INT8_IMPLICIT) else None
+        ctx.has_bias = bias is not None
+        layer.__dict__["gemm_path"] = dict(routes)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        with _fallback_scope(_name(ctx.layer)):
+            return _TensorCoreLayer._backward(ctx, grad)
+
+    @staticmethod
+    def _backward(ctx, grad):
+        x, lo, hi, sx = ctx.saved_tensors
+        layer, g, need, routes, wq = ctx.layer, ctx.grad_bits, ctx.needs_input_grad, ctx.routes, ctx.wq
+        kind, geom, bits = layer._tc_kind, layer._tc_geom, ctx.bits
+        gq = grad if g == FULL_PRECISION else quantize_error(grad, g)
+        ev = se = None
+        if (need[0] and routes["dgrad"] != gpu_gemm.FAKE) or (need[1] and routes["wgrad"] != gpu_gemm.FAKE):
+            se = exact_gemm.tensor_scale(grad, g)  # quantize_error's scale: the same range, the same formula
+            ev = exact_gemm.int_values(gq, se)
+        gx = gw = gb = None
+        if need[0]:
+            if routes["dgrad"] == gpu_gemm.FAKE:
+                gx = layer._op_backward(gq, x, wq, (True, False, False))[0]
+            else:
+                gx = gpu_gemm.dgrad(kind, ev, se, g, wq, ctx.sw, bits, x.shape, geom)
+        if need[1]:
+            r = routes["wgrad"]
+            if ctx.codes is not None:
+                gw = gpu_gemm.wgrad(kind, r, ev, se, g, sx, bits, wq.shape, geom, codes=ctx.codes)
+            else:
+                xq = quantize_activation(x, lo, hi, bits)  # forward's Qa(x), bit for bit
+                if r == gpu_gemm.FAKE:
+                    gw = layer._op_backward(gq, xq, wq, (False, True, False))[1]
+                else:
+                    gw = gpu_gemm.wgrad(kind, r, ev, se, g, sx, bits, wq.shape, geom,
+                                        xv=xq.mul_(sx.reciprocal()).round_())
+        if ctx.has_bias and need[2]:
+            gb = gq.reshape(-1, gq.shape[-1]).sum(0) if kind == "linear" else gq.sum((0, 2, 3))
+        ctx.wq = ctx.codes = None
+        return gx, gw, gb, None, None, None, None
 
 
 class _QuantWeight(torch.autograd.Function):
@@ -351,6 +455,10 @@ class _QuantMixin:
                 and (b is None or (b.dtype == torch.float32 and b.device.type == "cpu")))
 
     def _quantized_call(self, op, x: torch.Tensor) -> torch.Tensor:
+        with _fallback_scope(_name(self)):
+            return self._quantized_call_scoped(op, x)
+
+    def _quantized_call_scoped(self, op, x: torch.Tensor) -> torch.Tensor:
         """``op(Qa(x), Qw(W))`` with the error quantized in backward.
 
         The op (conv, linear) saves its input for wgrad; that input would be Qa(x), an activation-sized tensor per
@@ -363,6 +471,9 @@ class _QuantMixin:
         fmt = self.precision.forward_format()
         if fmt is not None:  # a float format (number_format fp | mx | nvfp): its own path, below
             return self._format_call(op, x, fmt)
+        routes = self._tc_routes(x, bits)
+        if routes is not None:  # GEMMs on tensor cores where exact (CUDA where measured to pay, or forced)
+            return _TensorCoreLayer.apply(x, self.weight, self.bias, self, bits, self.precision.grad_bits, routes)
         if self._codes(x, bits):  # exact GEMMs on the integer codes (CUDA with CPTSIM_EXACT_GEMM=1, opt-in)
             return _IntCodesLayer.apply(x, self.weight, self.bias, self, bits, self.precision.grad_bits)
         kernel_input = self._kernel_input(x)
@@ -380,7 +491,7 @@ class _QuantMixin:
         w = self._quantized_weight(bits)
         if not (torch.is_grad_enabled() and (xq.requires_grad or w.requires_grad)):
             return self._quantize_error(op(xq, w))
-        xd, version, key = x.detach(), x._version, (xq.data_ptr(), xq.shape, xq.dtype)
+        xd, version, key, name = x.detach(), x._version, (xq.data_ptr(), xq.shape, xq.dtype), _name(self)
         # (the hooks refer to xq's key, not to xq: autograd keeps the hooks, and with them what they refer to)
 
         def pack(t):
@@ -395,7 +506,7 @@ class _QuantMixin:
             if x0._version != v:
                 raise RuntimeError("the input of a quantized layer was modified in place after its forward; "
                                    "its quantized copy cannot be recomputed for backward")
-            with torch.no_grad():
+            with torch.no_grad(), _fallback_scope(name):
                 return quantize_activation(x0, lo0, hi0, b)
 
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
@@ -461,6 +572,26 @@ class _QuantMixin:
                 and (self.bias is None or self.bias.dtype == torch.float32)
                 and "_wq_cache" not in self.__dict__ and not torch.is_autocast_enabled(x.device.type))
 
+    _tc_kind = None  # gpu_gemm.layer_kind of a layer _TensorCoreLayer can run (QConv2d, the Linear mixin)
+    _tc_geom = None  # a convolution's (stride, padding, dilation, groups)
+
+    def _tc_routes(self, x: torch.Tensor, bits: int) -> dict | None:
+        """The tensor-core routes (gpu_gemm.route) this call takes, or None for the paths below: on where
+        gpu_gemm.enabled says (CUDA where measured faster, or CPTSIM_EXACT_GEMM=int8), for a layer class that can take
+        them, float32 input, weight and bias on one device, no autocast (AMP's own GEMMs then), no per-forward weight
+        cache; None too where every GEMM's route would be today's."""
+        if self._tc_kind is None or (x.device.type == "cpu" and exact_gemm.mode() != "int8"):
+            return None  # (a CPU's default: one environment read, then the CPU paths as before)
+        w = self.weight
+        if not (x.dtype == torch.float32 and w.dtype == torch.float32 and w.device == x.device
+                and (self.bias is None or self.bias.dtype == torch.float32) and "_wq_cache" not in self.__dict__
+                and not torch.is_autocast_enabled(x.device.type)):
+            return None
+        if not gpu_gemm.enabled(x.device):  # (after the autocast check: a first call may time the routes here)
+            return None
+        routes = gpu_gemm.layer_routes(self, bits, self.precision.grad_bits, x.device)
+        return None if all(r == gpu_gemm.FAKE for r in routes.values()) else routes
+
     def _quantized_weight(self, bits: int) -> torch.Tensor:
         # Inside reuse_quantized_weights (an LSTM's hidden-to-hidden layer, called once per time step of one
         # forward) the quantized weight is made once and reused while the weight's version counter and the bits
@@ -486,7 +617,7 @@ class _QuantMixin:
         # one more output-sized tensor per layer alive until backward (+20-57% peak memory on resnet20). A hook
         # registered before an in-place op receives the gradient w.r.t. the tensor as it was then -- the layer's own
         # output -- and what it returns is what flows into the layer's backward (dgrad and wgrad).
-        y.register_hook(partial(quantize_error, bits=g))
+        y.register_hook(partial(_scoped_error, bits=g, name=_name(self)))
         return y
 
 
@@ -554,6 +685,14 @@ class QConv2d(_QuantMixin, nn.Conv2d):
     def _one_node(self, x: torch.Tensor) -> bool:
         return self._codes_capable and super()._one_node(x)
 
+    @property
+    def _tc_kind(self):
+        return gpu_gemm.layer_kind(self.kernel_size, self.padding, self.groups) if self._codes_capable else None
+
+    @property
+    def _tc_geom(self):
+        return self.stride, self.padding, self.dilation, self.groups
+
     def _op(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, self.groups)
 
@@ -573,6 +712,7 @@ class _QuantLinearMixin(_QuantMixin):
 
     _exact_capable = True  # exact_gemm.gemm_paths: this layer can take the int8 path
     _codes_capable = True  # _IntCodesLayer (exact_gemm: integer codes on TF32)
+    _tc_kind = "linear"  # _TensorCoreLayer (gpu_gemm)
 
     def _op(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, w, b)
@@ -866,6 +1006,7 @@ def quantize_model(
         # Changing the class in place keeps parameters, hooks and state_dict keys exactly as they were.
         module.__class__ = cls
         module._init_quant(precision)
+        module.__dict__["_cptsim_name"] = name  # the quantizers' fallback records name the layer by it
     if quant_agg:
         quantize_aggregations(model, precision, ACT_MOMENTUM)
     return precision
