@@ -13,6 +13,7 @@
 #   cuda-tests calibrate optrace  gpu-optrace-H100/ (traces, calibrate.json, calibrated.toml, session.log)
 #   never-seen                    gpu-optrace-H100/heldout3.json
 #   cuda-tests quant paths        prepared, not run yet
+#   gpu-train                     prepared, not run yet (quantized vs AMP steps, train vs its graph: < 8 min)
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu-session}
@@ -26,6 +27,7 @@ SECTIONS=(
     "optrace|T_TRACE|${T_TRACE:-230}|gpu_optrace.py: per-op GPU time of the held-out outliers and the LMs under AMP (torch.profiler, shapes recorded), and ResNet-50 quantized 8/8 vs AMP vs FP32 with a quantized conv's exactness four ways -> \$OUT/trace-*.json.gz, \$OUT/quant-resnet50.json; the traces and cal/ packed into \$OUT/pack.tgz; benchmarks/gpu/bench_gpu_optrace.py prices them"
     "never-seen|T_MEASURE|${T_MEASURE:-210}|gpu_measure.py section b: timm networks no constant of the GPU model has seen (not fitted, not traced, not held out before) trained in AMP, NCHW then channels-last: the out-of-sample check of the NCHW batch-norm model -> \$OUT/heldout3.json; benchmarks/bench_gpu_heldout.py prices it"
     "quant|T_QUANT|${T_QUANT:-200}|gpu_optrace.py --sections quant: torchvision ResNet-50 at batch 128, AMP vs FP32 vs cptsim's quantized 8/8 (TF32 on, off) vs the integer-codes path (CPTSIM_EXACT_GEMM=1), one conv's exactness four ways, a 1x1 conv's routes as a GEMM of the codes -> \$OUT/quant-resnet50.json (acceptance: quantized <= 1.3x AMP and <= 0.8x the fake-quant path)"
+    "gpu-train|T_GPU_TRAIN|${T_GPU_TRAIN:-450}|every CUDA test (pytest -m cuda tests/, at most T_GPU_TESTS=${T_GPU_TESTS:-150} s), then bench_gpu_train.py: whole steps of ResNet-50 b128, resnet20, transformer-lm, lstm-lm, gcn under AMP, FP32 and each quantized route (fake-quant with Triton / torch.compile / eager quantizers, integer codes, int8 tensor cores), and cptsim train's resnet20 step against its CUDA graph's replay -> \$OUT/cuda-tests-all.txt, \$OUT/gpu-train.json (written after every model; its table: bench_gpu_train.py --from-json FILE), \$OUT/gpu-train.txt, .err"
     "paths|T_PATHS|${T_PATHS:-150}|bench_quant_step.py --device cuda: whole training steps of resnet20, transformer-lm, lstm-lm and gcn by GEMM path (FP32, fake-quant, integer codes, AMP) -> \$OUT/paths-cuda.json. If the codes path is no slower than fake-quant here and in quant, flip its CUDA default (exact_gemm.codes_on)"
 )
 # the timm networks of never-seen: none in the fit, traced, or an earlier held-out set
@@ -99,6 +101,16 @@ run_section() {  # run_section NAME LIMIT
         quant)
             timeout "$2" "$PY" benchmarks/gpu/gpu_optrace.py --out "$OUT" --sections quant --budget $(( $2 - 10 ))
             echo "gpu_optrace rc=$?" ;;
+        gpu-train)
+            local tt=${T_GPU_TESTS:-150}
+            timeout "$tt" "$PY" -m pytest -q -m cuda tests/ -p no:cacheprovider >"$OUT/cuda-tests-all.txt" 2>&1
+            echo "pytest -m cuda rc=$?"; tail -15 "$OUT/cuda-tests-all.txt"
+            # what is left of the section's limit; no model starts in its last 120 s (a model's cases take ~that)
+            local left=$(( $2 - tt - 10 ))
+            timeout "$left" "$PY" benchmarks/bench_gpu_train.py --rounds 5 --budget $(( left - 120 )) \
+                --out "$OUT/gpu-train.json" >"$OUT/gpu-train.txt" 2>"$OUT/gpu-train.err"
+            echo "bench_gpu_train rc=$?"; tail -5 "$OUT/gpu-train.err"
+            "$PY" benchmarks/bench_gpu_train.py --from-json "$OUT/gpu-train.json" 2>&1 | tail -40 ;;
         paths)
             timeout "$2" "$PY" benchmarks/bench_quant_step.py --models resnet20 transformer-lm lstm-lm gcn \
                 --rounds 7 --device cuda --json >"$OUT/paths-cuda.json" 2>"$OUT/paths-cuda.err"

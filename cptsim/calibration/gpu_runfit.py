@@ -49,7 +49,8 @@ def run_route(cfg: dict) -> tuple[str, bool, dict]:
     eager = str(host.get("quantizers", "")).startswith("eager")
     layers = (host.get("gemm_paths") or {}).get("layers") or {}
     fwd = [str(v.get("forward", "")) for v in layers.values() if isinstance(v, dict)]
-    counts = {NATIVE: sum("int8" in f for f in fwd), INT_CODES: sum("codes" in f for f in fwd)}
+    # int8 tensor cores at <= 8 bits (and FP16 ones at 9-16 bits, cptsim.numerics.gpu_gemm): the profile's own tiers
+    counts = {NATIVE: sum("int8" in f or f.startswith("fp16") for f in fwd), INT_CODES: sum("codes" in f for f in fwd)}
     route = max(counts, key=counts.get) if fwd and max(counts.values()) * 2 > len(fwd) else FAKE_QUANT
     return route, eager, tf32
 

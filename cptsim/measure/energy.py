@@ -3,7 +3,10 @@
 ``EnergyMeter.read()`` returns the energy the GPU drew since the previous read (or ``start()``) and the average power
 over that interval. The training loop starts it where a step's clock starts and reads it right after the step's one
 host-device synchronisation, so each trace line carries ``energy_j`` and ``power_w`` for the same interval as its
-``time_s`` (give or take the optimizer update, which runs into the next step), and nothing drawn between steps --
+``time_s``. In one process on a GPU that synchronisation is the wait, during step k+1, for step k's work to end
+(``cptsim.run.train.lagged_reads``): the read then falls where the GPU passes from step k to k+1, one read per step
+and no synchronisation of its own, and the next interval starts there; after an evaluation or a checkpoint the
+meter is started again at the next step. Nothing drawn between steps --
 the evaluation, re-estimation and checkpoint between epochs, seconds of it -- lands in a step's energy (it did in
 benchmarks/results/gpu_check_H200_run2.txt: an epoch of imagenet-resnet18 steps read 1090 W on a 700 W card). Reading the counter is
 a driver call (tens of microseconds), no GPU sync.

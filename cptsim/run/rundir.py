@@ -17,6 +17,9 @@ and, next to the directory (so that a run not created yet can be locked, and the
 Every whole-file write goes to a temporary file in the same directory, is fsync'd and then renamed over the
 old one, so a kill at any moment leaves either the old or the new file, never half of one. The two .jsonl files
 are append-only; a kill can leave a partial last line, which readers report and `truncate_after` removes.
+The training loop keeps trace.jsonl open (``keep_trace_open``) and hands each line to the kernel in one write of
+its own: no open and close per step; once appended, a line survives a kill of the process (it is in the page cache;
+like every append here it is not fsync'd).
 A checkpoint is durable (file and directory fsync'd) before the manifest names it, and the manifest is durable
 before older checkpoints are deleted; resume takes the newest checkpoint whose size and SHA-256 match the
 manifest and that loads, so one damaged file costs the steps since the checkpoint before it, not the run.
@@ -248,6 +251,8 @@ class RunDir:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        self._trace_fd: int | None = None  # trace.jsonl held open (keep_trace_open), else opened per line
+        self._trace_kept = False
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     @classmethod
@@ -302,6 +307,20 @@ class RunDir:
             raise InputError(f"{path}: schedule.text is missing or not a string")
         return cfg
 
+    def update_config(self, key: str, value: Any) -> None:
+        """Set one key of config.json (``"host.quantizer_fallbacks"``: a dotted path, objects made as needed) and
+        rewrite the file atomically, every other key and its order kept."""
+        path = self.path / CONFIG
+        cfg = self.read_config()
+        *parents, last = key.split(".")
+        node = cfg
+        for k in parents:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise InputError(f"{path}: {key!r}: {k!r} is not an object")
+        node[last] = value
+        atomic_write_json(path, cfg)
+
     def write_json(self, name: str, obj: Any) -> None:
         atomic_write_json(self.path / name, obj)
 
@@ -316,7 +335,26 @@ class RunDir:
 
     # ---- trace and metrics -----------------------------------------------------------------------------------
     def append_trace(self, record: dict) -> None:
-        self._append(TRACE, record)
+        if not self._trace_kept:
+            self._append(TRACE, record)
+            return
+        if self._trace_fd is None:
+            self._trace_fd = os.open(self.path / TRACE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        while data:  # one write() for a line of a few hundred bytes; the loop only for a short write (a full disk)
+            data = data[os.write(self._trace_fd, data):]
+
+    def keep_trace_open(self) -> None:
+        """Append every further trace line through one descriptor held open (``close_trace`` closes it): a step's
+        line costs one write() instead of an open, a write and a close -- the training loop's per-step file work
+        on a GPU, where the host has the time of one step to launch the next. A line is written whole before
+        ``append_trace`` returns, so a kill loses no line appended before it, as with a line opened per write."""
+        self._trace_kept = True
+
+    def close_trace(self) -> None:
+        fd, self._trace_fd, self._trace_kept = self._trace_fd, None, False
+        if fd is not None:
+            os.close(fd)
 
     def append_metrics(self, record: dict) -> None:
         self._append(METRICS, record)
@@ -338,6 +376,9 @@ class RunDir:
 
         Rewritten atomically, so a kill during the rewrite leaves the old file, and the next resume does it again.
         """
+        if self._trace_fd is not None:  # the file is replaced below: a descriptor held open would write to the old one
+            os.close(self._trace_fd)
+            self._trace_fd = None
         keep = {TRACE: lambda r: r.get("step", step) < step, METRICS: lambda r: r.get("step", step + 1) <= step}
         for name, wanted in keep.items():
             path = self.path / name

@@ -1,9 +1,12 @@
 """The cyclic-precision training loop: read it top to bottom.
 
-`train(config, out)` starts a run, `resume(run_dir)` continues one from its last checkpoint. Each step:
-look up this step's bits in the schedule, set them on the shared PrecisionState, run one quantized SGD step,
-append one trace line. Each epoch: re-estimate BatchNorm statistics at the evaluation bits, evaluate, append one
-metrics line, replace the checkpoint (epochs of milliseconds: every few epochs, ``_CheckpointPacer``).
+`train(config, out)` starts a run, `resume(run_dir)` continues one from its last checkpoint. Each step
+(``_Training``, driven by ``_loop``): look up this step's bits in the schedule, set them on the shared
+PrecisionState, run one quantized SGD step, append one trace line. Each epoch: re-estimate BatchNorm statistics at
+the evaluation bits, evaluate, append one metrics line, replace the checkpoint (epochs of milliseconds: every few
+epochs, ``_CheckpointPacer``). In one process on a GPU the host reads and records step k while the GPU runs step
+k+1 (``lagged_reads``), so its per-step work (costs, energy, the trace line) overlaps the GPU's instead of adding
+to it; a CPU run reads each step as it ends, and both record the same numbers.
 
 Determinism (what makes a resumed run identical to an uninterrupted one):
 * the data order of epoch e is a permutation drawn from a generator seeded by (seed, e), not from a stream
@@ -39,6 +42,7 @@ from torch.utils.data import DataLoader
 from cptsim import __version__
 from cptsim.cost.runlength import RunLength
 from cptsim.errors import InputError, RunFailed, RunStopped
+from cptsim.measure.opcount import zero_grad
 from cptsim.models.loss import class_cross_entropy
 from .rundir import RunDir
 
@@ -355,13 +359,9 @@ def epoch_batches(cfg: TrainConfig, w: Workload, epoch: int, first: int, last: i
 def quantizer_path(device: str) -> str:
     """Which quantizers a run on this device executes: their random draws differ (cptsim.numerics.ckernels), so a run is
     reproduced draw for draw only on the same path."""
-    from cptsim.numerics import ckernels
     from cptsim.numerics import quant
 
-    if str(device).startswith("cuda"):
-        return "fused (torch.compile)" if quant.fusion_enabled() else "eager"
-    st = ckernels.status()
-    return "c-kernels" if st["in_use"] else f"eager ({st['why_not']})"
+    return quant.kernel_route(device)
 
 
 def tf32_flags() -> dict:
@@ -406,6 +406,8 @@ def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
         "versions": {"cptsim": __version__, "torch": torch.__version__, "python": platform.python_version()},
         "host": {"machine": platform.machine(), "threads": torch.get_num_threads(),
                  "quantizers": quantizer_path(cfg.device), **tf32_flags(),
+                 # torch.optim's update: fused on CUDA, foreach elsewhere; a resume keeps the run's
+                 "optimizer_impl": optimizer_impl(cfg.device),
                  # which GEMMs of each quantized layer run exact int8 and which the FP32 fake-quant path
                  "gemm_paths": gemm_paths(w.model, cfg.device) if w.precision.formats is None else
                  format_gemm_paths(w.model, cfg.device, w.precision.formats)},
@@ -679,7 +681,8 @@ def _compiles() -> int:
 
 class _SyncCheck:
     """CPTSIM_SYNC_DEBUG=warn|error on CUDA: count the host-device synchronisations of each training step (trace
-    key ``host_syncs``; the target is 1, the step's read of loss and counts). ``error`` makes any other one raise
+    key ``host_syncs``; the target is 1, the step's read of loss and counts -- read one step late, the wait for the
+    step's end, which the loop counts itself: torch sees no event wait). ``error`` makes any other one raise
     where it happens (torch.cuda.set_sync_debug_mode). Off (the default), every method is a no-op."""
 
     def __init__(self, mode: str, first_step: int):
@@ -816,7 +819,11 @@ def make_optimizer(params: list, cfg: TrainConfig, impl: str = "foreach") -> tor
         return opt
     if impl != "fused":
         raise InputError(f"optimizer implementation must be foreach or fused, got {impl!r}")
-    return type(opt)(params, **{**opt.defaults, "foreach": None, "fused": True})
+    import inspect
+
+    cls = type(opt)
+    takes = inspect.signature(cls.__init__).parameters  # defaults may hold more (AdamW's decoupled_weight_decay)
+    return cls(params, **{k: v for k, v in {**opt.defaults, "foreach": None, "fused": True}.items() if k in takes})
 
 
 class StepCosts:
@@ -864,11 +871,31 @@ class StepCosts:
         return [executed[k][p] for k in ("macs", "bitops") for p in PHASES]
 
 
-def step_path(model: nn.Module, paths: dict | None, bits: int) -> str:
+def quantized_modules(model: nn.Module) -> list:
+    """(name, module) of every quantized layer (those with a precision and an activation range)."""
+    return [(n, m) for n, m in model.named_modules() if hasattr(m, "precision") and hasattr(m, "act_count")]
+
+
+def _recorded_route(doc: dict, bits: int) -> str | None:
+    """A layer's forward route at ``bits`` as config.json ``host.gemm_paths`` names it: its top-level entry holds
+    the route at <= 8 bits, ``widths`` (where routes differ by width) ranges "A-B" above; else above 8 bits every
+    GEMM is the fake-quant path."""
+    from cptsim.numerics.exact_gemm import FAKE, MAX_BITS
+
+    if bits <= MAX_BITS:
+        return doc.get("forward")
+    for span, rec in (doc.get("widths") or {}).items():
+        lo, _, hi = str(span).partition("-")
+        if lo.isdigit() and hi.isdigit() and int(lo) <= bits <= int(hi) and isinstance(rec, dict):
+            return rec.get("forward")
+    return FAKE
+
+
+def step_path(layers: list, paths: dict | None, bits: int) -> str:
     """The GEMM route the quantized layers' forwards took at ``bits`` (a CUDA trace line's ``path``): each layer's
-    last forward (``layer.gemm_path``, set where a route is chosen), else what ``host.gemm_paths`` names for it
-    (``paths``: ``exact_gemm.gemm_paths``); at full precision nothing is quantized (``fp32``). Several routes:
-    joined by ``+``, the most used first."""
+    own record of its last forward (``layer.gemm_path``, where its route sets one), else what ``host.gemm_paths``
+    (``paths``) names for it at that width; at full precision nothing is quantized (``fp32``). Several routes:
+    joined by ``+``, the most used first. ``layers``: ``quantized_modules(model)``."""
     from collections import Counter
 
     from cptsim.numerics.quant import FULL_PRECISION
@@ -877,11 +904,9 @@ def step_path(model: nn.Module, paths: dict | None, bits: int) -> str:
         return "fp32"
     recorded = (paths or {}).get("layers") or {}
     seen: Counter = Counter()
-    for name, m in model.named_modules():
-        if not hasattr(m, "precision") or not hasattr(m, "act_count"):
-            continue
+    for name, m in layers:
         last = m.__dict__.get("gemm_path")
-        route = last.get("forward") if isinstance(last, dict) else (recorded.get(name) or {}).get("forward")
+        route = last.get("forward") if isinstance(last, dict) else _recorded_route(recorded.get(name) or {}, bits)
         if isinstance(route, str):
             seen[route] += 1
     return "+".join(r for r, _ in seen.most_common()) or "none"
@@ -976,12 +1001,10 @@ class _Training:
             self._prepare()
 
     def _prepare(self) -> None:
-        from cptsim.measure.opcount import zero_grad
         from cptsim.measure.profiler import MacCounter
         from .rundir import PROFILE
 
         cfg, d, device = self.cfg, self.d, self.device
-        self.zero_grad = zero_grad  # as the op count clears gradients
         self.kill_at, self.nan_at, self.int_at = _fault("KILL"), _fault("NAN"), _fault("SIGINT")
         self.costs = StepCosts(self.w.precision.formats)  # None: integers; else a float family's FormatMap
         self.counter = MacCounter(self.model, cfg.model)  # forward hooks reading shapes: ~0.1% of a resnet20 step
@@ -999,7 +1022,7 @@ class _Training:
 
             self.run = logged_run(self.run, cfg.tensorboard)
         if d.is_main:
-            self.run.buffer_trace()  # written at checkpoints, evaluations, every few seconds and at the end
+            self.run.keep_trace_open()  # one write() per line, no open and close per step
         self.graphs = None  # one process on a GPU: forward + backward replayed as CUDA graphs (cptsim.run.cudagraph)
         if self.cuda and not d.active:
             from .cudagraph import GraphedSteps, graphs_enabled
@@ -1013,6 +1036,7 @@ class _Training:
         if self.lagged and self.cuda:  # two pinned buffers: step k's totals land in one while k-1's are read
             self.host_bufs = [torch.zeros(2, dtype=torch.float64, pin_memory=True) for _ in range(2)]
         self.gemm_paths, self.paths = None, {}  # CUDA: the trace's per-step GEMM route, per (bits, layer bits)
+        self.qmods = quantized_modules(self.model)
         if self.cuda and d.is_main:
             from cptsim.numerics.exact_gemm import format_gemm_paths, gemm_paths
 
@@ -1020,8 +1044,18 @@ class _Training:
             self.gemm_paths = gemm_paths(self.model, device) if fmap is None else \
                 format_gemm_paths(self.model, device, fmap)
         self.fallbacks = None  # the quantizer fallbacks config.json records (host.quantizer_fallbacks)
+        from cptsim.numerics import quant
+
+        clear = getattr(quant, "clear_fallbacks", None)
+        if callable(clear):
+            clear()  # this run's fallbacks, not those of an earlier one in the same process
         self.first_launch = True
         self.t_epoch = time.perf_counter()
+        self.bar, self.task, self.n_epochs = None, None, math.ceil(self.w.total_steps / self.w.steps_per_epoch)
+
+    def show_progress(self, bar, task) -> None:
+        """Where ``record`` and ``evaluate`` report (a rich Progress and its task)."""
+        self.bar, self.task = bar, task
 
     # ---- the steps of one training step ----------------------------------------------------------------------
 
@@ -1060,8 +1094,8 @@ class _Training:
         """Set the step's precision, run its forward and backward (eagerly, or as a CUDA graph) and its optimizer
         update. Read synchronously (a CPU, several processes), the step's totals are read between the backward and
         the update, so that a non-finite loss leaves the weights untouched; lagged, they are copied to the host
-        without waiting and read while the next step runs (``record``)."""
-        w, d, device = self.w, self.d, self.device
+        without waiting and read while the next step runs (``finish``)."""
+        w, d = self.w, self.d
         if self.meter is not None and (not self.lagged or self.pending is None):
             self.meter.start()  # the step's energy: not what the GPU drew since the last step (evaluation, ...)
         t0 = time.perf_counter()
@@ -1078,9 +1112,13 @@ class _Training:
         n_loss = w.train_set.labelled if self.graph else n_global
         bits, gbits, lr = self.set_precision(step)
         self.counter.reset()
-        self.zero_grad(self.opt)
+        zero_grad(self.opt)  # as the op count clears gradients (cptsim.measure.opcount)
         stats, graphed = None, False  # loss sum and correct count: on the device until they are read
         counts = [0] * 6  # MACs, BitOPs per phase: host integers (shapes only, no device read)
+        new_path = self.gemm_paths is not None and self._path_key(bits) not in self.paths
+        if new_path:  # what the layers record of their route is then this step's, not an earlier width's
+            for _, m in self.qmods:
+                m.__dict__.pop("gemm_path", None)
         if batch is not None:
             stats, arrays, warm, graphed = self._forward_backward_batch(step, batch, bits, gbits, n_loss)
             warmup = warmup or warm
@@ -1151,7 +1189,7 @@ class _Training:
                 "(it will diverge again unless the cause was transient), or train anew with a higher q_min "
                 "or a lower --lr")
 
-    def record(self, s: _Launched, bar=None, task=None, n_epochs: int = 0) -> None:
+    def record(self, s: _Launched) -> None:
         """Account for a step that was read: the epoch's totals, its trace line (rank 0), the progress bar."""
         from cptsim.measure.profiler import PHASES
 
@@ -1178,21 +1216,21 @@ class _Training:
             elif s.host_syncs is not None:
                 line["host_syncs"] = s.host_syncs
             self.run.append_trace(line)
-        if bar is not None:
-            bar.update(task, advance=1, description=f"epoch {s.epoch + 1}/{n_epochs}",
-                       info=f"loss {s.loss:.3f}  bits {s.bits}/{s.grad_bits}")
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, description=f"epoch {s.epoch + 1}/{self.n_epochs}",
+                            info=f"loss {s.loss:.3f}  bits {s.bits}/{s.grad_bits}")
 
-    def finish(self, launched: _Launched, bar, task, n_epochs: int) -> None:
+    def finish(self, launched: _Launched) -> None:
         """Record a launched step: at once when read synchronously; lagged, the step launched before it, whose
         end is where this one began on the GPU (waiting for it is the step's one synchronisation)."""
         if not self.lagged:
-            self.record(launched, bar, task, n_epochs)
+            self.record(launched)
             return
         prev, self.pending = self.pending, launched
         if prev is not None:
-            self._complete(prev, launched.start, bar, task, n_epochs)
+            self._complete(prev, launched.start)
 
-    def drain(self, bar=None, task=None, n_epochs: int = 0) -> None:
+    def drain(self) -> None:
         """Lagged: wait for the step in flight and record it (before a checkpoint, an evaluation, the end)."""
         if self.pending is None:
             return
@@ -1201,9 +1239,9 @@ class _Training:
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-        self._complete(s, end, bar, task, n_epochs)
+        self._complete(s, end)
 
-    def _complete(self, s: _Launched, end, bar, task, n_epochs: int) -> None:
+    def _complete(self, s: _Launched, end) -> None:
         if end is not None:
             end.synchronize()  # step s's work, its optimizer update included, is done (the next step's is queued)
             # the step's time on the GPU's clock: from where its work began to where the next step's began -- the
@@ -1215,14 +1253,17 @@ class _Training:
             s.host_syncs += 1  # the wait above
         s.energy = self.meter.read() if self.meter is not None else None
         self._read(s)
-        self.record(s, bar, task, n_epochs)
+        self.record(s)
+
+    def _path_key(self, bits: int) -> tuple:
+        return (bits, *(st.bits for st, _, _ in self.w.layer_states))
 
     def _path(self, bits: int) -> str:
         # what ran is known after a step's first (eager) run at these bits; a graph replays the same route
-        key = (bits, *(st.bits for st, _, _ in self.w.layer_states))
+        key = self._path_key(bits)
         got = self.paths.get(key)
         if got is None:
-            got = self.paths[key] = step_path(self.model, self.gemm_paths, bits)
+            got = self.paths[key] = step_path(self.qmods, self.gemm_paths, bits)
         return got
 
     def _write_profile(self, batch) -> None:
@@ -1275,7 +1316,7 @@ class _Training:
         # steps re-run after the checkpoint replace the killed ones, in the trace and here)
         self.t_epoch, self.epoch_carried = time.perf_counter() - self.epoch_carried, 0.0
 
-    def evaluate(self, epoch: int, step: int, bar, task) -> None:
+    def evaluate(self, epoch: int, step: int) -> None:
         """The epoch's end: BatchNorm statistics and activation ranges re-estimated at the evaluation bits, the
         test (and validation) split evaluated, one metrics line (rank 0)."""
         w, d, device = self.w, self.d, self.device
@@ -1307,15 +1348,15 @@ class _Training:
 
                 lm_metrics(rec, w.train_set.seq_len, w.train_set.char_level)
             self.run.append_metrics(rec)
-            bar.update(task, info=f"test acc {test_acc:.3f} @ {w.eval_bits} bits")
+            if self.bar is not None:
+                self.bar.update(self.task, info=f"test acc {test_acc:.3f} @ {w.eval_bits} bits")
         self.counter.enabled = True
         self.epoch_stats = [0.0, 0, 0]
         self.note_fallbacks()  # a width first met in this epoch may have compiled (or failed to) a quantizer
 
     def close(self) -> None:
-        """The trace lines still held go to disk (also when the run stops on an error), the hooks come off."""
-        if self.d.is_main:
-            self.run.flush_trace()
+        """The trace file and the counter's hooks are let go (also when the run stops on an error)."""
+        self.run.close_trace()
         self.counter.close()
 
 
@@ -1337,13 +1378,13 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
     try:
         with _StopRequest() as stop, Progress(*columns, console=Console(stderr=True),
                                               disable=not (progress and d.is_main)) as bar:
-            task = bar.add_task("train", total=T, completed=start_step, info="")
+            t.show_progress(bar, bar.add_task("train", total=T, completed=start_step, info=""))
             for epoch in range(step // spe, n_epochs):
                 t.begin_epoch()
                 last = min(spe, T - epoch * spe)
                 for i, n_global, batch in epoch_batches(cfg, w, epoch, step - epoch * spe, last, d.rank, d.world):
                     t.faults(step)
-                    t.finish(t.launch(step, epoch, n_global, batch), bar, task, n_epochs)
+                    t.finish(t.launch(step, epoch, n_global, batch))
                     step += 1
                     if i == last - 1:
                         break  # the epoch's end: evaluate and checkpoint below
@@ -1352,8 +1393,8 @@ def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progre
                         raise RunStopped(_stopped(step, T, t.run))
                     if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                         t.checkpoint(step)
-                t.drain(bar, task, n_epochs)
-                t.evaluate(epoch, step, bar, task)
+                t.drain()
+                t.evaluate(epoch, step)
                 stopping = d.any(stop.requested)
                 # the last step, a stop and a cadence the user chose always checkpoint; otherwise the pacer says
                 if t.pacer.due(d, forced=step >= T or stopping or bool(cfg.checkpoint_every)):
