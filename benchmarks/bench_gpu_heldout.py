@@ -177,8 +177,9 @@ def compute(names=None) -> dict:
 
 VALIDATION_AGAINST = ("held-out runs on our H100 (benchmarks/bench_gpu_heldout.py): 19 timm networks AMP in NCHW and 6 "
                       "in channels-last, and GCN / SAGE / GAT, transformer-lm, lstm-lm, CIFAR ResNet-20 and ViT-S "
-                      "training steps; no network-level constant was fitted on them (the NCHW batch-norm constants "
-                      "were measured per kernel on traces of 7 of the networks)")
+                      "training steps; no network-level constant was fitted on them (the NCHW batch-norm constants, "
+                      "the launch floor and the NCHW layout-transform passes were measured per kernel on traces of 7 "
+                      "of the networks)")
 VALIDATION_MIXES = ["conv", "depthwise", "grouped", "attention", "linear", "lstm", "graph"]
 
 

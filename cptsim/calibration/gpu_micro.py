@@ -15,12 +15,14 @@ measured
     same function ``benchmarks/gpu/fit_gpu_model.py`` fits the shipped H100 constants with);
   * ``depthwise_efficiency``, ``depthwise_memory_efficiency``, ``nchw_depthwise_factor``: the same fit on
     depthwise convolutions (forward, dgrad, wgrad; NCHW and channels-last);
-  * ``kernel_overhead_us``: CIFAR ResNet-20 at batch 128 in FP32 (cptsim's own model, no data needed) replayed
-    as a CUDA graph -- the graphed step's time beyond its modelled GEMMs and memory traffic, per counted launch, as
-    the shipped fit defines it (``kernel_overhead_from_resnet20``);
+  * ``kernel_overhead_us``: a chain of 1000 kernels with no work (``add_`` on one element) captured as a CUDA
+    graph and replayed: the GPU time of one kernel in a graph, launch gap included, x ``KERNELS_PER_LAUNCH`` (the
+    kernels a launch the op counter counts really starts); records without it (an older calibration) get the
+    generation's shipped value, said so in the file. Never closed on one network's step: that step's unmodelled
+    work would hide in it;
   * ``host_overhead_us``: the host's time to dispatch one op eagerly (2000 x ``add_``), and
-    ``host_conv_overhead_us``: ResNet-20's eager step less its other launches at that, over its convolution
-    launches (cuDNN's per-call setup);
+    ``host_conv_overhead_us``: the host's time per eager cuDNN convolution call (forward, data and weight
+    gradient of a tiny convolution, 200 each: cuDNN's per-call setup);
   * ``power_fraction``: mean NVML power over a channels-last AMP ResNet-50 training loop (torchvision's, random
     data) / the power limit; ``idle_power_w``: NVML power with the CUDA context held and nothing running.
 
@@ -57,16 +59,23 @@ TIER_N = 8192
 DEPTHWISE = [(128, 96, 56, 56, 96, 3, 1, 1, 96, "dw3x3_56"), (128, 384, 14, 14, 384, 3, 1, 1, 384, "dw3x3_14"),
              (128, 96, 56, 56, 96, 7, 1, 3, 96, "dw7x7_convnext"), (128, 240, 28, 28, 240, 5, 1, 2, 240, "dw5x5_28")]
 STREAM_N = 100_000_000
+# kernels a step really starts per launch cptsim's op counter counts (cuDNN's layout transforms, memsets, split-K
+# reductions): the median over 10 traced steps of 7 networks on the lent H100 (benchmarks/gpu/fit_gpu_model.py,
+# kernels_per_launch, which prints it)
+KERNELS_PER_LAUNCH = 1.98
+GRAPH_CHAIN = 1000
 # the stream efficiency the shipped network fits' memory_efficiency is relative to: copies and adds of 1e8
 # elements reach 0.87 of the H100's HBM3 peak (benchmarks/results/gpu-shape-model-H100-run1.json;
 # fit_gpu_model.STREAM_EFFICIENCY)
 STREAM_EFFICIENCY = 0.87
 # (the NCHW batch-norm shape constants are per-kernel measurements of the generation's cuDNN kernels, made on the
 # lent H100 from profiler traces, not yet by this microbenchmark run: inherited too)
-INHERITED = ("memory_efficiency", "norm_memory_efficiency", "nchw_conv_factor", "nchw_norm_elements_per_clock",
+INHERITED = ("memory_efficiency", "norm_memory_efficiency", "nchw_conv_factor", "nchw_transform_bytes",
+             "nchw_norm_elements_per_clock",
              "nchw_norm_rows_per_clock", "nchw_norm_backward_rows_per_clock", "nchw_norm_channels_per_sm")
 # fitted on this GPU's kernels where they identify them (else the generation's value, marked so in the file)
-MEASURED_SHAPE = ("gemm_n0", "gemm_k0", "nchw_depthwise_factor", "depthwise_efficiency", "depthwise_memory_efficiency")
+MEASURED_SHAPE = ("gemm_n0", "gemm_k0", "nchw_depthwise_factor", "depthwise_efficiency", "depthwise_memory_efficiency",
+                  "kernel_overhead_us")
 
 
 # -- timing -------------------------------------------------------------------------------------------------------
@@ -255,6 +264,55 @@ def graph_replay(torch, step, warmup: int = 3):
     return g.replay
 
 
+def graph_chain(torch, dev, kernels: int = GRAPH_CHAIN) -> dict:
+    """The GPU time of one kernel with no work inside a CUDA graph: ``kernels`` ``add_`` calls on one element
+    captured once and replayed (median of 20 replays); what each launch of a graphed step costs beyond its work."""
+    t = torch.zeros(1, device=dev)
+
+    def chain():
+        for _ in range(kernels):
+            t.add_(1)
+
+    replay = graph_replay(torch, chain)
+    clk = Clock(torch, dev)
+    for _ in range(3):
+        replay()
+    sync(torch, dev)
+    ts = []
+    for _ in range(20):
+        a = clk.mark()
+        replay()
+        b = clk.mark()
+        ts.append(clk.ms(a, b))
+    return {"kernels": kernels, "us_per_kernel": statistics.median(ts) * 1e3 / kernels}
+
+
+def conv_dispatch(torch, dev, calls: int = 200) -> dict:
+    """The host's time per eager cuDNN convolution call: the forward, data-gradient and weight-gradient calls of a
+    1x8x8x8 convolution (3x3, 8 channels), ``calls`` each, timed on the host without waiting for the GPU (its work
+    is a few microseconds, far below the host's): cuDNN's per-call setup, what an eager step pays per convolution
+    launch besides the op dispatch."""
+    x = torch.randn(1, 8, 8, 8, device=dev)
+    w = torch.randn(8, 8, 3, 3, device=dev)
+    conv, cb = torch.ops.aten.convolution, torch.ops.aten.convolution_backward
+    y = conv(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    dy = torch.randn_like(y)
+    fns = [lambda: conv(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+           lambda: cb(dy, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, False, False]),
+           lambda: cb(dy, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False])]
+    for fn in fns:
+        for _ in range(10):
+            fn()
+    sync(torch, dev)
+    h = time.perf_counter()
+    for _ in range(calls):
+        for fn in fns:
+            fn()
+    host = time.perf_counter() - h
+    sync(torch, dev)
+    return {"calls": 3 * calls, "eager_host_us_per_conv": host / (3 * calls) * 1e6}
+
+
 def dispatch(torch, dev, kernels: int = 2000) -> dict:
     """The host's time to dispatch one small op eagerly (``t.add_(1)`` in a loop, no autograd), per kernel: what
     an eager step's element-wise and GEMM launches cost the host besides cuDNN's convolutions."""
@@ -412,6 +470,14 @@ def measure(seconds: float = 40.0, device: str = "cuda", quick: bool = False, sa
     r = guard("dispatch", lambda: dispatch(torch, dev, 200 if quick else 2000))
     if r:
         res["launch"] = r
+    r = guard("conv dispatch", lambda: conv_dispatch(torch, dev, 20 if quick else 200))
+    if r:
+        res["conv_dispatch"] = r
+    if cuda:
+        r = guard("graph chain", lambda: graph_chain(torch, dev, 100 if quick else GRAPH_CHAIN))
+        if r:
+            res["graph_launch"] = r
+            say(f"  graphed kernel with no work: {r['us_per_kernel']:.2f} us")
     r = guard("resnet20", lambda: resnet20_steps(torch, dev, batch=8 if quick else 128, steps=3 if quick else 30))
     if r:
         res["resnet20"] = r
@@ -511,8 +577,9 @@ def profile_text(records: dict, name: str, constants: dict | None = None, source
              "sources = [", "    " + _toml_value(
                  f"measured on this machine by `cptsim hw calibrate --device cuda` {measured_at} (torch "
                  f"{records.get('torch_version', '?')}): {TIER_N}^3 GEMM per tier, an FP16 GEMM grid and depthwise "
-                 "convolutions fitted by gpu_fit.fit_kernels, copy/add of 1e8 elements, CIFAR ResNet-20 b128 "
-                 "eager and graphed, NVML power over ResNet-50 AMP training" + sources_extra) + ",",
+                 "convolutions fitted by gpu_fit.fit_kernels, copy/add of 1e8 elements, a graphed chain of empty "
+                 "kernels, eager add_ and cuDNN convolution dispatch, NVML power over ResNet-50 AMP training"
+                 + sources_extra) + ",",
              "    " + _toml_value(f"inherited from the shipped {gen} fit (hw_profiles/"
                                   f"{'h100' if gen == 'hopper' else 'rtx3090'}.toml): "
                                   + ", ".join(INHERITED)) + ",", "]", "", "[gpu]",
@@ -542,7 +609,8 @@ def profile_text(records: dict, name: str, constants: dict | None = None, source
 
 def constants_from_records(records: dict, name: str = "calibrated") -> dict:
     """The measured constants of a profile from microbenchmark ``records``: n0 and k0 on the FP16 GEMM grid, the
-    depthwise constants on the depthwise convolutions, the per-launch GPU and host times from ResNet-20."""
+    depthwise constants on the depthwise convolutions, the per-launch GPU time from the graphed chain of empty
+    kernels, the host's per-op and per-convolution times from the dispatch loops."""
     from cptsim.calibration import gpu_fit as F
     from cptsim.cost.hardware import parse_profile
 
@@ -562,36 +630,16 @@ def constants_from_records(records: dict, name: str = "calibrated") -> dict:
         # a constant the kernels do not identify (the fit leaves it where it started: e.g. the depthwise memory
         # rate, when every depthwise kernel measured is compute-bound) stays the generation's, said as such
         consts.update({k: v for k, v in fitted.items() if abs(v - F.get(start, k)) > 1e-6 * max(1.0, abs(v))})
-    r20 = records.get("resnet20")
-    if r20 and r20.get("launches"):
-        hw = F.with_values(base, consts)
-        if r20.get("graphed_ms"):
-            consts["kernel_overhead_us"] = kernel_overhead_us(hw, r20["graphed_ms"], r20["batch"])
-        per_op = (records.get("launch") or {}).get("eager_host_us_per_kernel")
-        conv = r20.get("conv_launches")
-        if per_op and conv:  # an op's dispatch, measured; a convolution's cuDNN call: the rest of the eager step
-            consts["host_overhead_us"] = per_op
-            consts["host_conv_overhead_us"] = max(0.0, (r20["eager_ms"] * 1e3 - (r20["launches"] - conv) * per_op)
-                                                  / conv)
-        else:  # records of an older calibration: one time per launch
-            consts["host_overhead_us"] = r20["eager_ms"] * 1e3 / r20["launches"]
+    chain = records.get("graph_launch")
+    if chain and chain.get("us_per_kernel"):
+        consts["kernel_overhead_us"] = chain["us_per_kernel"] * KERNELS_PER_LAUNCH
+    per_op = (records.get("launch") or {}).get("eager_host_us_per_kernel")
+    if per_op:
+        consts["host_overhead_us"] = per_op
+    per_conv = (records.get("conv_dispatch") or {}).get("eager_host_us_per_conv")
+    if per_conv:
+        consts["host_conv_overhead_us"] = per_conv
     return consts
-
-
-def kernel_overhead_us(hw, graphed_ms: float, batch: int = 128) -> float:
-    """The GPU time per counted launch that makes ResNet-20's graphed FP32 step at ``batch`` on ``hw`` take
-    ``graphed_ms``: the step is ~270 small kernels, so what its GEMMs and bytes do not explain is per-launch."""
-    from cptsim.calibration import gpu_fit as F
-    from cptsim.cost.model import estimate
-    from cptsim.cost.schedules import parse_schedule
-    from cptsim.measure.profiler import profile_named_model
-
-    prof = profile_named_model("resnet20", (3, 32, 32), 10)
-    launches = prof.ops.totals()["launches"]
-    zero = F.with_values(hw, {"kernel_overhead_us": 0.0})
-    busy = estimate(prof, parse_schedule("static:32"), zero, steps=1, batch_size=batch,
-                    per_layer=False).latency_s["total"]
-    return max(0.0, (graphed_ms * 1e-3 - busy) / launches * 1e6)
 
 
 def calibrated_profile_text(records: dict, name: str) -> str:
@@ -613,6 +661,12 @@ def summary_rows(records: dict) -> list[tuple[str, str]]:
     launch = records.get("launch")
     if launch:
         rows.append(("host dispatch per op (eager add_)", f"{launch['eager_host_us_per_kernel']:.1f} µs"))
+    conv = records.get("conv_dispatch")
+    if conv:
+        rows.append(("host dispatch per cuDNN convolution", f"{conv['eager_host_us_per_conv']:.1f} µs"))
+    chain = records.get("graph_launch")
+    if chain:
+        rows.append(("graphed kernel with no work", f"{chain['us_per_kernel']:.2f} µs"))
     r20 = records.get("resnet20")
     if r20:
         rows.append(("resnet20 b128 FP32 step", f"eager {r20['eager_ms']:.2f} ms, graphed "
@@ -625,6 +679,6 @@ def summary_rows(records: dict) -> list[tuple[str, str]]:
 
 
 __all__ = ["measure", "constants_from_records", "calibrated_profile_text", "profile_text", "tier_rates",
-           "generation", "inherited_constants", "kernel_overhead_us", "bench", "gemm_item", "conv_item", "Clock",
+           "generation", "inherited_constants", "bench", "gemm_item", "conv_item", "Clock",
            "graph_replay",
            "sync", "summary_rows"]

@@ -176,6 +176,9 @@ class GPUProfile(HardwareProfile):
         Field("nchw_norm_channels_per_sm", "positive", "channels an NCHW batch norm has in flight per SM", None),
         Field("depthwise_memory_efficiency", "fraction", "a depthwise convolution's achieved / peak DRAM "
               "bandwidth (fitted)", None),
+        Field("nchw_transform_bytes", "nonneg", "passes over its activations (input + output, at peak bandwidth) "
+              "that an NCHW step's spatial tensor-core convolution adds for cuDNN's layout transforms (fitted per "
+              "call)", None),
     )
 
     @classmethod
@@ -485,10 +488,18 @@ class GPUProfile(HardwareProfile):
                 j = self._tier_names.index("fp32")
                 wino = w[None, :, None] & (self._tier_bits[i] == 32)
                 wino_rate = float(self._tier_mac_rate[j] * self._tier_eff[j] * self._ceff)
+        # an NCHW step's spatial convolutions on tensor cores: their activations transformed to NHWC and back
+        trans = None
+        if a.is_conv is not None and numel is not None and not getattr(a, "channels_last", False):
+            sp = gpu_kernels.spatial_convs(a.gemm, numel[:, 1], a.is_conv)
+            if sp.any():
+                act = (numel[:, 1] + numel[:, 2])[None, :, None] * np.asarray(samples, dtype=np.float64).reshape(
+                    -1, 1, 1) * self.compute_bits(np.maximum(b1, b2)) / 8.0
+                trans = np.where(sp[None, :, None], act, 0.0)
         t = gpu_kernels.gemm_times(a.gemm, a.is_conv, macs, samples, rate, tensor, fp32_peak, bytes_moved,
                                    self._bandwidth * self._meff, float(self.params["sm_count"]), consts,
                                    channels_last=bool(getattr(a, "channels_last", False)), winograd=wino,
-                                   winograd_rate=wino_rate)
+                                   winograd_rate=wino_rate, transform_bytes=trans, peak_bandwidth=self._bandwidth)
         return t, self.busy_power_w * t
 
     def step_ops_cost(self, ops, q, g, samples, channels_last: bool = False) -> tuple[np.ndarray, np.ndarray]:

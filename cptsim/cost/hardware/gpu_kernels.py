@@ -34,6 +34,13 @@ per group (``cptsim.measure.profiler.GEMM_KEYS``):
   V100 FP32 -20.0% -> -8.0%, Lambda's -19.1% -> -7.0%, RTX 3090 TF32 -12.1% -> -2.6%, RTX 4090 TF32 -14.3% ->
   -9.6%; A100 and H100 rows unchanged).
 
+* **NCHW spatial convolutions pay for layout transforms.** cuDNN's tensor-core convolution kernels are NHWC; in
+  an NCHW step a convolution with a spatial kernel (3x3, 7x7: not a 1x1, which runs as a plain GEMM) is wrapped in
+  ``nchwToNhwc`` / ``nhwcToNchw`` kernels that read and write its activations again. Each phase takes
+  ``nchw_transform_bytes`` x (its input + output bytes) / peak bandwidth more -- a count of extra passes, fitted per
+  call on the traced H100 convolutions (``benchmarks/gpu/fit_gpu_model.py``, ``conv_calls``; left-out networks
+  give the same value), not on any network's total.
+
 * Every kernel is also bounded by its DRAM bytes at ``memory_efficiency`` x bandwidth (the caller's roofline).
 
 Nothing here is a per-model factor: a network's time is the sum of its kernels' times, each from its own shape.
@@ -53,11 +60,11 @@ TILE = 128  # output tile side of a tensor-core GEMM kernel (CUTLASS/cuBLAS's co
 DEFAULTS = {
     "gemm_n0": 13.2,
     "gemm_k0": 96.3,
-    "nchw_conv_factor": 0.929,
-    "nchw_depthwise_factor": 0.9773,
-    "depthwise_efficiency": 0.05794,
-    "depthwise_memory_efficiency": 0.9939,
-    "norm_memory_efficiency": 0.9976,
+    "nchw_conv_factor": 0.9306,
+    "nchw_depthwise_factor": 1.0,
+    "depthwise_efficiency": 0.05623,
+    "depthwise_memory_efficiency": 1.0,
+    "norm_memory_efficiency": 1.0,
     "nchw_norm_factor": 0.352,
     "nchw_norm_elements_per_clock": 1.17,
     # NCHW batch norm by its shape (nchw_batch_norm_seconds): measured per kernel on an H100 (366 cuDNN batch-norm
@@ -65,6 +72,8 @@ DEFAULTS = {
     "nchw_norm_rows_per_clock": 0.72,
     "nchw_norm_backward_rows_per_clock": 0.377,
     "nchw_norm_channels_per_sm": 1.5,
+    # NCHW spatial convolutions' layout transforms: not measured on Ampere (its fitted nchw_conv_factor stands for them)
+    "nchw_transform_bytes": 0.0,
 }
 
 
@@ -134,8 +143,22 @@ def winograd_convs(gemm: np.ndarray, input_numel: np.ndarray, is_conv: np.ndarra
     return known & np.asarray(is_conv, dtype=bool) & (g[:, 0] == 1) & (np.abs(ratio - 9.0) < 1e-6)
 
 
+def spatial_convs(gemm: np.ndarray, input_numel: np.ndarray, is_conv: np.ndarray) -> np.ndarray:
+    """(L,) convolutions whose kernel has more than one tap, read from the recorded shapes: K x rows x groups over the
+    input's elements is taps / stride^2 (1 for a 1x1 at stride 1, 0.25 at stride 2; 9 or 2.25 for a 3x3; 12.25 for
+    a 7x7 at stride 2), so above 1.5 the kernel is spatial (a 3x3 at stride 3 or a 2x2 patchify at stride 2 read as
+    a 1x1)."""
+    gemm = np.asarray(gemm, dtype=np.float64)
+    known = ~np.isnan(gemm).any(axis=1)
+    g = np.where(known[:, None], gemm, 0.0)
+    inp = np.asarray(input_numel, dtype=np.float64)
+    ratio = np.divide(g[:, 0] * g[:, 2] * g[:, 3], inp, out=np.zeros_like(inp), where=inp > 0)
+    return known & np.asarray(is_conv, dtype=bool) & (ratio > 1.5)
+
+
 def gemm_times(gemm, is_conv, macs, samples, rate, tensor, fp32_rate, nbytes, bandwidth, sm_count, consts,
-               channels_last: bool = False, winograd=None, winograd_rate: float | None = None) -> np.ndarray:
+               channels_last: bool = False, winograd=None, winograd_rate: float | None = None,
+               transform_bytes=None, peak_bandwidth: float | None = None) -> np.ndarray:
     """Seconds of each layer-phase GEMM, (Kinds, L, 3).
 
     ``gemm`` (L, 5) the layers' forward GEMM shapes (NaN rows: no shape recorded, priced at the tier's rate as
@@ -144,7 +167,9 @@ def gemm_times(gemm, is_conv, macs, samples, rate, tensor, fp32_rate, nbytes, ba
     ``fp32_rate`` the FP32 (CUDA-core) tier's MAC/s at peak; ``nbytes`` (Kinds, L, 3) DRAM bytes; ``bandwidth``
     achieved DRAM bytes/s; ``consts`` the fitted constants (``DEFAULTS``' keys). ``winograd`` (Kinds, L, 3) bools:
     the layer-phases that may run Winograd (``winograd_convs`` computed in FP32); ``winograd_rate`` the FP32 tier's
-    achieved MAC/s (peak x efficiency), which runs them."""
+    achieved MAC/s (peak x efficiency), which runs them. ``transform_bytes`` (Kinds, L, 3): the activation bytes
+    (input + output) an NCHW step's spatial tensor-core convolutions transform (0 elsewhere), at
+    ``peak_bandwidth``."""
     c = {**DEFAULTS, **{k: v for k, v in consts.items() if v is not None}}
     gemm = np.asarray(gemm, dtype=np.float64)
     known = ~np.isnan(gemm).any(axis=1)                                   # (L,)
@@ -164,7 +189,10 @@ def gemm_times(gemm, is_conv, macs, samples, rate, tensor, fp32_rate, nbytes, ba
         dw_rate = fp32_rate * c["depthwise_efficiency"] * (1.0 if channels_last else c["nchw_depthwise_factor"])
         compute = np.where(dw, macs / dw_rate, compute)
         memory = np.where(dw, nbytes / (bandwidth * c["depthwise_memory_efficiency"]), memory)
-    return np.maximum(compute, memory)
+    t = np.maximum(compute, memory)
+    if transform_bytes is not None and not channels_last and c["nchw_transform_bytes"] > 0 and peak_bandwidth:
+        t = t + np.where(dw | ~tensor, 0.0, c["nchw_transform_bytes"] * transform_bytes / peak_bandwidth)
+    return t
 
 
 def nchw_batch_norm_seconds(shapes, samples, sm_count: float, clock_hz: float, rows_per_clock: float,
