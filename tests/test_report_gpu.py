@@ -229,3 +229,19 @@ def test_runs_record_their_device_and_driver_names_map_only_to_the_variant_a_pro
              "NVIDIA GeForce RTX 4090": "rtx4090", "NVIDIA L40S": "l40s", "NVIDIA B200": "b200",
              "AMD Instinct MI300X": "mi300x"}
     assert {n: shipped_profile_for(n) for n in names} == names
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_a_run_records_its_gpu_and_the_profile_that_describes_it():
+    import torch
+
+    from cptsim.cost.hardware.gpus import profile_for
+    from cptsim.run.device import device_record
+
+    rec = device_record("cuda")
+    p = torch.cuda.get_device_properties(0)
+    assert rec["type"] == "cuda" and rec["name"] == p.name and rec["sm_count"] == p.multi_processor_count
+    assert rec["cuda"] == torch.version.cuda and rec["memory_gb"] > 1
+    assert rec["profile"] == profile_for(p.name)["profile"]
+    assert set(rec["tf32"]) == {"torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32"}
