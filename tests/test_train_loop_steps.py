@@ -201,7 +201,8 @@ def test_the_gpu_benchmark_runs_on_a_cpu(tmp_path):
     env = dict(os.environ, CPTSIM_HOME=str(tmp_path), PYTHONDONTWRITEBYTECODE="1")
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu_train.py"), "--device", "cpu",
                         "--models", "resnet20", "--rounds", "1", "--batch-size", "2", "--steps-per-round", "1",
-                        "--cases", "amp,fp32,fq-eager", "--threads", "1", "--train-steps", "3", "--json"],
+                        "--cases", "amp,fp32,fq-eager", "--threads", "1", "--train-steps", "3", "--train-models", "resnet20",
+                        "--json"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout)

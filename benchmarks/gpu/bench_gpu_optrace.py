@@ -30,6 +30,9 @@ memory_efficiency came out at 0.48), which is why HRNet-style networks (many nar
 stay the worst held-out rows, especially in channels-last, where no batch-norm cost hides it. The next step it
 points to: per-kernel constants for convolutions (a reduction that runs tap by tap over C_in, with N and K tile
 quantisation) fitted on these calls, then the memory-bound efficiency refitted with the convolutions fixed.
+Since then the shape model prices a narrow convolution's channel padding to whole tiles (gpu_kernels.conv_padding:
+h100's conv_n_tile, conv_k_tile_bytes), which this table includes; benchmarks/gpu/fit_gpu_model.py checks it per
+call with each network left out.
 
 ``--steps`` (also offline) prints per trace the step time, the GPU-busy time and launches, and splits the non-GEMM,
 non-norm kernel time into PyTorch's vectorised element-wise kernels and its strided / non-vectorised ones
@@ -158,15 +161,19 @@ def conv_calls(traces: dict) -> list[dict]:
     for key, t in traces.items():
         if not key.endswith(("-nchw", "-nhwc")):
             continue
-        out_shape = {}  # the forward op records input and weight only: its output size from the backward op's
+        # the forward op records input and weight only: its output size from the backward op's. One layer shape run
+        # at two strides gives two backward ops with the same input and weight, merged in the forward's record: such
+        # a forward op's output size is unknown, and it is left out
+        out_shape: dict = {}
         for o in t["ops"]:
             if o["op"] == "aten::convolution_backward":
                 go, x, w = o["shapes"][:3]
-                out_shape[(tuple(x), tuple(w))] = go
+                out_shape.setdefault((tuple(x), tuple(w)), []).append(go)
         for o in t["ops"]:
             if o["op"] == "aten::cudnn_convolution":
                 x, w = o["shapes"][:2]
-                go, phase = out_shape.get((tuple(x), tuple(w))), "fwd"
+                cands = out_shape.get((tuple(x), tuple(w)), [])
+                go, phase = (cands[0] if len(cands) == 1 else None), "fwd"
             elif o["op"] == "aten::convolution_backward":
                 (go, x, w), phase = o["shapes"][:3], "bwd"
             else:
@@ -182,10 +189,12 @@ def conv_calls(traces: dict) -> list[dict]:
             macs = np.full((1, 1, 3), float(n_ * go[2] * go[3] * co * cig * kh * kw))
             nbytes = np.full((1, 1, 3), 2.0 * (n_ * c * h * wd + n_ * co * go[2] * go[3] + co * cig * kh * kw))
             tt = K.gemm_times(gemm, np.array([True]), macs, np.array([float(n_)]), rate, np.ones((1, 1, 3), bool),
-                              fp32, nbytes, bw, sms, consts, channels_last=key.endswith("-nhwc"))[0, 0]
+                              fp32, nbytes, bw, sms, consts, channels_last=key.endswith("-nhwc"),
+                              taps=np.array([float(kh * kw)]), element_bytes=np.full((1, 1, 3), 2.0))[0, 0]
             out.append({"trace": key, "phase": phase, "taps": kh * kw, "c_in": cig, "calls": o["calls"],
                         "measured_s": o["us"] / o["calls"] * 1e-6,
-                        "modelled_s": float(tt[0] if phase == "fwd" else tt[1] + tt[2])})
+                        # a stem's input (the RGB image) needs no gradient: its backward is the wgrad alone
+                        "modelled_s": float(tt[0] if phase == "fwd" else tt[2] if c == 3 else tt[1] + tt[2])})
     return out
 
 

@@ -9,9 +9,12 @@ there if it drifts from the constants in hw_profiles/*.toml:
 * Hopper (hw_profiles/h100.toml, h200.toml): the tiers' large-GEMM efficiencies are our H100's measured 8192^3
   GEMMs; the depthwise constants fitted on its depthwise-conv microbenchmarks; the NCHW layout-transform passes
   (``nchw_transform_bytes``) fitted per call on its traced convolutions (benchmarks/results/gpu-optrace-H100, each
-  network left out in turn, and checked on its convolution microbenchmarks); then the NCHW factor and the achieved
-  memory bandwidth fitted on its timm training runs (benchmarks/results/gpu-shape-model-H100-run*.json); the shape
-  constants n0, k0 are Ampere's (one physics, not refitted on 24 rows).
+  network left out in turn, and checked on its convolution microbenchmarks); the channel padding of narrow
+  convolutions (``conv_n_tile``: the most common output-channel tile of the traced cuDNN kernels;
+  ``conv_k_tile_bytes``: one MMA instruction's depth), checked per traced call with each network left out; then the
+  NCHW factor and the achieved memory bandwidth fitted on its timm training runs
+  (benchmarks/results/gpu-shape-model-H100-run*.json); the shape constants n0, k0 are Ampere's (one physics, not
+  refitted on 24 rows).
 * The GPU time per counted launch (``kernel_overhead_us``, every NVIDIA profile): a kernel's device-time floor
   measured on thousands of traced element-wise kernels x the kernels a counted launch really starts, from the same
   traces -- measured per kernel before any network fit, never closed on one network's step.
@@ -71,6 +74,8 @@ ROWS_COMMENT = """    # NCHW batch norm by its shape (nchw_batch_norm_seconds): 
     # calls of 7 networks in benchmarks/results/gpu-optrace-H100/trace-*-nchw; bench_gpu_optrace.py)"""
 TRANSFORM_COMMENT = ("    # NCHW spatial convolutions' layout transforms: not measured on Ampere "
                      "(its fitted nchw_conv_factor stands for them)")
+PADDING_COMMENT = ("    # narrow convolutions' channel padding (conv_padding): off on Ampere, whose constants were fitted "
+                   "without it")
 # measured resnet20 (CIFAR), batch 128, FP32 steps: (GPU, graphed ms, eager ms, where)
 RESNET20 = [("h100", 5.03, 11.08, "benchmarks/results/gpu-shape-model-H100-run1.json (cudnn.benchmark on)"),
             ("h200", 5.72, 8.88, "benchmarks/results/gpu_check_H200_run3.txt")]
@@ -108,6 +113,8 @@ def h100_rows(profs: dict) -> list:
     return rows
 
 
+# one tensor-core MMA instruction's reduction depth in bytes (FP16 m16n8k16, TF32 m16n8k8, INT8 m16n8k32)
+MMA_K_BYTES = 32.0
 # The traced steps (benchmarks/gpu/bench_gpu_optrace.py's, lent H100): every kernel's device time per op
 TRACES = HERE.parent / "results" / "gpu-optrace-H100"
 # ops whose kernels carry real work of their own (GEMMs, convolutions, norms, fused or multi-tensor kernels): not
@@ -203,6 +210,8 @@ def conv_calls(traces: dict) -> list[dict]:
                 continue
             out.append({"trace": key, "network": key.rsplit("-", 1)[0], "channels_last": key.endswith("-nhwc"),
                         "phase": phase, "batch": n, "gemm": gemm, "taps": kh * kw, "c_in": cig, "c_out": co // g,
+                        # a stem's input is the RGB image, which needs no gradient: its backward is the wgrad alone
+                        "stem": c == 3,
                         "numel": np.array([co * cig * kh * kw, c * h * wd, co * go[2] * go[3]], dtype=np.float64),
                         "kernels": o["launches"] / o["calls"], "calls": o["calls"],
                         "seconds": o["us"] / o["calls"] * 1e-6})
@@ -230,7 +239,8 @@ def call_seconds(hw, call: dict, floor_s: float) -> float:
                             matmul=np.array([False]), numel=call["numel"][None])
     t, _ = hw.shaped_gemm_cost(layer, macs, bits, bits, nbytes, np.array([float(call["batch"])]))
     t = t[0, 0]
-    return float(t[0] if call["phase"] == "fwd" else t[1] + t[2]) + call["kernels"] * floor_s
+    bwd = t[2] if call.get("stem") else t[1] + t[2]
+    return float(t[0] if call["phase"] == "fwd" else bwd) + call["kernels"] * floor_s
 
 
 def conv_call_errors(hw, calls: list[dict], floor_s: float) -> dict:
@@ -325,6 +335,67 @@ def conv_micro_check(hw, min_us: float = 40.0) -> dict:
     return out
 
 
+def conv_tile_census(traces: dict) -> dict:
+    """{output-channel tile width: traced calls} of the cuDNN implicit-GEMM kernels that run the traced spatial,
+    non-depthwise convolutions (``tilesizeMxNxK`` in xmma kernel names, ``_MxN_KxS_nhwc`` in CUTLASS ones): the
+    tile a narrow convolution's output channels are padded to (``conv_n_tile``: the most common)."""
+    import re
+    from collections import Counter
+
+    tiles = Counter()
+    for t in traces.values():
+        for o in t["ops"]:
+            if o["op"] not in ("aten::cudnn_convolution", "aten::convolution_backward"):
+                continue
+            w = o["shapes"][1] if o["op"] == "aten::cudnn_convolution" else o["shapes"][2]
+            if w[2] * w[3] == 1 or w[1] == 1:
+                continue
+            for kn in o["kernels"]:
+                m = re.search(r"tilesize(\d+)x(\d+)x(\d+)", kn) or re.search(r"_(\d+)x(\d+)_(\d+)x\d+_nhwc", kn)
+                if m:
+                    tiles[int(m.group(2))] += int(o["calls"])
+    return dict(sorted(tiles.items()))
+
+
+NARROW_TILES = (1, 16, 32, 64, 128)  # conv_n_tile candidates checked per call (1: no padding)
+
+
+def narrow_check(hw, floor_s: float) -> dict:
+    """Channel padding (``conv_n_tile``, ``conv_k_tile_bytes``) checked per traced spatial convolution call: the
+    calls' |log(model / measured)| without padding and with the shipped tiles, overall, on the narrow calls
+    (C_in or C_out <= 72) and per network; and, each network left out in turn, the N-tile the other networks'
+    calls would choose (robust loss) and the left-out calls' error with it -- whether the tile the kernels' names
+    give is also what the calls say, on calls it was not chosen on."""
+    calls = [c for c in conv_calls(load_traces()) if c["taps"] > 1]
+    nt, kb = hw.kernel_constant("conv_n_tile"), hw.kernel_constant("conv_k_tile_bytes")
+    errs = {}
+    for tile in NARROW_TILES:
+        h = F.with_values(hw, {"conv_n_tile": float(tile), "conv_k_tile_bytes": kb if tile > 1 else 0.0})
+        errs[tile] = np.array([np.log(call_seconds(h, c, floor_s) / c["seconds"]) for c in calls])
+    before, after = errs[1], errs[int(nt)]
+    nets = np.array([c["network"] for c in calls])
+    narrow = np.array([min(c["c_in"], c["c_out"]) <= 72 for c in calls])
+
+    def summ(e, m):
+        return {"calls": int(m.sum()), "median_abs_log": float(np.median(np.abs(e[m]))),
+                "mean_log": float(np.mean(e[m]))}
+
+    def loss(e):
+        return float(np.sum(np.log1p(np.abs(e) / 0.3)))  # soft: a few odd calls (a patchify stem) do not steer it
+
+    every = np.ones(len(calls), bool)
+    doc = {"n_tile": nt, "k_tile_bytes": kb, "all": {"before": summ(before, every), "after": summ(after, every)},
+           "narrow": {"before": summ(before, narrow), "after": summ(after, narrow)}, "lono": {}}
+    for n in sorted(set(nets)):
+        out = nets == n
+        pick = min(NARROW_TILES, key=lambda t: loss(errs[t][~out]))
+        doc["lono"][n] = {"tile": pick, "before": summ(before, out), "after": summ(errs[pick], out)}
+    held = np.concatenate([errs[d["tile"]][nets == n] for n, d in doc["lono"].items()])
+    doc["lono_pooled"] = {"calls": len(held), "before_median_abs_log": float(np.median(np.abs(before))),
+                          "after_median_abs_log": float(np.median(np.abs(held)))}
+    return doc
+
+
 def table(hw, profs, rows) -> list[dict]:
     out = []
     for r in rows:
@@ -400,12 +471,13 @@ def write(doc: dict) -> None:
     keys = ("gemm_n0", "gemm_k0", "nchw_conv_factor", "nchw_depthwise_factor", "depthwise_efficiency",
             "depthwise_memory_efficiency", "norm_memory_efficiency", "nchw_norm_factor", "nchw_norm_elements_per_clock",
             "nchw_norm_rows_per_clock", "nchw_norm_backward_rows_per_clock", "nchw_norm_channels_per_sm",
-            "nchw_transform_bytes")
+            "nchw_transform_bytes", "conv_n_tile", "conv_k_tile_bytes")
     from cptsim.cost.hardware import gpu_kernels
 
     consts = {k: amp["constants"].get(k, gpu_kernels.DEFAULTS[k]) for k in keys}  # nchw_norm_factor: no longer fitted
     body = "".join(('\n' + ROWS_COMMENT if k == "nchw_norm_rows_per_clock" else "")
                    + ('\n' + TRANSFORM_COMMENT if k == "nchw_transform_bytes" else "")
+                   + ('\n' + PADDING_COMMENT if k == "conv_n_tile" else "")
                    + '\n    "%s": %r,' % (k, float("%.4g" % consts[k])) for k in keys)
     code, n = re.subn(r"DEFAULTS = \{[^}]*\}", "DEFAULTS = {" + body + "\n}", code, count=1)
     assert n == 1
@@ -492,8 +564,13 @@ def main(argv=None) -> int:
     doc["conv_calls"] = convs
     tr = {"nchw_transform_bytes": float(f"{convs['value']:.3g}")}
     convs["microbenchmarks"] = conv_micro_check(F.with_values(kern, {**shape, **dw, **tr}))
-    net = F.fit(F.with_values(sheet, {**dw, **tr}), profs, hrows, HOPPER_NETWORK)
-    hopper = {**shape, **dw, **tr, **net, **ko}
+    # tensor-core convolutions' channel padding: tiles read off the traced kernels' names and the MMA depth
+    census = conv_tile_census(load_traces())
+    pad = {"conv_n_tile": float(max(census, key=census.get)), "conv_k_tile_bytes": MMA_K_BYTES}
+    doc["narrow"] = narrow_check(F.with_values(kern, {**shape, **dw, **tr, **pad}), launch["floor"]["us"] * 1e-6)
+    doc["narrow"]["census"] = census
+    net = F.fit(F.with_values(sheet, {**dw, **tr, **pad}), profs, hrows, HOPPER_NETWORK)
+    hopper = {**shape, **dw, **tr, **pad, **net, **ko}
     fitted_h100 = F.with_values(sheet, hopper)
     doc["hopper"] = {"rows": len(hrows), "constants": hopper, "in_sample": summary(table(fitted_h100, profs, hrows)),
                      "table": table(fitted_h100, profs, hrows)}
@@ -531,6 +608,21 @@ def main(argv=None) -> int:
         b, a = d["before"], d["after"]
         print(f"  left out {n:14s} value {d['value']:.3g}: {b['calls']:3d} calls, {b['weighted_median_abs_log']:.3f} / "
               f"{b['median_abs_log']:.3f} -> {a['weighted_median_abs_log']:.3f} / {a['median_abs_log']:.3f}")
+    nw = doc["narrow"]
+    print(f"\nchannel padding: conv_n_tile = {nw['n_tile']:.0f} (traced kernels' output-channel tiles, calls: "
+          f"{nw['census']}), conv_k_tile_bytes = {nw['k_tile_bytes']:.0f}; per traced spatial convolution call "
+          "(H100, AMP), median |log error| / mean log error, no padding -> padding:")
+    for what in ("all", "narrow"):
+        b, a = nw[what]["before"], nw[what]["after"]
+        print(f"  {what:8s} {b['calls']:3d} calls: {b['median_abs_log']:.3f} / {b['mean_log']:+.3f} -> "
+              f"{a['median_abs_log']:.3f} / {a['mean_log']:+.3f}")
+    for n, d in nw["lono"].items():
+        b, a = d["before"], d["after"]
+        print(f"  left out {n:14s} tile the others pick {d['tile']:3d}: {b['calls']:3d} calls, "
+              f"{b['median_abs_log']:.3f} / {b['mean_log']:+.3f} -> {a['median_abs_log']:.3f} / {a['mean_log']:+.3f}")
+    lp = nw["lono_pooled"]
+    print(f"  every network left out, pooled: {lp['calls']} calls, {lp['before_median_abs_log']:.3f} -> "
+          f"{lp['after_median_abs_log']:.3f}")
     la = doc["launch"]
     print(f"\nkernel_overhead_us = {la['kernel_overhead_us']:.3g}: a kernel's floor {la['floor']['us']:.3g} us "
           f"(call-weighted median of {la['floor']['kernels']} traced kernels, {la['floor']['ops']} ops, "

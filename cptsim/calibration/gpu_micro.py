@@ -71,6 +71,7 @@ STREAM_EFFICIENCY = 0.87
 # (the NCHW batch-norm shape constants are per-kernel measurements of the generation's cuDNN kernels, made on the
 # lent H100 from profiler traces, not yet by this microbenchmark run: inherited too)
 INHERITED = ("memory_efficiency", "norm_memory_efficiency", "nchw_conv_factor", "nchw_transform_bytes",
+             "conv_n_tile", "conv_k_tile_bytes",
              "nchw_norm_elements_per_clock",
              "nchw_norm_rows_per_clock", "nchw_norm_backward_rows_per_clock", "nchw_norm_channels_per_sm")
 # fitted on this GPU's kernels where they identify them (else the generation's value, marked so in the file)

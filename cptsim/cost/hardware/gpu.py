@@ -179,6 +179,10 @@ class GPUProfile(HardwareProfile):
         Field("nchw_transform_bytes", "nonneg", "passes over its activations (input + output, at peak bandwidth) "
               "that an NCHW step's spatial tensor-core convolution adds for cuDNN's layout transforms (fitted per "
               "call)", None),
+        Field("conv_n_tile", "positive", "the narrowest output-channel tile of a tensor-core convolution kernel: "
+              "channels are padded up to whole tiles (gpu_kernels.conv_padding; 1 = no padding)", None),
+        Field("conv_k_tile_bytes", "nonneg", "bytes of input channels one reduction step of a tensor-core "
+              "convolution covers per filter tap (an MMA's depth: 32 = 16 FP16 channels; 0 = no padding)", None),
     )
 
     @classmethod
@@ -496,10 +500,16 @@ class GPUProfile(HardwareProfile):
                 act = (numel[:, 1] + numel[:, 2])[None, :, None] * np.asarray(samples, dtype=np.float64).reshape(
                     -1, 1, 1) * self.compute_bits(np.maximum(b1, b2)) / 8.0
                 trans = np.where(sp[None, :, None], act, 0.0)
+        # tensor-core convolutions' channel padding to whole tiles: needs each conv's taps (from its shapes)
+        taps = ebytes = None
+        if a.is_conv is not None and numel is not None:
+            taps = gpu_kernels.conv_taps(a.gemm, numel[:, 1], a.is_conv)
+            ebytes = self._tier_bits[i] / 8.0
         t = gpu_kernels.gemm_times(a.gemm, a.is_conv, macs, samples, rate, tensor, fp32_peak, bytes_moved,
                                    self._bandwidth * self._meff, float(self.params["sm_count"]), consts,
                                    channels_last=bool(getattr(a, "channels_last", False)), winograd=wino,
-                                   winograd_rate=wino_rate, transform_bytes=trans, peak_bandwidth=self._bandwidth)
+                                   winograd_rate=wino_rate, transform_bytes=trans, peak_bandwidth=self._bandwidth,
+                                   taps=taps, element_bytes=ebytes)
         return t, self.busy_power_w * t
 
     def step_ops_cost(self, ops, q, g, samples, channels_last: bool = False) -> tuple[np.ndarray, np.ndarray]:

@@ -41,6 +41,15 @@ per group (``cptsim.measure.profiler.GEMM_KEYS``):
   call on the traced H100 convolutions (``benchmarks/gpu/fit_gpu_model.py``, ``conv_calls``; left-out networks
   give the same value), not on any network's total.
 
+* **Narrow convolutions compute their channel padding.** cuDNN's tensor-core implicit GEMMs cover a convolution's
+  output channels with tiles ``conv_n_tile`` wide and each filter tap's input channels in MMA steps of
+  ``conv_k_tile_bytes``; channels that are not whole tiles are padded with zeros the kernel computes at the full
+  rate (``conv_padding``: an 18-channel 3x3 conv in FP16 computes 64/18 x 32/18 = 6.3x its MACs forward). Tile
+  arithmetic read off the traced kernels' names and the MMA instruction's depth, not fitted; checked per traced call
+  with each network left out (``benchmarks/gpu/fit_gpu_model.py``, ``narrow_check``). Grouped convolutions are left
+  unpadded (cuDNN packs groups; no traced call says how tightly). Set on Hopper; Ampere's fitted constants,
+  identified without it, leave it off (1, 0).
+
 * Every kernel is also bounded by its DRAM bytes at ``memory_efficiency`` x bandwidth (the caller's roofline).
 
 Nothing here is a per-model factor: a network's time is the sum of its kernels' times, each from its own shape.
@@ -74,6 +83,9 @@ DEFAULTS = {
     "nchw_norm_channels_per_sm": 1.5,
     # NCHW spatial convolutions' layout transforms: not measured on Ampere (its fitted nchw_conv_factor stands for them)
     "nchw_transform_bytes": 0.0,
+    # narrow convolutions' channel padding (conv_padding): off on Ampere, whose constants were fitted without it
+    "conv_n_tile": 1.0,
+    "conv_k_tile_bytes": 0.0,
 }
 
 
@@ -156,9 +168,66 @@ def spatial_convs(gemm: np.ndarray, input_numel: np.ndarray, is_conv: np.ndarray
     return known & np.asarray(is_conv, dtype=bool) & (ratio > 1.5)
 
 
+def conv_taps(gemm: np.ndarray, input_numel: np.ndarray, is_conv: np.ndarray) -> np.ndarray:
+    """(L,) filter taps (kh x kw) of each convolution, read from the recorded shapes (1 where unknown or not a conv):
+    K x rows x groups / input elements = taps / stride^2 (``spatial_convs``), so the taps are that ratio where it is
+    an odd square (stride 1: 1, 9, 25, 49), else 4x it where that is one (stride 2: 2.25 -> 9, 12.25 -> 49), else 1.
+    'Same' padding at stride 2 on an odd side (7 -> 4) misses by a little: rounded to the nearest square."""
+    gemm = np.asarray(gemm, dtype=np.float64)
+    known = ~np.isnan(gemm).any(axis=1) & np.asarray(is_conv, dtype=bool)
+    g = np.where(known[:, None], gemm, 0.0)
+    inp = np.asarray(input_numel, dtype=np.float64)
+    ratio = np.divide(g[:, 0] * g[:, 2] * g[:, 3], inp, out=np.zeros_like(inp), where=inp > 0)
+    out = np.ones_like(ratio)
+    for scale in (4.0, 1.0):  # stride 1 wins where both read as an odd square
+        side = np.sqrt(np.maximum(ratio * scale, 0.0))
+        odd = np.round(side)
+        hit = (odd % 2 == 1) & (np.abs(side - odd) < 0.2 * odd) & (odd > 1)
+        out = np.where(hit, odd ** 2, out)
+    # the taps must divide the reduction depth (C_in per group x taps)
+    ok = known & (np.mod(g[:, 2], out) == 0)
+    return np.where(ok, out, 1.0)
+
+
+def conv_padding(gemm, taps, element_bytes, n_tile: float, k_tile_bytes: float) -> np.ndarray:
+    """(Kinds, L, 3) padded MACs / true MACs of a tensor-core implicit-GEMM convolution, per phase: tile arithmetic.
+
+    cuDNN's implicit GEMMs walk the filter tap by tap, each tap's input channels in reduction steps of one MMA
+    instruction's depth (32 bytes: 16 FP16 / 8 TF32 / 32 INT8 channels, ``k_tile_bytes``), and cover the output
+    channels with tiles at least ``n_tile`` wide (the narrowest tensor-core tiles in the traced kernels' names, e.g.
+    ``tilesize128x32x16``). A channel count that is not a whole number of them is padded: the kernel computes the
+    padding's zeros at the full rate. Per phase (C_in, C_out per group):
+
+    * fwd   (N = C_out, K = taps x C_in):   pad(C_out, n_tile) / C_out  x  pad(C_in, k_step) / C_in
+    * dgrad (N = C_in,  K = taps x C_out):  pad(C_in, n_tile) / C_in  x  pad(C_out, k_step) / C_out
+    * wgrad (M = C_out, N = taps x C_in, K = N H W):  pad(C_out, k_step) / C_out x pad(taps C_in, n_tile) / (taps C_in)
+
+    Grouped convolutions (more than one group) are left at 1 (see below). ``element_bytes`` (Kinds, L, 3): the
+    bytes per element of the tier each layer-phase runs on."""
+    gemm = np.asarray(gemm, dtype=np.float64)
+    taps = np.asarray(taps, dtype=np.float64)
+    cout = np.maximum(gemm[:, 1], 1.0)[None, :]
+    cin = np.maximum(gemm[:, 2] / taps, 1.0)[None, :]
+    eb = np.asarray(element_bytes, dtype=np.float64)
+    kstep = np.maximum(k_tile_bytes / np.maximum(eb, 1e-9), 1.0)           # (Kinds, L, 3)
+    nt = max(float(n_tile), 1.0)
+
+    def pad(c, t):
+        return np.ceil(c / t) * t / c
+
+    fwd = pad(cout, nt) * pad(cin, kstep[..., 0])
+    dgrad = pad(cin, nt) * pad(cout, kstep[..., 1])
+    wgrad = pad(cout, kstep[..., 2]) * pad(cin * taps[None, :], nt)
+    out = np.stack([fwd, dgrad, wgrad], axis=-1)
+    # grouped convolutions run cuDNN's grouped kernels, which pack several groups into a tile (a ResNeXt's 4-channel
+    # groups are not padded to 64 each); no traced call measures how tightly: left unpadded
+    return np.where((gemm[:, 0] > 1)[None, :, None], 1.0, out)
+
+
 def gemm_times(gemm, is_conv, macs, samples, rate, tensor, fp32_rate, nbytes, bandwidth, sm_count, consts,
                channels_last: bool = False, winograd=None, winograd_rate: float | None = None,
-               transform_bytes=None, peak_bandwidth: float | None = None) -> np.ndarray:
+               transform_bytes=None, peak_bandwidth: float | None = None, taps=None,
+               element_bytes=None) -> np.ndarray:
     """Seconds of each layer-phase GEMM, (Kinds, L, 3).
 
     ``gemm`` (L, 5) the layers' forward GEMM shapes (NaN rows: no shape recorded, priced at the tier's rate as
@@ -180,6 +249,11 @@ def gemm_times(gemm, is_conv, macs, samples, rate, tensor, fp32_rate, nbytes, ba
     shaped = np.where(known[None, :, None], factor, 1.0)
     factor = np.where(known[None, :, None], factor * layout, 1.0)
     compute = macs / np.maximum(rate * factor, 1e-30)
+    if taps is not None and element_bytes is not None and (c["conv_n_tile"] > 1 or c["conv_k_tile_bytes"] > 0):
+        # tensor-core convolutions compute their channel padding too (conv_padding)
+        conv = (known & np.asarray(is_conv, dtype=bool))[None, :, None] & tensor
+        pad = conv_padding(g, taps, element_bytes, c["conv_n_tile"], c["conv_k_tile_bytes"])
+        compute = np.where(conv, compute * pad, compute)
     if winograd is not None and winograd_rate and np.any(winograd):
         wino = macs / WINOGRAD_MAC_REDUCTION / np.maximum(winograd_rate * shaped, 1e-30)
         compute = np.where(winograd, np.minimum(compute, wino), compute)
