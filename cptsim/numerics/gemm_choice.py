@@ -214,6 +214,33 @@ class _Lock:
             os.close(self.fd)  # closing releases the flock
 
 
+def _kept(key: str, make) -> dict:
+    """The cache file's entry under ``key``, else ``make()`` kept there (under the file's lock), with its source."""
+    path = cache_path()
+    entry = _read(path).get(key)
+    if _valid(entry):
+        return {**entry, "source": f"cached in {path}"}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass
+    with _Lock(path.with_name(path.name + ".lock")):
+        entry = _read(path).get(key)  # another process may have measured while this one waited
+        if _valid(entry):
+            return {**entry, "source": f"cached in {path}"}
+        entry = make()
+        out = {**entry, "source": f"measured now, kept in {path}"}
+        try:
+            from cptsim.fileio import atomic_write_bytes
+
+            entries = _read(path)
+            entries[key] = entry
+            atomic_write_bytes(path, (json.dumps({"format": FORMAT, "entries": entries}, indent=1) + "\n").encode())
+        except OSError as e:
+            out["source"] = f"measured now, not kept ({path}: {e.strerror or e})"
+    return out
+
+
 def measured_choice(threads: int | None = None) -> dict:
     """This machine's decision at ``threads`` (default: torch's current count): ``{"on", "why", "source", ...}``
     from this process's memory, else the cache file, else measured now (and kept). ``source`` says which."""
@@ -222,33 +249,8 @@ def measured_choice(threads: int | None = None) -> dict:
     hit = _DECIDED.get(memo)
     if hit is not None:
         return hit
-    path = cache_path()
     cpu, ext = cpu_signature()
-    key = cache_key(cpu, ext, threads)
-    entry = _read(path).get(key)
-    if _valid(entry):
-        out = {**entry, "source": f"cached in {path}"}
-    else:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            pass
-        with _Lock(path.with_name(path.name + ".lock")):
-            entry = _read(path).get(key)  # another process may have measured while this one waited
-            if _valid(entry):
-                out = {**entry, "source": f"cached in {path}"}
-            else:
-                entry = _record(measure(threads), cpu, ext, threads)
-                out = {**entry, "source": f"measured now, kept in {path}"}
-                try:
-                    from cptsim.fileio import atomic_write_bytes
-
-                    entries = _read(path)
-                    entries[key] = entry
-                    atomic_write_bytes(path, (json.dumps({"format": FORMAT, "entries": entries}, indent=1)
-                                              + "\n").encode())
-                except OSError as e:
-                    out["source"] = f"measured now, not kept ({path}: {e.strerror or e})"
+    out = _kept(cache_key(cpu, ext, threads), lambda: _record(measure(threads), cpu, ext, threads))
     _DECIDED[memo] = out
     return out
 
@@ -379,28 +381,3 @@ def cuda_choice(device, make_probes=None, timer=None, gpu: tuple | None = None, 
     return out
 
 
-def _kept(key: str, make) -> dict:
-    """The cache file's entry under ``key``, else ``make()`` kept there (under the file's lock), with its source."""
-    path = cache_path()
-    entry = _read(path).get(key)
-    if _valid(entry):
-        return {**entry, "source": f"cached in {path}"}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        pass
-    with _Lock(path.with_name(path.name + ".lock")):
-        entry = _read(path).get(key)  # another process may have measured while this one waited
-        if _valid(entry):
-            return {**entry, "source": f"cached in {path}"}
-        entry = make()
-        out = {**entry, "source": f"measured now, kept in {path}"}
-        try:
-            from cptsim.fileio import atomic_write_bytes
-
-            entries = _read(path)
-            entries[key] = entry
-            atomic_write_bytes(path, (json.dumps({"format": FORMAT, "entries": entries}, indent=1) + "\n").encode())
-        except OSError as e:
-            out["source"] = f"measured now, not kept ({path}: {e.strerror or e})"
-    return out
