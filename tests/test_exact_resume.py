@@ -1,6 +1,7 @@
 """Kill/resume exactness within an exact GEMM path (issue 28's acceptance): a run SIGKILLed mid-epoch and resumed
 on the CPU int8 path (CPTSIM_EXACT_GEMM=1: the mlp's hidden Linear layers on torch._int_mm) or on the integer-codes
-path (=codes: digits-cnn's convolutions on the integers) ends bit for bit as the same run uninterrupted on that
+path (=codes: digits-cnn's convolutions on the integers), or on the GPU tensor-core routes' arithmetic run on a
+CPU (=int8: cptsim.numerics.gpu_gemm) ends bit for bit as the same run uninterrupted on that
 path, and config.json records the path."""
 
 import signal
@@ -20,7 +21,10 @@ def _no_time(records):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("env, model, path", [("1", "mlp", "int8-exact"), ("codes", "digits-cnn", "tf32-int-codes")])
+@pytest.mark.parametrize("env, model, path", [("1", "mlp", "int8-exact"), ("codes", "digits-cnn", "tf32-int-codes"),
+                                               # the tensor-core routes' arithmetic (cptsim.numerics.gpu_gemm) forced
+                                               # on a CPU: the convolutions as int8 im2col + _int_mm, dgrad FP16
+                                               ("int8", "digits-cnn", "int8-tc-im2col")])
 def test_a_killed_run_resumes_exactly_on_its_gemm_path(env, model, path, tmp_path):
     extra = {"CPTSIM_EXACT_GEMM": env}
     ref = tmp_path / "ref"
