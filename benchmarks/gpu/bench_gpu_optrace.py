@@ -4,6 +4,7 @@
     python benchmarks/gpu/bench_gpu_optrace.py --fit     # fit the NCHW batch-norm constants to the traced kernels
     python benchmarks/gpu/bench_gpu_optrace.py --convs   # every traced convolution call: measured vs the shape model
     python benchmarks/gpu/bench_gpu_optrace.py --steps   # per trace: GPU busy vs step, and where the non-GEMM time goes
+    python benchmarks/gpu/bench_gpu_optrace.py --host    # per trace: ops that launched kernels by class, step time per op
     python benchmarks/gpu/bench_gpu_optrace.py --json
 
 The traces are benchmarks/gpu/gpu_optrace.py's (run on the lent H100, benchmarks/gpu/session.sh optrace):
@@ -219,6 +220,45 @@ def step_split(traces: dict) -> list[dict]:
     return out
 
 
+# What a traced op is, for the host's side of an eager step: the traces keep each op's kernels and their device time,
+# not its CPU time, so this table bounds the host's time per dispatched op (step / ops) rather than measuring it.
+HOST_CLASSES = ("conv", "matmul", "foreach", "backward", "cast", "other")
+_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+_CASTS = ("aten::copy_", "aten::_to_copy")
+
+
+def host_class(op: str) -> str:
+    """A traced op's class by its aten name: cuDNN convolution, cuBLAS matmul, optimizer foreach op, an op named as a
+    backward, a copy / cast (AMP's autocast casts land here), or any other (element-wise, reductions, norms)."""
+    if "convolution" in op or "cudnn" in op:
+        return "conv"
+    if op in _MATMULS:
+        return "matmul"
+    if "_foreach" in op:
+        return "foreach"
+    if "backward" in op:
+        return "backward"
+    if op in _CASTS:
+        return "cast"
+    return "other"
+
+
+def host_split(traces: dict) -> list[dict]:
+    """Per trace: step and GPU-busy time, kernels, the ops that launched them per class, and the step's time per such
+    op -- the host's time per dispatched op where the GPU idles (busy << step), an upper bound elsewhere."""
+    out = []
+    for key, t in traces.items():
+        calls = dict.fromkeys(HOST_CLASSES, 0.0)
+        for o in t["ops"]:
+            calls[host_class(o["op"])] += o["calls"]
+        n = sum(calls.values())
+        out.append({"trace": key, "step_ms": t["step_ms_median"], "gpu_busy_ms": t["gpu_busy_ms"],
+                    "kernels": t["kernel_launches"], "ops": n, "calls": calls,
+                    "step_us_per_op": t["step_ms_median"] * 1e3 / n,
+                    "host_bound": t["gpu_busy_ms"] < 0.5 * t["step_ms_median"]})
+    return out
+
+
 CIN_BANDS = ((0, 8), (8, 32), (32, 64), (64, 128), (128, 256), (256, 1 << 20))
 
 
@@ -243,6 +283,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--convs", action="store_true")
     ap.add_argument("--steps", action="store_true")
+    ap.add_argument("--host", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     traces = load_traces()
@@ -257,6 +298,22 @@ def main(argv=None) -> int:
         for r in rows:
             print(f"{r['trace']:30s} {r['step_ms']:8.1f} {r['gpu_busy_ms']:8.1f} {r['launches']:8.0f} "
                   f"{r['strided_elementwise_ms']:13.1f} {r['other_non_gemm_ms']:9.1f}")
+        return 0
+    if args.host:
+        rows = host_split(traces)
+        if args.json:
+            print(json.dumps({"host": rows}, indent=1))
+            return 0
+        print("lent H100: traced steps, the ops that launched kernels per class, and the step's time per op "
+              "(host-bound where GPU busy < half the step)")
+        print(f"{'trace':28s} {'step ms':>7s} {'busy ms':>7s} {'kernels':>7s} {'ops':>5s} "
+              + " ".join(f"{c:>8s}" for c in HOST_CLASSES) + f" {'us/op':>6s}")
+        for r in rows:
+            print(f"{r['trace']:28s} {r['step_ms']:7.1f} {r['gpu_busy_ms']:7.1f} {r['kernels']:7.0f} {r['ops']:5.0f} "
+                  + " ".join(f"{r['calls'][c]:8.0f}" for c in HOST_CLASSES)
+                  + f" {r['step_us_per_op']:6.1f}{'  host-bound' if r['host_bound'] else ''}")
+        print("(the traces keep each op's device time, not its CPU time: us/op is the host's time per dispatched op "
+              "only where the step is host-bound; views and autograd nodes without kernels are not in the traces)")
         return 0
     if args.convs:
         rows = conv_table(conv_calls(traces))
