@@ -63,3 +63,34 @@ def test_amp_adds_casts_the_op_counter_does_not_see(optrace):
     casts -= sum(o["calls"] for o in _raw("lstm-lm-2x650-fp32")["ops"] if o["op"] in ("aten::copy_", "aten::_to_copy"))
     assert casts == amp["calls"]["cast"] - fp32["calls"]["cast"]
     assert extra > 300 and casts >= 0.95 * extra
+
+
+def test_the_next_traces_keep_each_dispatched_op_and_autograd_node_with_its_host_time():
+    """gpu_optrace.host_ops, on a CPU profile of a known step: every Linear forward, the backward's autograd nodes and
+    the optimizer's call are there once per step, with CPU times that hold their children."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    import gpu_optrace
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(32, 8)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        m(x).square().mean().backward()
+        opt.step()
+
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            step()
+    rows = {r["name"]: r for r in gpu_optrace.host_ops(prof.events(), 2)}
+    assert rows["aten::linear"]["calls"] == 2 and rows["aten::linear"]["kind"] == "top"  # two Linear layers a step
+    nodes = [r for r in rows.values() if r["kind"] == "autograd"]
+    assert any("AddmmBackward" in r["name"] for r in nodes)
+    for r in rows.values():
+        assert r["cpu_us"] >= r["self_cpu_us"] >= 0

@@ -8,8 +8,9 @@ trace: each workload (timm networks in NCHW/NHWC AMP as benchmarks/gpu/gpu_measu
   warm-up steps, then 2 steps under torch.profiler (CUDA + CPU activities, shapes recorded). Written per workload
   to DIR/trace-NAME.json.gz: the step's wall time (CUDA events, median of 5 unprofiled steps), the GPU-busy time,
   and for every CPU op that launched kernels: the op, its input shapes, the kernels' names and summed device time
-  (aggregated over the 2 steps, divided by 2). benchmarks/gpu/bench_gpu_optrace.py compares them with the cost
-  model's per-op prediction offline.
+  (aggregated over the 2 steps, divided by 2); and the host's side: per top-level CPU event and autograd node its
+  calls and CPU time (``host_ops``), with unprofiled steps' host enqueue time (``host_enqueue_ms``).
+  benchmarks/gpu/bench_gpu_optrace.py compares them with the cost model's per-op prediction offline.
 
 quant: torchvision ResNet-50, batch 128, 224x224, eager, NCHW: the step time of AMP (fp16 autocast + GradScaler),
   FP32 (PyTorch defaults: TF32 convolutions, strict FP32 matmuls), and cptsim's quantized layers at 8/8 bits with
@@ -101,7 +102,48 @@ def profile_step(torch, step, steps=2):
         a["calls"] /= steps
         a["us"] = round(a["us"] / steps, 2)
         a["launches"] /= steps
-    return {"ops": ops, "gpu_busy_ms": busy / steps / 1e3, "kernel_launches": nk / steps}
+    return {"ops": ops, "gpu_busy_ms": busy / steps / 1e3, "kernel_launches": nk / steps,
+            "host_ops": host_ops(prof.events(), steps)}
+
+
+def host_ops(events, steps: int) -> list[dict]:
+    """The host's side of the profiled steps, per event name: every top-level CPU event (what the Python code
+    dispatched: a forward op, the optimizer's foreach calls, the backward call) and every autograd node the engine
+    ran, kernels or not -- calls, CPU time with children (``cpu_us``) and without (``self_cpu_us``), per step.
+    What a host time per op kind for eager steps needs (the kernel records above keep no CPU time); the profiler
+    inflates CPU time, so ``enqueue_ms`` of unprofiled steps goes beside it."""
+    agg: dict = {}
+    for e in events:
+        if getattr(e, "device_type", None) is not None and "CPU" not in str(e.device_type):
+            continue
+        top = getattr(e, "cpu_parent", None) is None
+        node = str(e.name).startswith("autograd::engine::evaluate_function")
+        if not (top or node):
+            continue
+        a = agg.setdefault(e.name, {"name": e.name, "kind": "autograd" if node else "top", "calls": 0,
+                                    "cpu_us": 0.0, "self_cpu_us": 0.0})
+        a["calls"] += 1
+        a["cpu_us"] += float(e.cpu_time_total)
+        a["self_cpu_us"] += float(e.self_cpu_time_total)
+    rows = sorted(agg.values(), key=lambda a: -a["cpu_us"])
+    for a in rows:
+        a["calls"] /= steps
+        a["cpu_us"] = round(a["cpu_us"] / steps, 2)
+        a["self_cpu_us"] = round(a["self_cpu_us"] / steps, 2)
+    return rows
+
+
+def enqueue_ms(torch, step, n: int = 5) -> dict:
+    """Unprofiled steps' host time: the wall time of ``n`` steps issued back to back with no synchronisation inside
+    (the host's enqueue, as long as the GPU keeps up) and with the final synchronisation, per step."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return {"host_enqueue_ms": (t1 - t0) / n * 1e3, "wall_ms": (t2 - t0) / n * 1e3}
 
 
 def sgd_step(torch, opt, amp: bool, loss_of):
@@ -158,6 +200,7 @@ def section_trace(torch, args, out: Path):
             rec = {"name": name, "format": fmt, "batch": b if kind == "timm" else None,
                    "precision": "amp" if kind == "timm" else b, "step_ms_median": statistics.median(ts),
                    "step_ms_all": ts, "torch": torch.__version__, "device": torch.cuda.get_device_name()}
+            rec.update(enqueue_ms(torch, step))
             rec.update(profile_step(torch, step))
             with gzip.open(out / f"trace-{tag}.json.gz", "wt") as f:
                 json.dump(rec, f)
