@@ -65,7 +65,7 @@ def route_view(gpu, route: str, tf32: dict | None):
     """The profile that prices a route's GEMMs, and the widths (forward, gradient) to price each step at:
     ``None`` keeps the step's own widths (native), 32 prices the step's GEMMs on the FP32 tiers."""
     if route == NATIVE:
-        return gpu, None
+        return fp32_tiers(gpu, tf32), None  # its 32-bit steps on the tiers the run's TF32 flags gave them
     if route == INT_CODES:
         tf = "tf32" if "tf32" in gpu._tier_names else gpu.params["fp32_tier"]
         return _with_tiers(gpu, tf, tf), 32
