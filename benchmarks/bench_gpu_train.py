@@ -49,8 +49,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+
+from bench_quant_step import GRAPH, PATH_SHAPES, _workload  # noqa: E402 - the same workloads, one definition
 
 from cptsim.models import create_model, default_fp_layers  # noqa: E402
 from cptsim.models.loss import class_cross_entropy  # noqa: E402
@@ -58,7 +61,6 @@ from cptsim.numerics.layers import quantize_model  # noqa: E402
 
 MODELS = ("resnet50", "resnet20", "transformer-lm", "lstm-lm", "gcn")
 VOCAB = 10000
-GRAPH = "synthetic-graph:20000,128,40:14"
 ROUTE_ENV = ("CPTSIM_QUANT_KERNELS", "CPTSIM_EXACT_GEMM")
 # name -> (quantized?, autocast?, the environment its steps run under)
 CASES = {
@@ -86,23 +88,12 @@ def skipped_here(case: str, device: torch.device) -> str | None:
 
 def workload(name: str, batch: int | None):
     """(a builder of the model, x, y, the batch size as a label) of one of MODELS."""
-    torch.manual_seed(0)
-    if name == "gcn":
-        from cptsim.data import load_datasets
-        from cptsim.models.graph import bind_graph
-
-        train_set, _, info = load_datasets(GRAPH, None)
-        x, y = train_set.gather([0], "cpu")
-
-        def build():
-            torch.manual_seed(0)
-            m = create_model(name, num_classes=info.num_classes, in_channels=info.input_shape[0],
-                             input_shape=tuple(info.input_shape))
-            bind_graph(m, train_set.graph.edge_index)
-            return m
+    if name == "gcn":  # full batch: bench_quant_step's graph workload as it is
+        build, x, y, _ = _workload(name, VOCAB)
         return build, x, y, 1
+    torch.manual_seed(0)
     if name in ("transformer-lm", "lstm-lm"):
-        b, t = {"transformer-lm": (16, 256), "lstm-lm": (20, 35)}[name]
+        b, t = PATH_SHAPES[name]
         b = batch or b
         x, y = torch.randint(0, VOCAB, (b, t)), torch.randint(0, VOCAB, (b, t))
         return (lambda: (torch.manual_seed(0), create_model(name, num_classes=VOCAB, input_shape=(t,)))[1]), x, y, b
