@@ -60,31 +60,34 @@ def step_kinds(steps: list[dict]) -> list[tuple[int, int, int]]:
     return sorted({(int(r["bits"]), int(r["grad_bits"]), int(r["batch_size"])) for r in steps})
 
 
-def price_kinds(prof, kinds, gpu, route: str, eager: bool, tf32: dict, fmap=None) -> dict:
+def price_kinds(prof, kinds, gpu, route: str, eager: bool, tf32: dict, fmap=None, native: bool = True) -> dict:
     """{(bits, grad bits, batch): {"time_s", "energy_j", "quantizer_s", "phases_s", "native_time_s",
-    "native_energy_j", "native_tiers"}}: one step of each kind on ``gpu``, as it ran (``route``) and natively."""
+    "native_energy_j", "native_tiers"}}: one step of each kind on ``gpu``, as it ran (``route``) and, with
+    ``native``, on the profile's own tiers (the fit, which only needs the first, leaves that out)."""
     from cptsim.cost.hardware.gpu_executed import INT_CODES, NATIVE, fp32_tiers, quantizer_cost, route_view
     from cptsim.cost.model import estimate
 
     arrays = prof.arrays()
     view, width = route_view(gpu, route, tf32)
-    native = fp32_tiers(gpu, tf32)
+    tiers_view = fp32_tiers(gpu, tf32)
     out = {}
     for q, g, n in kinds:
         qq, gg = (q, g) if width is None else (width, width)
         one = estimate(prof, [{"step": 0, "batch_size": n, "bits": qq, "grad_bits": gg}], view, per_layer=False,
                        formats=fmap if route == NATIVE else None)
         tq, eq = quantizer_cost(view, arrays, q, g, n, eager=eager, codes=route == INT_CODES)
-        nat = estimate(prof, [{"step": 0, "batch_size": n, "bits": q, "grad_bits": g}], native, per_layer=False,
-                       formats=fmap)
-        tiers = native.step_tiers([(q, g)])[0]
         out[(q, g, n)] = {
             "time_s": float(one.latency_s["total"]) + tq, "energy_j": float(one.energy_j["total"]) + eq,
             "quantizer_s": tq,
             "phases_s": {k: float(v) for k, v in one.latency_s.items() if k != "total"},
-            "native_time_s": float(nat.latency_s["total"]), "native_energy_j": float(nat.energy_j["total"]),
-            "native_tiers": {k: tiers[k] for k in ("fwd", "dgrad", "wgrad") if k in tiers},
         }
+        if native:
+            nat = estimate(prof, [{"step": 0, "batch_size": n, "bits": q, "grad_bits": g}], tiers_view,
+                           per_layer=False, formats=fmap)
+            tiers = tiers_view.step_tiers([(q, g)])[0]
+            out[(q, g, n)].update({
+                "native_time_s": float(nat.latency_s["total"]), "native_energy_j": float(nat.energy_j["total"]),
+                "native_tiers": {k: tiers[k] for k in ("fwd", "dgrad", "wgrad") if k in tiers}})
     return out
 
 
@@ -136,7 +139,7 @@ class GPURunSteps:
 
     def predict(self, gpu) -> tuple[np.ndarray, float]:
         """(modelled seconds per step of each kind, modelled joules of all the steady steps) on ``gpu``."""
-        priced = price_kinds(self.prof, self.kinds, gpu, self.route, self.eager, self.tf32)
+        priced = price_kinds(self.prof, self.kinds, gpu, self.route, self.eager, self.tf32, native=False)
         t = np.array([priced[k]["time_s"] for k in self.kinds])
         e = float(sum(priced[k]["energy_j"] * c for k, c in zip(self.kinds, self.counts)))
         return t, e
@@ -197,7 +200,8 @@ def fit_gpu(runs: list[GPURunSteps], base) -> GPUFit:
     x0 = np.array([_base_value(base, n) for n in names])
     lo = np.array([PARAMS[n][0] for n in names])
     hi = np.array([PARAMS[n][1] for n in names])
-    x0 = np.clip(np.where(x0 > 0, x0, 0.5 * (lo + hi) * 0.1), np.maximum(lo, 1e-3), hi)
+    # the search runs in log space: a constant the base leaves at 0 (no launch overhead) starts at 5% of its range
+    x0 = np.clip(np.where(x0 > 0, x0, 0.05 * (lo + hi)), np.maximum(lo, 1e-3), hi)
     energy_runs = [r for r in runs if r.energy]
 
     def residuals(logx):
