@@ -101,6 +101,7 @@ __all__ = [
     "LayerRecord",
     "GEMM_KEYS",
     "gemm_shape",
+    "conv_geometry",
     "LayerProfile",
     "ProfileArrays",
     "MacCounter",
@@ -125,6 +126,8 @@ NUMEL_KEYS = ("weight", "input", "output")
 # ``rows_per_gemm`` > 0 when the rows come as a batch of separate GEMMs of that many rows (attention's bmm),
 # 0 when all of a call's rows, batch included, form one GEMM (conv, linear).
 GEMM_KEYS = ("groups", "n", "k", "rows", "rows_per_gemm")
+# A convolution's geometry, flattened in ProfileArrays.conv: kernel (h, w), stride (h, w), input (h, w), output (h, w)
+CONV_COLUMNS = ("kernel_h", "kernel_w", "stride_h", "stride_w", "in_h", "in_w", "out_h", "out_w")
 
 
 def is_depthwise_gemm(groups, n):
@@ -493,6 +496,9 @@ class LayerRecord:
     operand: int = 0
     edges: int = 0
     sdpa: bool = False
+    # a convolution's geometry (``conv_geometry``): kernel, stride, input and output sizes, channels, groups; None
+    # for other layer types and in profiles written before it was recorded
+    conv: dict | None = None
 
     def to_json(self) -> dict:
         d = {"name": self.name, "type": self.type, "quantized": self.quantized,
@@ -506,6 +512,8 @@ class LayerRecord:
             d["edges"] = int(self.edges)
         if self.sdpa:
             d["sdpa"] = True
+        if self.conv is not None:
+            d["conv"] = {k: list(v) if isinstance(v, (list, tuple)) else int(v) for k, v in self.conv.items()}
         return d
 
 
@@ -531,6 +539,7 @@ class ProfileArrays:
     edges: np.ndarray | None = None  # (L,) float64: an aggregation's nnz per sample (LayerRecord.edges), 0 elsewhere
     aggregation: np.ndarray | None = None  # (L,) bool: a graph layer's sparse aggregation (type AGGREGATION)
     sdpa: np.ndarray | None = None  # (L,) bool: a fused attention kernel's matmul (LayerRecord.sdpa)
+    conv: np.ndarray | None = None  # (L, 8) CONV_COLUMNS of each convolution (LayerRecord.conv); NaN rows elsewhere
 
     def __len__(self) -> int:
         return len(self.names)
@@ -552,6 +561,44 @@ def _gemm_record(g: Any, where: str) -> dict | None:
     if not isinstance(g, dict) or any(k not in g for k in GEMM_KEYS):
         raise _bad(f"{where}.gemm must be an object with keys {', '.join(GEMM_KEYS)}")
     return {k: _count(g[k], f"{where}.gemm.{k}") for k in GEMM_KEYS}
+
+
+CONV_PAIRS = ("kernel", "stride", "in_hw", "out_hw")
+CONV_INTS = ("in_channels", "out_channels", "groups")
+
+
+def conv_geometry(module: nn.Module, x: torch.Tensor, output: torch.Tensor) -> dict | None:
+    """A 2-d convolution's geometry as an accelerator's array model needs it (``cptsim.cost.hardware.array``):
+    kernel, stride, input and output spatial sizes, channels and groups -- what the GEMM shape folds together
+    (``k = in_channels / groups x taps``). None for other layer types."""
+    if not isinstance(module, nn.Conv2d) or x.dim() < 3 or output.dim() < 3:
+        return None
+    return {"kernel": [int(d) for d in module.kernel_size], "stride": [int(d) for d in module.stride],
+            "in_hw": [int(d) for d in x.shape[-2:]], "out_hw": [int(d) for d in output.shape[-2:]],
+            "in_channels": int(module.in_channels), "out_channels": int(module.out_channels),
+            "groups": int(module.groups)}
+
+
+def _conv_record(c: Any, where: str) -> dict | None:
+    if c is None:
+        return None  # profiles written before the geometry was recorded
+    if not isinstance(c, dict) or any(k not in c for k in CONV_PAIRS + CONV_INTS):
+        raise _bad(f"{where}.conv must be an object with keys {', '.join(CONV_PAIRS + CONV_INTS)}")
+    out = {}
+    for k in CONV_PAIRS:
+        v = c[k]
+        if not isinstance(v, list) or len(v) != 2:
+            raise _bad(f"{where}.conv.{k} must be a list of two integers, got {v!r}")
+        out[k] = [_count(x, f"{where}.conv.{k}") for x in v]
+    for k in CONV_INTS:
+        out[k] = _count(c[k], f"{where}.conv.{k}")
+    return out
+
+
+def _conv_row(c: dict | None) -> list[float]:
+    if c is None:
+        return [np.nan] * len(CONV_COLUMNS)
+    return [float(x) for k in CONV_PAIRS for x in c[k]]
 
 
 def gemm_shape(module: nn.Module, x: torch.Tensor, output: torch.Tensor) -> tuple[int, int, int, int, int] | None:
@@ -640,6 +687,7 @@ class LayerProfile:
                 operand=_count(r.get("operand", 0), f"{where}.operand"),
                 edges=_count(r.get("edges", 0), f"{where}.edges"),
                 sdpa=r.get("sdpa", False),
+                conv=_conv_record(r.get("conv"), where),
             ))
         model = d["model"]
         if not isinstance(model, str):
@@ -702,6 +750,7 @@ class LayerProfile:
             edges=np.array([r.edges for r in self.layers], dtype=np.float64),
             aggregation=np.array([r.type == AGGREGATION for r in self.layers], dtype=bool),
             sdpa=np.array([r.sdpa for r in self.layers], dtype=bool),
+            conv=np.array([_conv_row(r.conv) for r in self.layers], dtype=np.float64).reshape(-1, len(CONV_COLUMNS)),
         )
 
 
@@ -952,6 +1001,9 @@ class MacCounter:
                 else:
                     shape.update(groups=gs[0], n=gs[1], k=gs[2], rows_per_gemm=gs[4])
                     acc[_ROWS] += gs[3]
+                    geo = conv_geometry(module, x, output)
+                    if geo is not None:
+                        shape["conv"] = geo
 
         return hook
 
@@ -1017,7 +1069,7 @@ class MacCounter:
                 numel={"weight": self._weight(i),
                        "input": per_sample(acc[_IN]), "output": per_sample(acc[_OUT])},
                 calls=acc[_CALLS], gemm=gemm, operand=per_sample(acc[_OPND]), edges=per_sample(acc[_EDGES]),
-                sdpa=self._meta[i]["sdpa"],
+                sdpa=self._meta[i]["sdpa"], conv=shape.get("conv") if gemm is not None else None,
             ))
         return LayerProfile(model=self.model_name, input_shape=[int(s) for s in input_shape], layers=layers)
 
@@ -1231,7 +1283,7 @@ def _extrapolate(profs: list[LayerProfile], nodes: int, edges: int) -> LayerProf
             numel={"weight": r.numel["weight"],
                    **{k: value([x.numel[k] for x in recs], f"{where} {k} size") for k in ("input", "output")}},
             calls=r.calls, gemm=gemm, operand=value([x.operand for x in recs], f"{where} operand"),
-            edges=value([x.edges for x in recs], f"{where} edges"), sdpa=r.sdpa,
+            edges=value([x.edges for x in recs], f"{where} edges"), sdpa=r.sdpa, conv=r.conv,
         ))
     return LayerProfile(model=profs[0].model, input_shape=list(profs[0].input_shape), layers=layers)
 

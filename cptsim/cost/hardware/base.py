@@ -36,6 +36,8 @@ import numpy as np
 
 from cptsim.errors import InputError
 from ..formulas import aggregation_bytes, bytes_moved, packed_bits, phase_operands, quant_elems
+from .array import problem_alternatives
+from .tiling import ArraySpec, search_cached
 
 MIN_BITS, MAX_BITS = 1, 32
 FULL_PRECISION_BITS = 32
@@ -52,6 +54,17 @@ def check_profile_file_name(path, flag: str) -> None:
 
 
 _PJ = 1e-12
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    """A warning said once per process (the planner prices the same profile thousands of times)."""
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        import warnings
+
+        warnings.warn(msg, stacklevel=3)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -429,13 +442,39 @@ def kind_class(kind: str) -> type[HardwareProfile] | None:
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-class _AcceleratorProfile(HardwareProfile):
-    """Shared by the three 45 nm accelerator models: a core energy per cycle plus DRAM/SRAM traffic and leakage.
+ARRAY_FIELDS = (
+    Field("rows", "count", "reduction lanes of the array (count): input channels, packed by the kind's law"),
+    Field("columns", "count", "output-channel lanes of the array (count)"),
+    Field("windows", "count", "output positions the array computes at once (count)", 1),
+    Field("weight_buffer_bytes", "positive", "weight buffer, bytes (double-buffered: a tile uses half)"),
+    Field("input_buffer_bytes", "positive", "input (activation) buffer, bytes (double-buffered)"),
+    Field("output_buffer_bytes", "positive", "output (partial sum) buffer, bytes (double-buffered)"),
+    Field("dataflow", "string", 'convolutions: "channels" (taps in time, im2col for a first layer only, as the '
+          'Bit Fusion authors run them) or "im2col" (every layer)', "channels"),
+    Field("weight_buffer_read_pj_per_bit", "nonneg", "weight buffer read energy, pJ per bit"),
+    Field("weight_buffer_write_pj_per_bit", "nonneg", "weight buffer write energy, pJ per bit"),
+    Field("input_buffer_read_pj_per_bit", "nonneg", "input buffer read energy, pJ per bit"),
+    Field("input_buffer_write_pj_per_bit", "nonneg", "input buffer write energy, pJ per bit"),
+    Field("output_buffer_read_pj_per_bit", "nonneg", "output buffer read energy, pJ per bit"),
+    Field("output_buffer_write_pj_per_bit", "nonneg", "output buffer write energy, pJ per bit"),
+)
 
+
+class _AcceleratorProfile(HardwareProfile):
+    """Shared by the three accelerator kinds: an array with buffers and a tiling search, or (a file without an
+    ``array`` table, written before the array model) a roofline.
+
+    With ``[KIND.array]`` (``cptsim.cost.hardware.array`` and ``tiling``): each layer-phase is mapped onto the
+    array -- reduction on the rows packed by the kind's law (``_pack``), output channels on the columns, padded to
+    whole rows and columns -- and tiled into the double-buffered weight, input and output buffers by a search over
+    tile sizes and loop orders; time = the fastest tiling's cycles (compute, DRAM stalls, first fill and last drain)
+    / (frequency x compute_efficiency), the interface moving bandwidth_gb_s x memory_efficiency; energy = the
+    array's energy per busy cycle x compute cycles + each buffer's reads and writes x its pJ per bit + DRAM bits x
+    dram_pj_per_bit + static_power_w x time.
+
+    Without it (the roofline, kept so that older profile files price as they did, with a warning):
     time   = max(compute cycles / (frequency x compute_efficiency), bytes / (bandwidth x memory_efficiency))
     energy = core dynamic energy of the cycles the work occupies + traffic_energy_j(bytes) + static_power_w x time
-
-    Idle units are assumed clock-gated: compute_efficiency stretches time (and so leakage), not dynamic energy.
     """
 
     COMMON = (
@@ -454,6 +493,116 @@ class _AcceleratorProfile(HardwareProfile):
         Read by ``storage_bits``; weight gradients are written at 32 bits whatever this says."""
         return Field("output_bits", "store", 'width of activations / errors written to DRAM: bits, or "operand" '
                      f"(default {default}: {why})", default)
+
+    @classmethod
+    def parse_params(cls, chk: _Checker, table: dict) -> dict:
+        params = chk.fields(table, cls.PARAMS, cls.KIND, nested=("array",))
+        if "array" in table:
+            raw = table["array"]
+            if not isinstance(raw, dict):
+                chk.fail(f"{cls.KIND}.array must be a table [{cls.KIND}.array], got {raw!r}")
+            arr = chk.fields(raw, ARRAY_FIELDS, f"{cls.KIND}.array")
+            if arr["dataflow"] not in ("channels", "im2col"):
+                chk.fail(f'{cls.KIND}.array.dataflow must be "channels" or "im2col", got {arr["dataflow"]!r}')
+            units = cls._array_units(params)
+            have = arr["rows"] * arr["columns"] * arr["windows"]
+            if units is not None and units != have:
+                chk.fail(f"{cls.KIND}.array: rows x columns x windows = {have} must equal the kind's unit count "
+                         f"({units})")
+            params["array"] = arr
+        return params
+
+    @classmethod
+    def _array_units(cls, params: dict) -> int | None:
+        """The kind's own count of units (fusion units, lanes, MACs) that the array must hold; None: unchecked."""
+        return None
+
+    def _pack(self, b1, b2):
+        """Reduction elements one row of the array takes per cycle at operand widths (b1, b2): the kind's law."""
+        raise NotImplementedError
+
+    def _core_pj_per_unit_cycle(self) -> float:
+        """Dynamic energy of one unit of the array (rows x columns x windows of them) per busy cycle, pJ."""
+        raise NotImplementedError
+
+    @property
+    def has_array(self) -> bool:
+        return "array" in self.params
+
+    def array_spec(self) -> ArraySpec:
+        """This profile's array, buffers, interface and energies in the tiling search's units."""
+        arr, p = self.params["array"], self.params
+        units = arr["rows"] * arr["columns"] * arr["windows"]
+        return ArraySpec(
+            rows=arr["rows"], columns=arr["columns"], windows=arr["windows"],
+            wbuf_bits=arr["weight_buffer_bytes"] * 8.0, ibuf_bits=arr["input_buffer_bytes"] * 8.0,
+            obuf_bits=arr["output_buffer_bytes"] * 8.0,
+            interface_bits=self._bandwidth * self._meff * 8.0 / self._freq,
+            core_pj_per_cycle=self._core_pj_per_unit_cycle() * units,
+            wbuf_read_pj=arr["weight_buffer_read_pj_per_bit"], wbuf_write_pj=arr["weight_buffer_write_pj_per_bit"],
+            ibuf_read_pj=arr["input_buffer_read_pj_per_bit"], ibuf_write_pj=arr["input_buffer_write_pj_per_bit"],
+            obuf_read_pj=arr["output_buffer_read_pj_per_bit"], obuf_write_pj=arr["output_buffer_write_pj_per_bit"],
+            dram_pj=p["dram_pj_per_bit"])
+
+    def layer_cost(self, a, macs, b1, b2, bytes_moved, quant_elems, samples):
+        """The array model where the profile has an ``array`` table (class docstring); the roofline otherwise, and
+        for layers whose profile recorded no shape (each said once, as a warning)."""
+        t, e = super().layer_cost(a, macs, b1, b2, bytes_moved, quant_elems, samples)
+        if not self.has_array:
+            _warn_once(f"cptsim: {self.name} has no [{self.kind}.array] table (a profile written before the array "
+                       "model): priced as a roofline over total MACs and bytes, which overstates low precision's "
+                       "saving on narrow layers; add the table to price its array, buffers and tiling")
+            return t, e
+        t, e = t.copy(), e.copy()
+        spec = self.array_spec()
+        out_bits = self.params.get("output_bits", 32)
+        im2col_all = self.params["array"]["dataflow"] == "im2col"
+        unpriced = set()
+        memo: dict = {}
+        for k in range(macs.shape[0]):
+            s = float(np.asarray(samples).reshape(-1)[k] if np.ndim(samples) else samples)
+            for l in range(macs.shape[1]):
+                for ph in range(3):
+                    if macs[k, l, ph] <= 0:
+                        continue
+                    x, y = float(b1[k, l, ph]), float(b2[k, l, ph])
+                    key = (s, l, ph, x, y)
+                    if key not in memo:
+                        memo[key] = self._array_phase(a, l, ph, s, x, y, out_bits, im2col_all, spec)
+                    got = memo[key]
+                    if got is None:
+                        unpriced.add(a.names[l])
+                        continue
+                    t[k, l, ph], e[k, l, ph] = got
+        if unpriced:
+            _warn_once(f"cptsim: {self.name}: {len(unpriced)} layer(s) have no recorded shape (e.g. "
+                       f"{sorted(unpriced)[0]}): priced as a roofline; profile the model again to price them on the "
+                       "array")
+        return t, e
+
+    def _array_phase(self, a, l, ph, samples, b1, b2, out_bits, im2col_all, spec):
+        """(time s, energy J) of one layer-phase on the array, or None when the profile has no shape for it."""
+        # DESIGN.md's phase operands (b1, b2): fwd (b_w, b_a), dgrad (b_g, b_w), wgrad (b_g, b_a); the array's
+        # input side is b_a, b_g, b_a and its weight side b_w, b_w, b_g.
+        act, wgt = (b2, b1) if ph == 0 else (b1, b2) if ph == 1 else (b2, b1)
+        pf = float(self._pack(b1, b2))
+        ob = max(b1, b2) if out_bits == "operand" else float(out_bits)
+        alts = problem_alternatives(a, l, ph, samples, float(self._operand_bits(act)),
+                                    float(self._operand_bits(wgt)), pf, ob, im2col_all)
+        if alts is None:
+            return None
+        best = None
+        for alt in alts:
+            cyc = en = 0.0
+            for times, prob in alt:
+                acc = search_cached(prob, spec)
+                cyc += times * acc.cycles
+                en += times * acc.energy_j
+            if best is None or cyc < best[0]:
+                best = (cyc, en)
+        cyc, en = best
+        time = cyc / (self._freq * self._ceff)
+        return time, en + self.params["static_power_w"] * time
 
     def with_formats(self, fmap) -> "HardwareProfile":
         """Integer datapaths only (Bit Fusion's bricks, a bit-serial array, a fixed-width int array): a float

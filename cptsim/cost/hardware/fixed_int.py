@@ -45,6 +45,17 @@ class FixedIntProfile(_AcceleratorProfile):
     def _macs_per_cycle(self, b1, b2):
         return self.params["mac_units"] / self._passes(b1, b2)
 
+    @classmethod
+    def _array_units(cls, params):
+        return params["mac_units"]
+
+    def _pack(self, b1, b2):
+        # one product per MAC per pass: wider operands take ceil(b/w) slices each
+        return 1.0 / self._passes(b1, b2)
+
+    def _core_pj_per_unit_cycle(self):
+        return self.params["pj_per_mac"]
+
     def _core_energy_j(self, macs, b1, b2):
         return macs * self._passes(b1, b2) * self.params["pj_per_mac"] * _PJ
 
