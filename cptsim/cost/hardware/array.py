@@ -9,9 +9,9 @@ kind's law (``pf``); output channels go on its columns.
 Convolutions (``ProfileArrays.conv``: kernel, stride, input and output sizes; channels and groups from ``gemm``):
 
 * forward: input = activations (b_a), weight side = weights (b_w); reduction over input channels (rows) x taps
-  (in time); outputs = output channels (columns) x positions. A layer whose input needs no gradient (the first)
-  folds the taps into the reduction (im2col), as the Bit Fusion authors run a first layer; ``dataflow = "im2col"``
-  does it for every layer. A grouped convolution is ``groups`` convolutions of its per-group channels, one after
+  (in time); outputs = output channels (columns) x positions. With ``dataflow = "im2col-first"`` a layer whose
+  input needs no gradient (the first) folds the taps into the reduction (im2col), as the Bit Fusion authors run a
+  first layer; ``"im2col"`` does it for every layer, ``"channels"`` for none (DNNsim's Stripes). A grouped convolution is ``groups`` convolutions of its per-group channels, one after
   another.
 * dgrad: a convolution of the error (b_g, the input operand) with the weights (b_w) whose reduction is over output
   channels x taps and whose outputs are the input channels. A stride-s layer's dgrad is min(s, k)^2 stride-1
@@ -57,14 +57,15 @@ def _gemm(a, l):
     return groups, n, k, rows, rpg
 
 
-def problem_alternatives(a, l, phase, samples, act_bits, wgt_bits, pf, out_bits, im2col_all):
+def problem_alternatives(a, l, phase, samples, act_bits, wgt_bits, pf, out_bits, dataflow="im2col-first"):
     """The mappings layer ``l``'s ``phase`` (0 fwd, 1 dgrad, 2 wgrad) of a step of ``samples`` samples may run
     as: a list of alternatives, each a list of (times it runs, Problem); the caller prices each alternative and
     keeps the fastest. None when the profile recorded no shape for the layer.
 
     ``act_bits``/``wgt_bits``: stored widths of the phase's input-side and weight-side operands (fwd: b_a, b_w;
     dgrad: b_g, b_w; wgrad: b_a, b_g); ``pf``: reduction elements per row per cycle at the phase's widths;
-    ``out_bits``: the width partial outputs travel at; ``im2col_all``: the im2col dataflow for every layer."""
+    ``out_bits``: the width partial outputs travel at; ``dataflow``: "channels", "im2col-first" or "im2col"."""
+    im2col_all = dataflow == "im2col"
     agg = getattr(a, "aggregation", None)
     calls = float(a.calls[l]) if a.calls is not None else 1.0
     g = _gemm(a, l)
@@ -84,7 +85,7 @@ def problem_alternatives(a, l, phase, samples, act_bits, wgt_bits, pf, out_bits,
         groups, n, k, _, _ = g
         oc, taps = n, kh * kw
         ic = k / taps
-        first = float(a.macs[l, 1]) == 0.0
+        first = dataflow == "im2col-first" and float(a.macs[l, 1]) == 0.0
         b = samples * calls
         if phase == 0:
             p = Problem(b, ho, wo, kh, kw, sh, taps, ic, oc, pf, act_bits, wgt_bits, out_bits, first or im2col_all)

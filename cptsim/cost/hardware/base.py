@@ -37,7 +37,8 @@ import numpy as np
 from cptsim.errors import InputError
 from ..formulas import aggregation_bytes, bytes_moved, packed_bits, phase_operands, quant_elems
 from .array import problem_alternatives
-from .tiling import ArraySpec, search_cached
+from .tiling import ArraySpec
+from .tiling_cache import store as tiling_store
 
 MIN_BITS, MAX_BITS = 1, 32
 FULL_PRECISION_BITS = 32
@@ -442,6 +443,7 @@ def kind_class(kind: str) -> type[HardwareProfile] | None:
 # ----------------------------------------------------------------------------------------------------------------------
 
 
+DATAFLOWS = ("channels", "im2col-first", "im2col")
 ARRAY_FIELDS = (
     Field("rows", "count", "reduction lanes of the array (count): input channels, packed by the kind's law"),
     Field("columns", "count", "output-channel lanes of the array (count)"),
@@ -449,8 +451,9 @@ ARRAY_FIELDS = (
     Field("weight_buffer_bytes", "positive", "weight buffer, bytes (double-buffered: a tile uses half)"),
     Field("input_buffer_bytes", "positive", "input (activation) buffer, bytes (double-buffered)"),
     Field("output_buffer_bytes", "positive", "output (partial sum) buffer, bytes (double-buffered)"),
-    Field("dataflow", "string", 'convolutions: "channels" (taps in time, im2col for a first layer only, as the '
-          'Bit Fusion authors run them) or "im2col" (every layer)', "channels"),
+    Field("dataflow", "string", 'convolutions: "channels" (input channels on the rows, taps in time), '
+          '"im2col-first" (the same, but a first layer folds its taps into the reduction, as the Bit Fusion '
+          'authors run it) or "im2col" (every layer)', "channels"),
     Field("weight_buffer_read_pj_per_bit", "nonneg", "weight buffer read energy, pJ per bit"),
     Field("weight_buffer_write_pj_per_bit", "nonneg", "weight buffer write energy, pJ per bit"),
     Field("input_buffer_read_pj_per_bit", "nonneg", "input buffer read energy, pJ per bit"),
@@ -502,8 +505,9 @@ class _AcceleratorProfile(HardwareProfile):
             if not isinstance(raw, dict):
                 chk.fail(f"{cls.KIND}.array must be a table [{cls.KIND}.array], got {raw!r}")
             arr = chk.fields(raw, ARRAY_FIELDS, f"{cls.KIND}.array")
-            if arr["dataflow"] not in ("channels", "im2col"):
-                chk.fail(f'{cls.KIND}.array.dataflow must be "channels" or "im2col", got {arr["dataflow"]!r}')
+            if arr["dataflow"] not in DATAFLOWS:
+                chk.fail(f'{cls.KIND}.array.dataflow must be one of {", ".join(map(repr, DATAFLOWS))}, '
+                         f'got {arr["dataflow"]!r}')
             units = cls._array_units(params)
             have = arr["rows"] * arr["columns"] * arr["windows"]
             if units is not None and units != have:
@@ -556,9 +560,10 @@ class _AcceleratorProfile(HardwareProfile):
         t, e = t.copy(), e.copy()
         spec = self.array_spec()
         out_bits = self.params.get("output_bits", 32)
-        im2col_all = self.params["array"]["dataflow"] == "im2col"
+        flow = self.params["array"]["dataflow"]
         unpriced = set()
         memo: dict = {}
+        cache = tiling_store(spec)
         for k in range(macs.shape[0]):
             s = float(np.asarray(samples).reshape(-1)[k] if np.ndim(samples) else samples)
             for l in range(macs.shape[1]):
@@ -568,19 +573,20 @@ class _AcceleratorProfile(HardwareProfile):
                     x, y = float(b1[k, l, ph]), float(b2[k, l, ph])
                     key = (s, l, ph, x, y)
                     if key not in memo:
-                        memo[key] = self._array_phase(a, l, ph, s, x, y, out_bits, im2col_all, spec)
+                        memo[key] = self._array_phase(a, l, ph, s, x, y, out_bits, flow, spec, cache)
                     got = memo[key]
                     if got is None:
                         unpriced.add(a.names[l])
                         continue
                     t[k, l, ph], e[k, l, ph] = got
+        cache.flush()
         if unpriced:
             _warn_once(f"cptsim: {self.name}: {len(unpriced)} layer(s) have no recorded shape (e.g. "
                        f"{sorted(unpriced)[0]}): priced as a roofline; profile the model again to price them on the "
                        "array")
         return t, e
 
-    def _array_phase(self, a, l, ph, samples, b1, b2, out_bits, im2col_all, spec):
+    def _array_phase(self, a, l, ph, samples, b1, b2, out_bits, flow, spec, cache):
         """(time s, energy J) of one layer-phase on the array, or None when the profile has no shape for it."""
         # DESIGN.md's phase operands (b1, b2): fwd (b_w, b_a), dgrad (b_g, b_w), wgrad (b_g, b_a); the array's
         # input side is b_a, b_g, b_a and its weight side b_w, b_w, b_g.
@@ -588,16 +594,16 @@ class _AcceleratorProfile(HardwareProfile):
         pf = float(self._pack(b1, b2))
         ob = max(b1, b2) if out_bits == "operand" else float(out_bits)
         alts = problem_alternatives(a, l, ph, samples, float(self._operand_bits(act)),
-                                    float(self._operand_bits(wgt)), pf, ob, im2col_all)
+                                    float(self._operand_bits(wgt)), pf, ob, flow)
         if alts is None:
             return None
         best = None
         for alt in alts:
             cyc = en = 0.0
             for times, prob in alt:
-                acc = search_cached(prob, spec)
-                cyc += times * acc.cycles
-                en += times * acc.energy_j
+                c, j = cache.get(prob, spec)
+                cyc += times * c
+                en += times * j
             if best is None or cyc < best[0]:
                 best = (cyc, en)
         cyc, en = best

@@ -10,7 +10,8 @@ over tilings and loop orders, and generalized to rectangular outputs, fractional
 arrays that compute several output positions at once (Stripes' windows) and packing laws of other kinds:
 
 * The array: ``rows`` reduction lanes, each packing ``pf`` reduction elements per cycle (Bit Fusion's brick law:
-  floor(8/max(b_a,2)) * floor(8/max(b_w,2)); a bit-serial lane: 1/serial bits; a fixed width: 1/passes), and
+  floor(8/max(b_a,2)) * floor(8/max(b_w,2))); pf < 1 means a row's element takes 1/pf cycles (a bit-serial lane's
+  serial bits, DNNsim's P; a fixed-width or wide operand's passes), and
   ``columns`` output channels. Output positions run one after another (``windows`` at a time). A channel-wise
   convolution runs its kernel taps in time and its input channels on the rows; im2col folds the taps into the
   reduction. Every tile is padded to whole rows and columns.
@@ -35,10 +36,12 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
+
+# Bumped whenever the search's results change, so that a cache of them (tiling_cache) is not reused.
+MODEL_VERSION = "bitfusion-sim/2"
 
 # The five tile loops, and which buffer each one indexes (True: a new tile of that tensor each iteration).
 LOOPS = ("b", "ow", "oh", "ic", "oc")
@@ -139,7 +142,10 @@ def _traffic(tile_bits, counts, dep, cap):
 
 def search(p: Problem, s: ArraySpec) -> Access:
     """The fastest tiling of problem ``p`` on array ``s`` (module docstring); energy breaks ties."""
-    rows = s.rows * p.pf
+    # pf >= 1 packs pf reduction elements into a row per cycle; pf < 1 means each group of rows-many elements
+    # takes 1/pf cycles (a bit-serial lane's P bits, a wide operand's passes)
+    pack, passes = max(p.pf, 1.0), 1.0 / min(p.pf, 1.0)
+    rows = s.rows * pack
     grid = np.meshgrid(_pow2_tiles(p.batch), _pow2_tiles(max(p.out_h, p.out_w)), _pow2_tiles(p.ic),
                        _pow2_tiles(p.oc, 1.0 if p.im2col else s.columns), indexing="ij")
     b, t, ic, oc = (g.ravel() for g in grid)
@@ -168,10 +174,10 @@ def search(p: Problem, s: ArraySpec) -> Access:
     last = out_held
     positions = b * np.ceil(ow * oh / s.windows)
     if p.im2col:
-        per_tile = positions * (ocp / s.columns) * (red / rows)
+        per_tile = positions * (ocp / s.columns) * (red / rows) * passes
         stat_red = red
     else:
-        per_tile = positions * (ocp / s.columns) * p.taps * np.ceil(ic / rows)
+        per_tile = positions * (ocp / s.columns) * p.taps * np.ceil(ic / rows) * passes
         stat_red = np.ceil(ic / rows) * rows * p.taps
     compute = tiles * per_tile
     steady = np.ceil((dram - first - last) / s.interface_bits)
@@ -210,9 +216,3 @@ def search(p: Problem, s: ArraySpec) -> Access:
         order=tuple(LOOPS[i] for i in _ORDERS[o]),
     )
 
-
-@lru_cache(maxsize=65536)
-def search_cached(p: Problem, s: ArraySpec) -> Access:
-    """``search``, memoized per (problem, array): the planner prices the same layer shapes at the same widths over
-    and over."""
-    return search(p, s)

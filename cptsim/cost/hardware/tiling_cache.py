@@ -1,0 +1,72 @@
+"""The tiling search's results kept on disk, so that a second ``cost`` or ``plan`` of a workload searches nothing.
+
+One JSON file per array (``cache_dir()/tiling-<hash of the ArraySpec and the model's version>.json``), mapping a
+problem to the (cycles, energy J) of its fastest tiling. A file that cannot be read is ignored (and rewritten);
+writes are atomic and merge with what another process wrote meanwhile. The search is deterministic, so a cached
+figure is the figure the search would give.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from cptsim.fileio import atomic_write_json, cache_dir
+from .tiling import MODEL_VERSION, ArraySpec, Problem, search
+
+_MAX_ENTRIES = 200_000
+
+
+def _key(p: Problem) -> str:
+    return ",".join(repr(float(x)) for x in p)
+
+
+class _Store:
+    def __init__(self, spec: ArraySpec):
+        digest = hashlib.sha256(f"{MODEL_VERSION}|{spec!r}".encode()).hexdigest()[:16]
+        self.path = cache_dir() / f"tiling-{digest}.json"
+        self.data = self._read(self.path)
+        self.fresh: dict[str, list[float]] = {}
+
+    @staticmethod
+    def _read(path: Path) -> dict:
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return d if isinstance(d, dict) else {}
+
+    def get(self, p: Problem, spec: ArraySpec) -> tuple[float, float]:
+        k = _key(p)
+        got = self.data.get(k)
+        if not (isinstance(got, list) and len(got) == 2):
+            acc = search(p, spec)
+            got = [acc.cycles, acc.energy_j]
+            self.data[k] = self.fresh[k] = got
+        return float(got[0]), float(got[1])
+
+    def flush(self) -> None:
+        if not self.fresh:
+            return
+        merged = self._read(self.path)
+        merged.update(self.fresh)
+        if len(merged) > _MAX_ENTRIES:
+            merged = dict(self.fresh)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.path, merged)
+        except OSError:
+            return  # a read-only cache costs the next run its searches, nothing else
+        self.fresh = {}
+
+
+_STORES: dict[tuple, _Store] = {}
+
+
+def store(spec: ArraySpec) -> _Store:
+    """The cache of ``spec``'s searches (read from disk once per process and cache directory)."""
+    key = (spec, str(cache_dir()))
+    if key not in _STORES:
+        _STORES[key] = _Store(spec)
+    return _STORES[key]
