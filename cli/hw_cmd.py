@@ -70,6 +70,16 @@ def list_cmd(as_json: bool) -> None:
         err.print(f"[yellow]skipped[/yellow] {b['name']}: {b['error']}", markup=True, highlight=False)
 
 
+def _meanings(p: HardwareProfile) -> dict[str, str]:
+    """What each key of the profile's tables means, with its unit (the kind's field docs)."""
+    from cptsim.cost.hardware.base import ARRAY_FIELDS
+
+    m = {f.key: f.doc for f in type(p).PARAMS}
+    m.update({f"array.{f.key}": f.doc for f in ARRAY_FIELDS})
+    m.update({f"calibration.{f.key}": f.doc for f in type(p).CALIBRATION})
+    return m
+
+
 def _by_bits(p: HardwareProfile) -> list[dict]:
     rows = []
     for b in SHOW_BITS:
@@ -92,25 +102,32 @@ def show_cmd(name_or_path: str, as_json: bool) -> None:
     p = load_profile(name_or_path)
     rows = _by_bits(p)
     if as_json:
-        emit_json({**p.to_json(), "by_bits": rows, **({"tiers": p.tiers()} if hasattr(p, "tiers") else {})})
+        emit_json({**p.to_json(), "by_bits": rows, "meanings": _meanings(p),
+                   **({"tiers": p.tiers()} if hasattr(p, "tiers") else {})})
         return
     out.print(f"[bold]{p.name}[/bold] ({p.kind}) - {p.description}", highlight=False)
     out.print(f"file {p.path}  hash {p.content_hash}", highlight=False)
-    nums = Table(title="numbers", show_header=False)
+    meaning = _meanings(p)
+    nums = Table(title="numbers")
     nums.add_column("key")
     nums.add_column("value", overflow="fold")
+    nums.add_column("meaning (unit)", overflow="fold")
     for k, v in p.params.items():
         if k == "tiers":
             for tier in v:
-                nums.add_row(f"tier {tier['name']}", f"<= {tier['bits']} bits: {tier['peak_ops']:g} {tier['unit']}")
+                nums.add_row(f"tier {tier['name']}", f"<= {tier['bits']} bits: {tier['peak_ops']:g} {tier['unit']}",
+                             "a precision tier: widest operand, peak rate")
+        elif k == "array":
+            for ak, av in v.items():
+                nums.add_row(f"array.{ak}", str(av), meaning.get(f"array.{ak}", ""))
         else:
-            nums.add_row(k, str(v).lower() if isinstance(v, bool) else str(v))
+            nums.add_row(k, str(v).lower() if isinstance(v, bool) else str(v), meaning.get(k, ""))
     for k, v in p.calibration.items():
         if v is not None:  # an optional constant the file leaves to its default
-            nums.add_row(f"calibration.{k}", f"{v:g}")
+            nums.add_row(f"calibration.{k}", f"{v:g}", meaning.get(f"calibration.{k}", ""))
     for k, v in p.validation.items():
         nums.add_row(f"validation.{k}", ", ".join(v) if isinstance(v, list) else f"{v:g}" if isinstance(v, float)
-                     else str(v))
+                     else str(v), "what the times were checked on")
     out.print(nums)
     if hasattr(p, "tiers"):  # the host: the GEMM tiers it measured and which training GEMMs run on each (now)
         tt = Table(title="host GEMM tiers (what runs there now)")

@@ -297,7 +297,9 @@ def plan_layers(workload, hardware, base, metric: str, budget: float, weights: d
             raise InputError(f"a {metric} budget needs a hardware profile")
         rows = np.array([r[key]["total"] for r in est.per_layer])
         if s == base:  # what no choice changes: full-precision layers and the step's other ops, at the global bits
-            const = float(getattr(est, key)["total"] - rows[qidx].sum())
+            # exactly: in floats, total - sum may round up, and the base itself would no longer fit a budget of
+            # exactly its own cost
+            const = Fraction(float(getattr(est, key)["total"])) - sum(Fraction(float(x)) for x in rows[qidx])
         if ok[m]:
             cost[:, m] = rows[qidx]
             i = cands.index(s) if cands is not None else None  # the fast path scored it already (same T)
@@ -310,7 +312,7 @@ def plan_layers(workload, hardware, base, metric: str, budget: float, weights: d
     pos = {n: i for i, n in enumerate(qnames)}
     tie_idx = [[pos[n] for n in g if n in pos] for g in tie_names]
     # the room the choices have, exactly: budget - const in floats may round up past it
-    sol = solve(value, cost, Fraction(float(budget)) - Fraction(const), ties=tie_idx, time_limit=time_limit)
+    sol = solve(value, cost, Fraction(float(budget)) - const, ties=tie_idx, time_limit=time_limit)
     if sol.status == "infeasible" or sol.choice[0] < 0:
         return None
     chosen = {n: int(offsets[sol.choice[i]]) for i, n in enumerate(qnames)}
@@ -320,7 +322,8 @@ def plan_layers(workload, hardware, base, metric: str, budget: float, weights: d
         ResolvedLayers(base, {}, ls)
     i0 = list(offsets).index(0) if 0 in offsets else None
     return LayerPlan(base=base, resolved=resolved, score=sol.value,
-                     uniform_score=float(sc[i0]) if i0 is not None else float("nan"), cost=sol.cost + const,
+                     uniform_score=float(sc[i0]) if i0 is not None else float("nan"),
+                     cost=float(Fraction(float(sol.cost)) + const),
                      solution=sol, offsets=chosen, menu=tuple(offsets),
                      weights={n: float(x) for n, x in zip(qnames, w)}, ties=tie_names)
 

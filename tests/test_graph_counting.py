@@ -336,7 +336,13 @@ def test_bitops_of_a_graph_profile_are_the_hand_count(arxiv_like):
 
 
 def test_an_accelerator_prices_the_aggregation_as_macs_at_its_widths_with_its_gather_scatter_bytes(arxiv_like):
-    hw = load_profile("bitfusion")
+    # the roofline (a profile without an array table) prices MACs at the widths and a gather's and a scatter's bytes
+    from pathlib import Path
+
+    from cptsim.cost.hardware import parse_profile
+
+    text = Path(load_profile("bitfusion").path).read_text()
+    hw = parse_profile(text[:text.index("[bit-fusion.array]")].encode(), "bitfusion-roofline.toml")
     a = arxiv_like.arrays()
     i = a.names.index("convs.1.aggregate")
     for q in (4, 8):
@@ -346,6 +352,28 @@ def test_an_accelerator_prices_the_aggregation_as_macs_at_its_widths_with_its_ga
                                    storage_bits(hw))[i, 0]
         t, _ = hw.gemm_cost(a.macs[i, 0], q, q, nbytes)
         assert row["latency_s"]["fwd"] == pytest.approx(float(t), rel=1e-12)
+
+
+def test_an_array_prices_the_aggregation_per_node_as_a_gemm_of_its_degree_by_its_width(arxiv_like):
+    """On the array, a node's aggregation is its edge values (the input side) times its neighbours' features (the
+    weight side, no reuse across nodes): nodes x the fastest tiling of a 1 x ceil(degree) x width GEMM."""
+    import math
+
+    from cptsim.cost.hardware.tiling import Problem, search
+
+    hw = load_profile("bitfusion")
+    a = arxiv_like.arrays()
+    i = a.names.index("convs.1.aggregate")
+    edges, width_x_edges = float(a.edges[i]), float(a.macs[i, 0])
+    width = width_x_edges / edges
+    nodes = float(a.numel[i, 2]) / width
+    for q in (4, 8):
+        cost = estimate(arxiv_like, parse_schedule(f"static:{q}"), hw, steps=1, batch_size=1)
+        row = next(r for r in cost.per_layer if r["name"] == "convs.1.aggregate")
+        p = Problem(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, float(math.ceil(edges / nodes)), float(round(width)),
+                    float(hw._pack(q, q)), float(q), float(q), 32.0, False)
+        want = nodes * search(p, hw.array_spec()).cycles / 500e6
+        assert row["latency_s"]["fwd"] == pytest.approx(want, rel=1e-12)
 
 
 def test_aggregation_bytes_formula_by_hand():

@@ -171,7 +171,9 @@ def test_bitfusion_energy_adds_leakage_and_dram_traffic():
     bf = load_profile("bitfusion")
     macs, nbytes = 1e9, 1e6
     t, e = (float(x) for x in bf.gemm_cost(macs, 8, 8, nbytes))
-    expected = macs * 0.459e-12 + nbytes * 8 * (20.3 + 0.625) * 1e-12 + 0.0304 * t
+    # gemm_cost is the roofline: core energy per MAC, DRAM traffic at the profile's 15 pJ/bit (the authors'
+    # simulator's figure; its buffers are priced from access counts only on the array), leakage
+    expected = macs * 0.459e-12 + nbytes * 8 * (15.0 + 0.0) * 1e-12 + 0.0304 * t
     assert e == pytest.approx(expected, rel=1e-9)
 
 

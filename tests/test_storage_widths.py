@@ -67,7 +67,8 @@ def test_cpt_saving_on_the_accelerators_by_output_width(capsys):
                   f"{100 * r['energy_saving']:.1f}% / {100 * r['latency_saving']:.1f}%")
     bf = by[("bitfusion", 32)]
     assert bf["bitops_saving"] == pytest.approx(0.367, abs=5e-4)
-    assert (bf["energy_saving"], bf["latency_saving"]) == pytest.approx((0.077, 0.173), abs=5e-4)  # unchanged
+    # the array model's figures (benchmarks/bench_storage_widths.py); the roofline said 7.7% / 17.3%
+    assert (bf["energy_saving"], bf["latency_saving"]) == pytest.approx((0.110, 0.107), abs=5e-4)
     for hw in ("bitfusion", "stripes"):
         e = [by[(hw, w)]["energy_saving"] for w in (32, 16, "operand")]
         t = [by[(hw, w)]["latency_saving"] for w in (32, 16, "operand")]

@@ -484,7 +484,7 @@ class _AcceleratorProfile(HardwareProfile):
         Field("frequency_mhz", "positive", "clock in MHz"),
         Field("bandwidth_gb_s", "positive", "DRAM bandwidth in GB/s (1e9 bytes/s)"),
         Field("dram_pj_per_bit", "nonneg", "DRAM access energy in pJ per bit"),
-        Field("sram_pj_per_dram_bit", "nonneg", "on-chip buffer energy charged per bit moved to/from DRAM, pJ", 0.0),
+        Field("sram_pj_per_dram_bit", "nonneg", "on-chip buffer energy charged per bit moved to/from DRAM, pJ (a profile without an array table only)", 0.0),
         Field("static_power_w", "nonneg", "leakage power of the compute array in W", 0.0),
     )
 
