@@ -76,7 +76,9 @@ def metric_levels(cands: Candidates, metric: str) -> list[tuple[list[int], float
     levels: list[tuple[list[int], float, float, str]] = []
     for q in range(min(lo, top.q_max), top.q_max + 1):
         c = float(table[q, top.g_max])
-        how = hw.describe_bits(q, q) if metric != "bitops" else ""
+        # a profile that prices layers from their shapes (an accelerator's array) has no per-width rate that holds
+        # for every layer: its levels are the workload's own costs
+        how = hw.describe_bits(q, q) if metric != "bitops" and not getattr(hw, "has_array", False) else ""
         if levels and ((how and how == levels[-1][3]) or math.isclose(levels[-1][2], c, rel_tol=1e-12)):
             bits, c_lo, c_hi, _ = levels[-1]
             levels[-1] = (bits + [q], min(c_lo, c), max(c_hi, c), how)

@@ -463,6 +463,20 @@ ARRAY_FIELDS = (
 )
 
 
+def _layer_signatures(a) -> list[tuple]:
+    """Per layer, everything of profile arrays ``a`` its array pricing reads (``array.problem_alternatives``), so
+    that equal layers -- in one profile or across the profiles the planner builds of one model -- share a price."""
+    L = len(a.names)
+
+    def col(x, width):
+        return [()] * L if x is None else [tuple(r) for r in np.asarray(x, dtype=np.float64).reshape(L, width).tolist()]
+
+    parts = [col(a.macs, 3), col(a.numel, 3), col(a.calls, 1), col(getattr(a, "gemm", None), 5),
+             col(getattr(a, "conv", None), 8), col(getattr(a, "edges", None), 1),
+             col(getattr(a, "aggregation", None), 1)]
+    return [tuple(p[i] for p in parts) for i in range(L)]
+
+
 class _AcceleratorProfile(HardwareProfile):
     """Shared by the three accelerator kinds: an array with buffers and a tiling search, or (a file without an
     ``array`` table, written before the array model) a roofline.
@@ -551,34 +565,53 @@ class _AcceleratorProfile(HardwareProfile):
     def layer_cost(self, a, macs, b1, b2, bytes_moved, quant_elems, samples):
         """The array model where the profile has an ``array`` table (class docstring); the roofline otherwise, and
         for layers whose profile recorded no shape (each said once, as a warning)."""
-        t, e = super().layer_cost(a, macs, b1, b2, bytes_moved, quant_elems, samples)
         if not self.has_array:
+            t, e = super().layer_cost(a, macs, b1, b2, bytes_moved, quant_elems, samples)
             _warn_once(f"cptsim: {self.name} has no [{self.kind}.array] table (a profile written before the array "
                        "model): priced as a roofline over total MACs and bytes, which overstates low precision's "
                        "saving on narrow layers; add the table to price its array, buffers and tiling")
             return t, e
-        t, e = t.copy(), e.copy()
+        t, e = np.zeros(macs.shape), np.zeros(macs.shape)
         spec = self.array_spec()
         out_bits = self.params.get("output_bits", 32)
         flow = self.params["array"]["dataflow"]
         unpriced = set()
-        memo: dict = {}
         cache = tiling_store(spec)
-        for k in range(macs.shape[0]):
-            s = float(np.asarray(samples).reshape(-1)[k] if np.ndim(samples) else samples)
-            for l in range(macs.shape[1]):
-                for ph in range(3):
-                    if macs[k, l, ph] <= 0:
-                        continue
-                    x, y = float(b1[k, l, ph]), float(b2[k, l, ph])
-                    key = (s, l, ph, x, y)
-                    if key not in memo:
-                        memo[key] = self._array_phase(a, l, ph, s, x, y, out_bits, flow, spec, cache)
-                    got = memo[key]
-                    if got is None:
-                        unpriced.add(a.names[l])
-                        continue
-                    t[k, l, ph], e[k, l, ph] = got
+        # One price per distinct (samples, layer, phase, widths): the planner's thousands of step kinds share a few
+        # hundred, and a profile object keeps them across calls (per layer-profile arrays it was given).
+        memo = self._array_memo
+        sig = _layer_signatures(a)
+        K, L = macs.shape[:2]
+        svals, sidx = np.unique(np.broadcast_to(np.asarray(samples, dtype=np.float64).reshape(-1), (K,)),
+                                return_inverse=True)
+        # one integer per (samples, layer, phase, b1, b2): widths are 1..32
+        code = (((sidx.reshape(-1, 1, 1) * L + np.arange(L).reshape(1, -1, 1)) * 3 + np.arange(3).reshape(1, 1, -1))
+                * 33 + np.asarray(b1, dtype=np.int64)) * 33 + np.asarray(b2, dtype=np.int64)
+        run = macs > 0
+        if run.any():
+            uniq, inv = np.unique(code[run], return_inverse=True)
+            tt, ee = np.empty(len(uniq)), np.empty(len(uniq))
+            for i, c in enumerate(uniq.tolist()):
+                c, y = divmod(c, 33)
+                c, x = divmod(c, 33)
+                c, pv = divmod(c, 3)
+                si, lv = divmod(c, L)
+                sv = float(svals[si])
+                key = (sig[lv], sv, pv, x, y)
+                got = memo.get(key, False)
+                if got is False:
+                    got = memo[key] = self._array_phase(a, lv, pv, sv, float(x), float(y), out_bits, flow, spec,
+                                                        cache)
+                if got is None:
+                    unpriced.add(a.names[lv])
+                    tt[i] = ee[i] = np.nan
+                else:
+                    tt[i], ee[i] = got
+            t[run], e[run] = tt[inv.reshape(-1)], ee[inv.reshape(-1)]
+            if unpriced:
+                rt, re_ = super().layer_cost(a, macs, b1, b2, bytes_moved, quant_elems, samples)
+                gap = np.isnan(t)
+                t, e = np.where(gap, rt, t), np.where(gap, re_, e)
         cache.flush()
         if unpriced:
             _warn_once(f"cptsim: {self.name}: {len(unpriced)} layer(s) have no recorded shape (e.g. "
@@ -591,7 +624,9 @@ class _AcceleratorProfile(HardwareProfile):
         # DESIGN.md's phase operands (b1, b2): fwd (b_w, b_a), dgrad (b_g, b_w), wgrad (b_g, b_a); the array's
         # input side is b_a, b_g, b_a and its weight side b_w, b_w, b_g.
         act, wgt = (b2, b1) if ph == 0 else (b1, b2) if ph == 1 else (b2, b1)
-        pf = float(self._pack(b1, b2))
+        pf = self._packs.get((b1, b2))
+        if pf is None:
+            pf = self._packs[(b1, b2)] = float(self._pack(b1, b2))
         ob = max(b1, b2) if out_bits == "operand" else float(out_bits)
         alts = problem_alternatives(a, l, ph, samples, float(self._operand_bits(act)),
                                     float(self._operand_bits(wgt)), pf, ob, flow)
@@ -636,6 +671,8 @@ class _AcceleratorProfile(HardwareProfile):
     def _derive(self) -> None:
         self._freq = self.params["frequency_mhz"] * 1e6
         self._bandwidth = self.params["bandwidth_gb_s"] * 1e9
+        self._array_memo: dict = {}  # (layer signature, samples, phase, b1, b2) -> (time, energy) or None
+        self._packs: dict = {}
 
     def _macs_per_cycle(self, b1, b2):
         raise NotImplementedError

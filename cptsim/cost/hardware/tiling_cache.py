@@ -28,6 +28,7 @@ class _Store:
         self.path = cache_dir() / f"tiling-{digest}.json"
         self.data = self._read(self.path)
         self.fresh: dict[str, list[float]] = {}
+        self.mem: dict[Problem, tuple[float, float]] = {}
 
     @staticmethod
     def _read(path: Path) -> dict:
@@ -38,13 +39,18 @@ class _Store:
         return d if isinstance(d, dict) else {}
 
     def get(self, p: Problem, spec: ArraySpec) -> tuple[float, float]:
-        k = _key(p)
-        got = self.data.get(k)
-        if not (isinstance(got, list) and len(got) == 2):
-            acc = search(p, spec)
-            got = [acc.cycles, acc.energy_j]
-            self.data[k] = self.fresh[k] = got
-        return float(got[0]), float(got[1])
+        got = self.mem.get(p)
+        if got is None:
+            k = _key(p)
+            raw = self.data.get(k)
+            if isinstance(raw, list) and len(raw) == 2 and all(isinstance(x, (int, float)) for x in raw):
+                got = (float(raw[0]), float(raw[1]))
+            else:
+                acc = search(p, spec)
+                got = (acc.cycles, acc.energy_j)
+                self.data[k] = self.fresh[k] = list(got)
+            self.mem[p] = got
+        return got
 
     def flush(self) -> None:
         if not self.fresh:
