@@ -579,38 +579,49 @@ class _AcceleratorProfile(HardwareProfile):
         cache = tiling_store(spec)
         # One price per distinct (samples, layer, phase, widths): the planner's thousands of step kinds share a few
         # hundred, and a profile object keeps them across calls (per layer-profile arrays it was given).
-        memo = self._array_memo
-        sig = _layer_signatures(a)
+        # One price per distinct (samples, layer, phase, widths), kept by the profile across calls and keyed by what
+        # the layer is (its signature), not where it sits: the planner's thousands of step kinds share a few
+        # hundred, and it rebuilds a workload's arrays for every plan. Known prices are looked up vectorized.
+        cls = np.array([self._sig_ids.setdefault(sig, len(self._sig_ids)) for sig in _layer_signatures(a)],
+                       dtype=np.int64)
         K, L = macs.shape[:2]
-        svals, sidx = np.unique(np.broadcast_to(np.asarray(samples, dtype=np.float64).reshape(-1), (K,)),
-                                return_inverse=True)
-        # one integer per (samples, layer, phase, b1, b2): widths are 1..32
-        code = (((sidx.reshape(-1, 1, 1) * L + np.arange(L).reshape(1, -1, 1)) * 3 + np.arange(3).reshape(1, 1, -1))
-                * 33 + np.asarray(b1, dtype=np.int64)) * 33 + np.asarray(b2, dtype=np.int64)
+        sam = np.rint(np.broadcast_to(np.asarray(samples, dtype=np.float64).reshape(-1), (K,))).astype(np.int64)
+        # widths are 1..32, layer classes fewer than 2**24 / 3267
+        code = ((sam.reshape(-1, 1, 1) << 24) + ((cls.reshape(1, -1, 1) * 3 + np.arange(3).reshape(1, 1, -1)) * 33
+                                                  + np.asarray(b1, dtype=np.int64)) * 33
+                + np.asarray(b2, dtype=np.int64))
         run = macs > 0
         if run.any():
+            if len(self._sig_ids) * 3267 >= 1 << 24:
+                raise ValueError("too many distinct layers for one accelerator profile object")
             uniq, inv = np.unique(code[run], return_inverse=True)
-            tt, ee = np.empty(len(uniq)), np.empty(len(uniq))
-            for i, c in enumerate(uniq.tolist()):
-                c, y = divmod(c, 33)
-                c, x = divmod(c, 33)
-                c, pv = divmod(c, 3)
-                si, lv = divmod(c, L)
-                sv = float(svals[si])
-                key = (sig[lv], sv, pv, x, y)
-                got = memo.get(key, False)
-                if got is False:
-                    got = memo[key] = self._array_phase(a, lv, pv, sv, float(x), float(y), out_bits, flow, spec,
-                                                        cache)
-                if got is None:
-                    unpriced.add(a.names[lv])
-                    tt[i] = ee[i] = np.nan
-                else:
-                    tt[i], ee[i] = got
-            t[run], e[run] = tt[inv.reshape(-1)], ee[inv.reshape(-1)]
-            if unpriced:
+            known, te = self._known_codes, self._known_te
+            pos = np.minimum(np.searchsorted(known, uniq), max(len(known) - 1, 0))
+            hit = (known[pos] == uniq) if len(known) else np.zeros(len(uniq), dtype=bool)
+            if not hit.all():
+                where = {int(c): int(l) for l, c in enumerate(cls.tolist())}
+                new_codes = uniq[~hit]
+                new_te = np.empty((len(new_codes), 2))
+                for i, c in enumerate(new_codes.tolist()):
+                    sv, c = divmod(c, 1 << 24)
+                    c, y = divmod(c, 33)
+                    c, x = divmod(c, 33)
+                    cv, pv = divmod(c, 3)
+                    lv = where[cv]
+                    got = self._array_phase(a, lv, pv, float(sv), float(x), float(y), out_bits, flow, spec, cache)
+                    new_te[i] = (np.nan, np.nan) if got is None else got
+                known = np.concatenate([known, new_codes])
+                te = np.concatenate([te, new_te])
+                order = np.argsort(known, kind="stable")
+                self._known_codes, self._known_te = known[order], te[order]
+                known, te = self._known_codes, self._known_te
+                pos = np.searchsorted(known, uniq)
+            got = te[pos][inv.reshape(-1)]
+            t[run], e[run] = got[:, 0], got[:, 1]
+            gap = np.isnan(t)
+            if gap.any():
+                unpriced.update(a.names[l] for l in np.unique(np.nonzero(gap)[1]).tolist())
                 rt, re_ = super().layer_cost(a, macs, b1, b2, bytes_moved, quant_elems, samples)
-                gap = np.isnan(t)
                 t, e = np.where(gap, rt, t), np.where(gap, re_, e)
         cache.flush()
         if unpriced:
@@ -671,7 +682,9 @@ class _AcceleratorProfile(HardwareProfile):
     def _derive(self) -> None:
         self._freq = self.params["frequency_mhz"] * 1e6
         self._bandwidth = self.params["bandwidth_gb_s"] * 1e9
-        self._array_memo: dict = {}  # (layer signature, samples, phase, b1, b2) -> (time, energy) or None
+        self._sig_ids: dict = {}     # a layer's signature (_layer_signatures) -> its class id in the codes below
+        self._known_codes = np.zeros(0, dtype=np.int64)  # sorted codes of (samples, class, phase, b1, b2)
+        self._known_te = np.zeros((0, 2))                # their (time s, energy J); NaN: no shape recorded
         self._packs: dict = {}
 
     def _macs_per_cycle(self, b1, b2):
