@@ -204,3 +204,9 @@ def test_a_malformed_array_table_is_one_clear_error(key, new, msg):
     assert n == 1
     with pytest.raises(InputError, match=msg):
         parse_profile(body.encode(), "mine.toml")
+
+
+def test_buffers_too_small_for_any_tile_are_a_clear_error_not_a_crash():
+    p = Problem(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 64.0, 64.0, 1.0, 8.0, 8.0, 32.0, False)
+    with pytest.raises(InputError, match="hold no tile"):
+        search(p, _spec(rows=16, columns=32, obuf_bits=100.0))

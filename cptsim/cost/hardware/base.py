@@ -498,7 +498,8 @@ class _AcceleratorProfile(HardwareProfile):
         Field("frequency_mhz", "positive", "clock in MHz"),
         Field("bandwidth_gb_s", "positive", "DRAM bandwidth in GB/s (1e9 bytes/s)"),
         Field("dram_pj_per_bit", "nonneg", "DRAM access energy in pJ per bit"),
-        Field("sram_pj_per_dram_bit", "nonneg", "on-chip buffer energy charged per bit moved to/from DRAM, pJ (a profile without an array table only)", 0.0),
+        Field("sram_pj_per_dram_bit", "nonneg", "on-chip buffer energy charged per bit moved to/from DRAM, pJ "
+              "(a profile without an array table only)", 0.0),
         Field("static_power_w", "nonneg", "leakage power of the compute array in W", 0.0),
     )
 
@@ -577,17 +578,15 @@ class _AcceleratorProfile(HardwareProfile):
         flow = self.params["array"]["dataflow"]
         unpriced = set()
         cache = tiling_store(spec)
-        # One price per distinct (samples, layer, phase, widths): the planner's thousands of step kinds share a few
-        # hundred, and a profile object keeps them across calls (per layer-profile arrays it was given).
         # One price per distinct (samples, layer, phase, widths), kept by the profile across calls and keyed by what
         # the layer is (its signature), not where it sits: the planner's thousands of step kinds share a few
         # hundred, and it rebuilds a workload's arrays for every plan. Known prices are looked up vectorized.
-        cls = np.array([self._sig_ids.setdefault(sig, len(self._sig_ids)) for sig in _layer_signatures(a)],
-                       dtype=np.int64)
+        kind_of = np.array([self._sig_ids.setdefault(sig, len(self._sig_ids)) for sig in _layer_signatures(a)],
+                           dtype=np.int64)
         K, L = macs.shape[:2]
         sam = np.rint(np.broadcast_to(np.asarray(samples, dtype=np.float64).reshape(-1), (K,))).astype(np.int64)
         # widths are 1..32, layer classes fewer than 2**24 / 3267
-        code = ((sam.reshape(-1, 1, 1) << 24) + ((cls.reshape(1, -1, 1) * 3 + np.arange(3).reshape(1, 1, -1)) * 33
+        code = ((sam.reshape(-1, 1, 1) << 24) + ((kind_of.reshape(1, -1, 1) * 3 + np.arange(3).reshape(1, 1, -1)) * 33
                                                   + np.asarray(b1, dtype=np.int64)) * 33
                 + np.asarray(b2, dtype=np.int64))
         run = macs > 0
@@ -599,7 +598,7 @@ class _AcceleratorProfile(HardwareProfile):
             pos = np.minimum(np.searchsorted(known, uniq), max(len(known) - 1, 0))
             hit = (known[pos] == uniq) if len(known) else np.zeros(len(uniq), dtype=bool)
             if not hit.all():
-                where = {int(c): int(l) for l, c in enumerate(cls.tolist())}
+                where = {int(c): int(l) for l, c in enumerate(kind_of.tolist())}
                 new_codes = uniq[~hit]
                 new_te = np.empty((len(new_codes), 2))
                 for i, c in enumerate(new_codes.tolist()):

@@ -40,6 +40,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cptsim.errors import InputError
+
 # Bumped whenever the search's results change, so that a cache of them (tiling_cache) is not reused.
 MODEL_VERSION = "bitfusion-sim/2"
 
@@ -48,8 +50,10 @@ LOOPS = ("b", "ow", "oh", "ic", "oc")
 _DEPS = {"wgt": (False, False, False, True, True),
          "act": (True, True, True, True, False),
          "out": (True, True, True, False, True)}
-# Every loop order, outermost first.
+# Every loop order, outermost first; with square outputs the ow and oh loops are interchangeable (same counts, same
+# buffers), so half the orders give the other half's results and are skipped.
 _ORDERS = np.array(list(itertools.permutations(range(len(LOOPS)))), dtype=np.intp)
+_ORDERS_SQUARE = _ORDERS[[list(o).index(1) < list(o).index(2) for o in _ORDERS]]
 
 
 @dataclass(frozen=True)
@@ -120,17 +124,17 @@ def _pow2_tiles(n: float, unit: float = 1.0) -> np.ndarray:
     return np.unique(np.minimum(unit * (2.0 ** np.arange(steps)), n))
 
 
-def _traffic(tile_bits, counts, dep, cap):
+def _traffic(tile_bits, counts, dep, cap, orders):
     """Bits of one tensor moved from (or to) DRAM, and the largest block held at once, for every loop order.
 
     ``tile_bits`` (T,), ``counts`` (5, T) iterations of each loop; ``dep``: which loops index the tensor; ``cap``:
     half its buffer. Walks the loops from the innermost out (module docstring)."""
-    size = np.broadcast_to(tile_bits, (len(_ORDERS), tile_bits.size)).copy()
+    size = np.broadcast_to(tile_bits, (len(orders), tile_bits.size)).copy()
     held = size.copy()
     keeps = np.ones(size.shape, dtype=bool)
     dep = np.asarray(dep)
     for pos in range(len(LOOPS) - 1, -1, -1):
-        loop = _ORDERS[:, pos]
+        loop = orders[:, pos]
         d = dep[loop][:, None]
         size = np.where(~keeps | d, size * counts[loop], size)
         grows = keeps & d
@@ -160,15 +164,18 @@ def search(p: Problem, s: ArraySpec) -> Access:
     o0 = ow * oh * ocp * b * p.op
     cap_w, cap_a, cap_o = s.wbuf_bits / 2, s.ibuf_bits / 2, s.obuf_bits / 2
     fits = (w0 <= cap_w) & (a0 <= cap_a) & (o0 <= cap_o)
-    if not fits.any():
-        raise ValueError("no tile fits the buffers")  # cannot happen: a 1x1x1x1 tile of one column always fits
+    if not fits.any():  # a user's array whose buffers are smaller than one row's worth of one tile
+        raise InputError(f"the array's buffers hold no tile of a layer ({p.ic:g} -> {p.oc:g} channels): the smallest "
+                         f"needs {w0.min() / 8:g} B of weight buffer, {a0.min() / 8:g} B of input buffer and "
+                         f"{o0.min() / 8:g} B of output buffer, twice over (double buffering)")
     b, ow, oh, ic, oc, ocp, red, w0, a0, o0 = (x[fits] for x in (b, ow, oh, ic, oc, ocp, red, w0, a0, o0))
     counts = np.stack([np.ceil(p.batch / b), np.ceil(p.out_w / ow), np.ceil(p.out_h / oh), np.ceil(p.ic / ic),
                        np.ceil(p.oc / oc)])
     tiles = counts.prod(axis=0)
-    wgt, wgt_held = _traffic(w0, counts, _DEPS["wgt"], cap_w)
-    act, act_held = _traffic(a0, counts, _DEPS["act"], cap_a)
-    out, out_held = _traffic(o0, counts, _DEPS["out"], cap_o)
+    orders = _ORDERS_SQUARE if p.out_h == p.out_w else _ORDERS
+    wgt, wgt_held = _traffic(w0, counts, _DEPS["wgt"], cap_w, orders)
+    act, act_held = _traffic(a0, counts, _DEPS["act"], cap_a, orders)
+    out, out_held = _traffic(o0, counts, _DEPS["out"], cap_o, orders)
     dram = wgt + act + 2 * out            # outputs: written, and read back by every revisit
     first = wgt_held + act_held + out_held
     last = out_held
@@ -213,6 +220,6 @@ def search(p: Problem, s: ArraySpec) -> Access:
         obuf_read_bits=float(out[o, t] + obuf_inner[t]), obuf_write_bits=float(out[o, t] + obuf_inner[t]),
         energy_j=float(pj[o, t]) * 1e-12,
         tile=(float(b[t]), float(ow[t]), float(oh[t]), float(ic[t]), float(oc[t])),
-        order=tuple(LOOPS[i] for i in _ORDERS[o]),
+        order=tuple(LOOPS[i] for i in orders[o]),
     )
 
