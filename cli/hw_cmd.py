@@ -142,6 +142,14 @@ def show_cmd(name_or_path: str, as_json: bool) -> None:
         out.print(f"  - {s}", highlight=False)
     for n in p.notes:
         out.print(f"[yellow]note:[/yellow] {n}", highlight=False)
+    if getattr(p, "has_array", False):
+        a = p.params["array"]
+        out.print(f"[yellow]note:[/yellow] an array of {a['rows']} x {a['columns']}"
+                  f"{'' if a['windows'] == 1 else ' x ' + str(a['windows'])} with {a['weight_buffer_bytes']:,} / "
+                  f"{a['input_buffer_bytes']:,} / {a['output_buffer_bytes']:,}-byte weight / input / output buffers: "
+                  "cost, plan and report price each layer from its shape (padding to whole rows and columns, "
+                  "tiling, DRAM stalls); the table below is the array's peak, which only layers that fill it reach",
+                  highlight=False)
     t = Table(title=f"cost of a b x b-bit GEMM ({si(_SHOW_MACS)}MAC, compute-bound)")
     t.add_column("bits", justify="right")
     t.add_column("runs as")

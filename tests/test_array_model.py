@@ -210,3 +210,28 @@ def test_buffers_too_small_for_any_tile_are_a_clear_error_not_a_crash():
     p = Problem(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 64.0, 64.0, 1.0, 8.0, 8.0, 32.0, False)
     with pytest.raises(InputError, match="hold no tile"):
         search(p, _spec(rows=16, columns=32, obuf_bits=100.0))
+
+
+@pytest.mark.parametrize("name", ["bitfusion", "stripes", "int8-systolic"])
+def test_hw_show_gives_every_key_of_an_accelerator_a_meaning_with_its_unit(name):
+    from cli_util import run_cli
+
+    r = run_cli("hw", "show", name, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    keys = [k for k in d["params"] if k != "array"] + [f"array.{k}" for k in d["params"]["array"]]
+    assert keys and all(d["meanings"].get(k) for k in keys), [k for k in keys if not d["meanings"].get(k)]
+    for k in keys:  # the unit is in the key's name or its meaning
+        m = d["meanings"][k]
+        assert any(u in k or u in m for u in ("bytes", "pj", "pJ", "mhz", "MHz", "gb_s", "GB/s", "count", "bits",
+                                               "W", "width", '"')), (k, m)
+
+
+def test_an_old_user_profile_without_an_array_loads_and_prices_by_path(tmp_path, resnet20):
+    from cli_util import run_cli
+
+    f = tmp_path / "mybf.toml"
+    f.write_text(_without_array("bitfusion").replace('name = "bitfusion"', 'name = "mybf"'))
+    r = run_cli("hw", "show", str(f), "--json")
+    assert r.exit_code == 0, r.output
+    assert "array" not in json.loads(r.stdout)["params"]

@@ -11,8 +11,8 @@ Convolutions (``ProfileArrays.conv``: kernel, stride, input and output sizes; ch
 * forward: input = activations (b_a), weight side = weights (b_w); reduction over input channels (rows) x taps
   (in time); outputs = output channels (columns) x positions. With ``dataflow = "im2col-first"`` a layer whose
   input needs no gradient (the first) folds the taps into the reduction (im2col), as the Bit Fusion authors run a
-  first layer; ``"im2col"`` does it for every layer, ``"channels"`` for none (DNNsim's Stripes). A grouped convolution is ``groups`` convolutions of its per-group channels, one after
-  another.
+  first layer; ``"im2col"`` does it for every layer, ``"channels"`` for none (DNNsim's Stripes). A grouped
+  convolution is ``groups`` convolutions of its per-group channels, one after another.
 * dgrad: a convolution of the error (b_g, the input operand) with the weights (b_w) whose reduction is over output
   channels x taps and whose outputs are the input channels. A stride-s layer's dgrad is min(s, k)^2 stride-1
   sub-convolutions over the output grid (one per phase of the stride), each with k^2 / min(s, k)^2 taps and a halo

@@ -42,7 +42,8 @@ class BitFusionProfile(_AcceleratorProfile):
 
     KIND = "bit-fusion"
     PARAMS = (
-        Field("fusion_units", "count", "number of Fusion Units (16 x 32 = 512 in the paper's Eyeriss-matched design)"),
+        Field("fusion_units", "count",
+              "number of Fusion Units (count; 16 x 32 = 512 in the paper's Eyeriss-matched design)"),
         Field("high_bits", "count", "widest operand one fused unit takes in one pass", 8),
         Field("low_bits", "count", "BitBrick width", 2),
         Field("core_pj_per_unit_cycle", "positive", "dynamic energy of one Fusion Unit per busy cycle, pJ"),

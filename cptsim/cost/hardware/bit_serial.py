@@ -35,7 +35,7 @@ class BitSerialProfile(_AcceleratorProfile):
 
     KIND = "bit-serial"
     PARAMS = (
-        Field("lanes", "count", "bit-serial lanes, each a parallel_bits x 1-bit multiplier-adder"),
+        Field("lanes", "count", "bit-serial lanes (count), each a parallel_bits x 1-bit multiplier-adder"),
         Field("parallel_bits", "count", "width of each lane's parallel operand", 16),
         Field("serial_bits_per_cycle", "count", "bits of the serial operand a lane consumes per cycle", 1),
         Field("pj_per_lane_cycle", "positive", "dynamic energy of one lane per busy cycle, pJ"),

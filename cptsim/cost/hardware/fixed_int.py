@@ -28,7 +28,7 @@ class FixedIntProfile(_AcceleratorProfile):
 
     KIND = "fixed-int"
     PARAMS = (
-        Field("mac_units", "count", "MAC units in the array"),
+        Field("mac_units", "count", "MAC units in the array (count)"),
         Field("width_bits", "count", "operand width of the MAC units", 8),
         Field("pj_per_mac", "positive", "dynamic energy of one width_bits x width_bits MAC, pJ"),
         _AcceleratorProfile.output_bits_field(32, "32-bit accumulators written back, as Bit Fusion's simulator does"),
