@@ -235,3 +235,21 @@ def test_an_old_user_profile_without_an_array_loads_and_prices_by_path(tmp_path,
     r = run_cli("hw", "show", str(f), "--json")
     assert r.exit_code == 0, r.output
     assert "array" not in json.loads(r.stdout)["params"]
+
+
+def test_the_tiling_cache_on_disk_gives_the_search_result_and_survives_a_damaged_file(tmp_path, monkeypatch):
+    from cptsim.cost.hardware import tiling_cache
+
+    monkeypatch.setenv("CPTSIM_HOME", str(tmp_path))
+    spec = load_profile("bitfusion").array_spec()
+    p = Problem(3.0, 5.0, 5.0, 3.0, 3.0, 1.0, 9.0, 24.0, 40.0, 4.0, 4.0, 4.0, 32.0, False)
+    want = search(p, spec)
+    st = tiling_cache._Store(spec)
+    assert st.get(p, spec) == (want.cycles, want.energy_j)
+    st.flush()
+    assert json.loads(st.path.read_text())  # written, and readable by the next process
+    again = tiling_cache._Store(spec)
+    assert again.data and again.get(p, spec) == (want.cycles, want.energy_j)
+    st.path.write_text("{not json")
+    damaged = tiling_cache._Store(spec)
+    assert damaged.data == {} and damaged.get(p, spec) == (want.cycles, want.energy_j)

@@ -41,6 +41,13 @@ class _Store:
     def get(self, p: Problem, spec: ArraySpec) -> tuple[float, float]:
         got = self.mem.get(p)
         if got is None:
+            got = _SEEN.get((spec, p))
+            if got is not None:  # searched in this process under another cache directory: the same result
+                k = _key(p)
+                if k not in self.data:
+                    self.data[k] = self.fresh[k] = list(got)
+                self.mem[p] = got
+                return got
             k = _key(p)
             raw = self.data.get(k)
             if isinstance(raw, list) and len(raw) == 2 and all(isinstance(x, (int, float)) for x in raw):
@@ -49,7 +56,7 @@ class _Store:
                 acc = search(p, spec)
                 got = (acc.cycles, acc.energy_j)
                 self.data[k] = self.fresh[k] = list(got)
-            self.mem[p] = got
+            self.mem[p] = _SEEN[(spec, p)] = got
         return got
 
     def flush(self) -> None:
@@ -68,6 +75,7 @@ class _Store:
 
 
 _STORES: dict[tuple, _Store] = {}
+_SEEN: dict[tuple, tuple[float, float]] = {}  # (spec, problem) -> result, whatever the cache directory
 
 
 def store(spec: ArraySpec) -> _Store:
