@@ -1,7 +1,9 @@
 """Hardware profiles: what a training step costs, in seconds and joules, on one machine.
 
 One module per kind (gpu, bit_fusion, bit_serial, fixed_int, host), each holding its cost formula and its profile
-class; ``base`` holds what they share (the base class, the kind registry, TOML checking) and ``files`` finds, reads
+class; the accelerator kinds price a layer on their array through ``array`` (a layer-phase as tiling problems) and
+``tiling`` (the tiling search, ``tiling_search`` here; ``tiling_cache`` keeps its results); ``base`` holds what they
+share (the base class, the kind registry, TOML checking) and ``files`` finds, reads
 and writes profile files. Each kind prices a whole step behind ``HardwareProfile.price_step``, so the cost model
 knows no kind. Adding a kind is one module here whose class is decorated with ``@register``: it is imported below
 (the five shipped kinds explicitly, any other module of this package found on import). A kind defined outside
@@ -20,6 +22,7 @@ from .bit_fusion import BitFusionProfile, bitfusion_macs_per_unit_cycle, brick_f
 from .bit_serial import BitSerialProfile, bit_serial_lane_cycles_per_mac
 from .fixed_int import FixedIntProfile, fixed_int_passes
 from .host import HostProfile, host_time_components
+from .tiling import Access, ArraySpec, Problem, search as tiling_search
 # _toml_value is private but cptsim.calibration.calibrate writes TOML values with it
 from .files import (_toml_value, host_profile_text, list_profiles, load_profile, parse_profile,  # noqa: F401
                     profile_origin, recalibrated_profile_text, user_profile_dir)
@@ -32,10 +35,11 @@ for _m in pkgutil.iter_modules(__path__):
 KINDS = kinds()
 
 __all__ = [
-    "FULL_PRECISION_BITS", "KINDS", "MAX_BITS", "MIN_BITS", "BitFusionProfile", "BitSerialProfile", "Field",
+    "Access", "ArraySpec", "FULL_PRECISION_BITS", "KINDS", "MAX_BITS", "MIN_BITS", "Problem", "BitFusionProfile", "BitSerialProfile", "Field",
     "FixedIntProfile", "GPUProfile", "HardwareProfile", "HostProfile", "bit_serial_lane_cycles_per_mac",
     "bitfusion_macs_per_unit_cycle", "brick_factor", "check_profile_file_name", "fixed_int_passes", "gpu_tier_index",
     "host_profile_text", "host_time_components", "kind_class", "kinds", "list_profiles", "load_profile",
-    "parse_profile", "profile_origin", "recalibrated_profile_text", "register", "roofline_time", "StepPrice", "traffic_energy_j", "unregister",
+    "parse_profile", "profile_origin", "recalibrated_profile_text", "register", "roofline_time", "StepPrice", "tiling_search", "traffic_energy_j",
+    "unregister",
     "user_profile_dir",
 ]
