@@ -56,7 +56,7 @@ def problem(hw, row: dict) -> Problem:
     k, o = float(row["kernel"]), float(row["out_size"])
     ip, wp = row["input_bits"], row["weight_bits"]
     return Problem(float(BATCH), o, o, k, k, float(row["stride"]), k * k, float(row["in_channels"]),
-                   float(row["out_channels"]), float(hw._pack(wp, ip)), float(ip), float(wp), 32.0,
+                   float(row["out_channels"]), float(hw.pack_factor(wp, ip)), float(ip), float(wp), 32.0,
                    bool(row["im2col"]))
 
 
@@ -77,7 +77,7 @@ def roofline(hw, row: dict, columns: int, interface: int) -> tuple[float, float]
     i = (o - 1) * row["stride"] + k
     bits = (k * k * row["in_channels"] * row["out_channels"] * row["weight_bits"]
             + BATCH * i * i * row["in_channels"] * row["input_bits"] + BATCH * o * o * row["out_channels"] * 32)
-    rate = 16 * columns * float(hw._pack(row["weight_bits"], row["input_bits"]))
+    rate = 16 * columns * float(hw.pack_factor(row["weight_bits"], row["input_bits"]))
     return max(macs / rate, bits / interface), float(bits)
 
 

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
             if r.type != "Conv2d":
                 continue
             c = r.conv
-            (times, p), = problem_alternatives(a, l, 0, 1.0, float(bits), float(bits), float(hw._pack(bits, bits)),
+            (times, p), = problem_alternatives(a, l, 0, 1.0, float(bits), float(bits), float(hw.pack_factor(bits, bits)),
                                                16.0, hw.params["array"]["dataflow"])[0]
             acc = search(p, spec)
             rows.append({"bits": bits, "layer": r.name, "in": c["in_channels"], "out": c["out_channels"],

@@ -51,7 +51,7 @@ def test_every_published_bitfusion_row_is_reproduced_exactly():
             r = ref[(columns, interface, row["network"], row["layer"])]
             k, o = float(row["kernel"]), float(row["out_size"])
             p = Problem(16.0, o, o, k, k, float(row["stride"]), k * k, float(row["in_channels"]),
-                        float(row["out_channels"]), float(hw._pack(row["weight_bits"], row["input_bits"])),
+                        float(row["out_channels"]), float(hw.pack_factor(row["weight_bits"], row["input_bits"])),
                         float(row["input_bits"]), float(row["weight_bits"]), 32.0, bool(row["im2col"]))
             a = search(p, spec)
             where = (columns, interface, row["network"], row["layer"])
@@ -117,7 +117,7 @@ def test_stripes_forward_compute_cycles_are_dnnsims_formula_on_every_resnet20_co
     for l, r in enumerate(resnet20.layers):
         if r.type != "Conv2d":
             continue
-        alts = problem_alternatives(a, l, 0, 1.0, float(bits), float(bits), float(hw._pack(bits, bits)), 16.0,
+        alts = problem_alternatives(a, l, 0, 1.0, float(bits), float(bits), float(hw.pack_factor(bits, bits)), 16.0,
                                     hw.params["array"]["dataflow"])
         (times, p), = alts[0]
         c = r.conv

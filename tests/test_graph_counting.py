@@ -371,7 +371,7 @@ def test_an_array_prices_the_aggregation_per_node_as_a_gemm_of_its_degree_by_its
         cost = estimate(arxiv_like, parse_schedule(f"static:{q}"), hw, steps=1, batch_size=1)
         row = next(r for r in cost.per_layer if r["name"] == "convs.1.aggregate")
         p = Problem(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, float(math.ceil(edges / nodes)), float(round(width)),
-                    float(hw._pack(q, q)), float(q), float(q), 32.0, False)
+                    float(hw.pack_factor(q, q)), float(q), float(q), 32.0, False)
         want = nodes * search(p, hw.array_spec()).cycles / 500e6
         assert row["latency_s"]["fwd"] == pytest.approx(want, rel=1e-12)
 

@@ -540,6 +540,11 @@ class _AcceleratorProfile(HardwareProfile):
         """Reduction elements one row of the array takes per cycle at operand widths (b1, b2): the kind's law."""
         raise NotImplementedError
 
+    def pack_factor(self, b1: int, b2: int) -> float:
+        """Reduction elements one row of the array takes per cycle at operand widths (b1, b2) (below 1: cycles per
+        element, 1/x) -- a ``tiling.Problem``'s ``pf``."""
+        return float(self._pack(b1, b2))
+
     def _core_pj_per_unit_cycle(self) -> float:
         """Dynamic energy of one unit of the array (rows x columns x windows of them) per busy cycle, pJ."""
         raise NotImplementedError
