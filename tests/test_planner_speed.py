@@ -36,8 +36,21 @@ SPACES = {
 }
 
 
-def _check_every_candidate(w, space, every=1, together=False):
-    c = evaluate(w, "bitfusion", space)
+@pytest.fixture(scope="module")
+def bitfusion_roofline():
+    """The bitfusion profile without its array table: the hardware only has to price the candidates here (the
+    subject is their step kinds), and the roofline prices the wide spaces' hundreds of width pairs without a tiling
+    search each (tests/test_array_model.py checks the array)."""
+    from pathlib import Path
+
+    from cptsim.cost.hardware import load_profile, parse_profile
+
+    text = Path(load_profile("bitfusion").path).read_text()
+    return parse_profile(text[:text.index("[bit-fusion.array]")].encode(), "bitfusion-roofline.toml")
+
+
+def _check_every_candidate(w, space, hw, every=1, together=False):
+    c = evaluate(w, hw, space)
     if together:  # as select counts them: many candidates in one pass
         c.count_step_kinds(range(0, len(c), every))
     for i in range(0, len(c), every):
@@ -50,14 +63,14 @@ def _check_every_candidate(w, space, every=1, together=False):
 
 @pytest.mark.parametrize("space", ["default", "mixed", "wide"])
 @pytest.mark.parametrize("wl", ["digits", "odd", "full-batches", "long"])
-def test_fast_step_kinds_are_the_histogram_of_the_bits_for_every_candidate(workload, wl, space):
-    _check_every_candidate(_workloads(workload)[wl], SPACES[space], together=wl == "odd")
+def test_fast_step_kinds_are_the_histogram_of_the_bits_for_every_candidate(workload, bitfusion_roofline, wl, space):
+    _check_every_candidate(_workloads(workload)[wl], SPACES[space], bitfusion_roofline, together=wl == "odd")
 
 
 @pytest.mark.parametrize("wl", ["digits", "odd"])
-def test_fast_step_kinds_of_the_large_space(workload, wl):
-    _check_every_candidate(_workloads(workload)[wl], SPACES["large"], every=3 if wl == "digits" else 7,
-                           together=True)
+def test_fast_step_kinds_of_the_large_space(workload, bitfusion_roofline, wl):
+    _check_every_candidate(_workloads(workload)[wl], SPACES["large"], bitfusion_roofline,
+                           every=3 if wl == "digits" else 7, together=True)
 
 
 def test_cyclic_gradient_candidates_cost_and_score_what_their_bits_do(workload):
@@ -87,8 +100,8 @@ def test_the_candidate_table_lists_the_candidates(space):
     assert got[len(want) - 1] == want[-1] and got[np.int64(0)] == want[0] and got[1:4] == want[1:4]
 
 
-def test_index_finds_what_a_search_of_the_list_finds(workload):
-    c = evaluate(workload, "bitfusion", SPACES["mixed"])
+def test_index_finds_what_a_search_of_the_list_finds(workload, bitfusion_roofline):
+    c = evaluate(workload, bitfusion_roofline, SPACES["mixed"])
     first = {}  # the truth by a plain scan of the list: each schedule's first position (one pass, not one per query)
     for j, s in enumerate(c.schedules):
         first.setdefault(s, j)
@@ -96,7 +109,7 @@ def test_index_finds_what_a_search_of_the_list_finds(workload):
         assert c.index(c.schedules[i]) == first[c.schedules[i]]
     assert c.index(Schedule("cos-rep", 3, 8, 8, 8, 10)) is None          # 10 cycles: not in the space
     assert c.index(Schedule("static", 2, 2, 8, 8, 1)) is None            # below --min-bits 3
-    c2 = evaluate(workload, "bitfusion", SearchSpace(schedules=("cos-rep",), cycles=(4,)))
+    c2 = evaluate(workload, bitfusion_roofline, SearchSpace(schedules=("cos-rep",), cycles=(4,)))
     assert c2.index(Schedule("static", 8, 8, 8, 8, 1)) is None           # a name the space does not hold
 
 

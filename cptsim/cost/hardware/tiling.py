@@ -124,19 +124,24 @@ def _pow2_tiles(n: float, unit: float = 1.0) -> np.ndarray:
     return np.unique(np.minimum(unit * (2.0 ** np.arange(steps)), n))
 
 
-def _traffic(tile_bits, counts, dep, cap, orders):
-    """Bits of one tensor moved from (or to) DRAM, and the largest block held at once, for every loop order.
+_DEP = np.array([_DEPS["wgt"], _DEPS["act"], _DEPS["out"]])  # (3 tensors, 5 loops)
 
-    ``tile_bits`` (T,), ``counts`` (5, T) iterations of each loop; ``dep``: which loops index the tensor; ``cap``:
-    half its buffer. Walks the loops from the innermost out (module docstring)."""
-    size = np.broadcast_to(tile_bits, (len(orders), tile_bits.size)).copy()
+
+def _traffic(tile_bits, counts, cap, orders):
+    """Bits of each tensor (weights, inputs, outputs) moved from (or to) DRAM, and the largest block of it held at
+    once, for every loop order: each (3, orders, T).
+
+    ``tile_bits`` (3, T), ``counts`` (5, T) iterations of each loop; ``cap`` (3,): half of each buffer. Walks the
+    loops from the innermost out (module docstring)."""
+    size = np.broadcast_to(tile_bits[:, None, :], (3, len(orders), tile_bits.shape[1])).copy()
     held = size.copy()
     keeps = np.ones(size.shape, dtype=bool)
-    dep = np.asarray(dep)
+    cap = np.asarray(cap, dtype=np.float64)[:, None, None]
     for pos in range(len(LOOPS) - 1, -1, -1):
         loop = orders[:, pos]
-        d = dep[loop][:, None]
-        size = np.where(~keeps | d, size * counts[loop], size)
+        d = _DEP[:, loop][:, :, None]                   # (3, orders, 1)
+        grown = size * counts[loop][None]
+        size = np.where(~keeps | d, grown, size)
         grows = keeps & d
         over = grows & (size > cap)
         held = np.where(grows & ~over, size, held)
@@ -173,9 +178,8 @@ def search(p: Problem, s: ArraySpec) -> Access:
                        np.ceil(p.oc / oc)])
     tiles = counts.prod(axis=0)
     orders = _ORDERS_SQUARE if p.out_h == p.out_w else _ORDERS
-    wgt, wgt_held = _traffic(w0, counts, _DEPS["wgt"], cap_w, orders)
-    act, act_held = _traffic(a0, counts, _DEPS["act"], cap_a, orders)
-    out, out_held = _traffic(o0, counts, _DEPS["out"], cap_o, orders)
+    (wgt, act, out), (wgt_held, act_held, out_held) = _traffic(np.stack([w0, a0, o0]), counts,
+                                                                (cap_w, cap_a, cap_o), orders)
     dram = wgt + act + 2 * out            # outputs: written, and read back by every revisit
     first = wgt_held + act_held + out_held
     last = out_held
