@@ -16,9 +16,9 @@ $(STAMP): pyproject.toml
 # schedule whose LATENCY on Bit Fusion is at most 65% of static 8-bit training's (Bit Fusion's array packs 4 3-4-bit
 # products per row where 5-8-bit ones take one, so the pick must spend time below 5 bits; priced on its array,
 # buffers and tiling, digits-cnn at static 4 bits takes 57% of static 8's latency, at static 2 48%), train exactly
-# that plan, then report the
-# executed latency and energy saving on Bit Fusion -- and, for contrast, on an H100, whose int8 tier runs every
-# width up to 8 bits at one rate (no saving there), and on Stripes, a bit-serial array whose time falls per bit.
+# that plan, then report the executed latency and energy saving on Bit Fusion -- and, for contrast, on an H100, whose
+# int8 tier runs every width up to 8 bits at one rate (no saving there), and on Stripes, a bit-serial array whose
+# compute time falls per bit.
 DEMO_HW := bitfusion
 demo: $(STAMP)
 	rm -rf runs/demo
