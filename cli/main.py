@@ -17,10 +17,51 @@ from cptsim.errors import InputError, RunFailed, RunStopped
 from .common import die
 
 
+def _torchrun_worker() -> bool:
+    """This process is one of several workers torchrun started (``cptsim train --nproc``)."""
+    try:
+        return "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return False
+
+
+def _worker_exit(code) -> None:
+    """End a torchrun worker with ``code`` once Python's own clean-up has run, skipping the C++ static destructors:
+    at interpreter exit gloo's threads sometimes abort the process ("terminate called without an active
+    exception", SIGABRT), which turns a finished rank into a failed job. Everything the worker wrote is flushed
+    and closed before this (the process group left, the run's files written atomically, atexit handlers run)."""
+    import atexit
+
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:
+        print(code, file=sys.stderr)
+        status = 1
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed pipe: nothing left to flush
+                pass
+        os._exit(status)
+
+
 class CptsimGroup(click.Group):
     """A click group that turns every bad-input error into one line and exit code 2."""
 
     def main(self, args=None, prog_name=None, **extra):  # noqa: D401 - click API
+        try:
+            self._main(args, prog_name, **extra)
+        except SystemExit as e:
+            if _torchrun_worker():
+                _worker_exit(e.code)
+            raise
+
+    def _main(self, args=None, prog_name=None, **extra):
         try:
             rv = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
         except click.exceptions.NoArgsIsHelpError as e:
