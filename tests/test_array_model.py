@@ -253,3 +253,35 @@ def test_the_tiling_cache_on_disk_gives_the_search_result_and_survives_a_damaged
     st.path.write_text("{not json")
     damaged = tiling_cache._Store(spec)
     assert damaged.data == {} and damaged.get(p, spec) == (want.cycles, want.energy_j)
+
+
+def test_a_per_layer_latency_plan_on_bitfusion_widens_the_layers_the_array_gives_no_speed():
+    """resnet20 within 92% of static 8's latency around cos-tri:4-7 (benchmarks/bench_perlayer_array.py): the MILP
+    spends its extra bits on layers whose step at 4 bits is barely faster than at 8 on the array (narrow input
+    channels leave the packed rows empty) and none on the 64-channel layers, where 4 bits halve the time."""
+    from cptsim.cost.schedules import parse_schedule
+    from cptsim.planner.perlayer import plan_layers
+    from cptsim.planner.workload import Workload
+
+    w = Workload.build("resnet20", dataset="cifar10", steps=64000, batch_size=128)
+    hw = load_profile("bitfusion")
+    ratio = {}
+    l4, l8 = (estimate_per_layer(w, hw, s) for s in ("static:4:g8", "static:8:g8"))
+    for n in l8:
+        ratio[n] = l4[n] / l8[n]
+    full = w.estimate(parse_schedule("static:8:g8"), hw).latency_s["total"]
+    lp = plan_layers(w, hw, parse_schedule("cos-tri:4-7:g8:n1"), "latency", 0.92 * full)
+    raised = {n for n, k in lp.offsets.items() if k > 0}
+    fast = {n for n in lp.offsets if ratio[n] < 0.5}
+    assert fast and not (raised & fast) and all(lp.offsets[n] <= 0 for n in fast)
+    assert len([n for n in raised if ratio[n] > 0.85]) >= 3
+    assert lp.cost <= 0.92 * full and lp.score > lp.uniform_score
+
+
+def estimate_per_layer(w, hw, spec):
+    from cptsim.cost import estimate
+    from cptsim.cost.schedules import parse_schedule
+
+    c = estimate(w.profile, parse_schedule(spec), hw, steps=w.steps, batch_size=w.batch_size,
+                 dataset_size=w.dataset_size)
+    return {r["name"]: r["latency_s"]["total"] for r in c.per_layer}
