@@ -16,21 +16,13 @@ import argparse
 import json
 import sys
 import warnings
-from pathlib import Path
 
 from cptsim.cost import estimate
 from cptsim.cost.hardware import load_profile
-from cptsim.cost.hardware.files import parse_profile
 from cptsim.measure.profiler import profile_named_model
 from cptsim.schedules import make_schedule
 
 PROFILES = ("bitfusion", "stripes", "int8-systolic")
-
-
-def roofline_copy(name: str):
-    p = load_profile(name)
-    text = Path(p.path).read_text()
-    return parse_profile(text[:text.index(f"[{p.kind}.array]")].encode(), f"{name}-roofline.toml")
 
 
 def figures(prof, hw, steps: int, batch: int) -> dict:
@@ -59,7 +51,8 @@ def main(argv=None) -> int:
     res = {"model": args.model, "steps": args.steps, "batch_size": args.batch_size, "profiles": {}}
     for name in PROFILES:
         res["profiles"][name] = {"array": figures(prof, load_profile(name), args.steps, args.batch_size),
-                                 "roofline": figures(prof, roofline_copy(name), args.steps, args.batch_size)}
+                                 "roofline": figures(prof, load_profile(name).roofline(), args.steps,
+                                                     args.batch_size)}
     if args.json:
         json.dump(res, sys.stdout, indent=1)
         print()

@@ -15,11 +15,9 @@ import argparse
 import json
 import sys
 import warnings
-from pathlib import Path
 
 from cptsim.cost import estimate
 from cptsim.cost.hardware import load_profile
-from cptsim.cost.hardware.files import parse_profile
 from cptsim.cost.schedules import parse_schedule
 from cptsim.planner.perlayer import plan_layers
 from cptsim.planner.workload import Workload
@@ -41,8 +39,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     w = Workload.build("resnet20", dataset="cifar10", steps=64000, batch_size=128)
     hw = load_profile("bitfusion")
-    text = Path(hw.path).read_text()
-    roof = parse_profile(text[:text.index("[bit-fusion.array]")].encode(), "bitfusion-roofline.toml")
+    roof = hw.roofline()
     a = w.profile.arrays()
     quant = [n for n, q in zip(a.names, a.quantized) if q]
     conv = {r.name: r.conv for r in w.profile.layers}

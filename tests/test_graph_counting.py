@@ -337,12 +337,7 @@ def test_bitops_of_a_graph_profile_are_the_hand_count(arxiv_like):
 
 def test_an_accelerator_prices_the_aggregation_as_macs_at_its_widths_with_its_gather_scatter_bytes(arxiv_like):
     # the roofline (a profile without an array table) prices MACs at the widths and a gather's and a scatter's bytes
-    from pathlib import Path
-
-    from cptsim.cost.hardware import parse_profile
-
-    text = Path(load_profile("bitfusion").path).read_text()
-    hw = parse_profile(text[:text.index("[bit-fusion.array]")].encode(), "bitfusion-roofline.toml")
+    hw = load_profile("bitfusion").roofline()
     a = arxiv_like.arrays()
     i = a.names.index("convs.1.aggregate")
     for q in (4, 8):

@@ -41,12 +41,9 @@ def bitfusion_roofline():
     """The bitfusion profile without its array table: the hardware only has to price the candidates here (the
     subject is their step kinds), and the roofline prices the wide spaces' hundreds of width pairs without a tiling
     search each (tests/test_array_model.py checks the array)."""
-    from pathlib import Path
+    from cptsim.cost.hardware import load_profile
 
-    from cptsim.cost.hardware import load_profile, parse_profile
-
-    text = Path(load_profile("bitfusion").path).read_text()
-    return parse_profile(text[:text.index("[bit-fusion.array]")].encode(), "bitfusion-roofline.toml")
+    return load_profile("bitfusion").roofline()
 
 
 def _check_every_candidate(w, space, hw, every=1, together=False):

@@ -57,6 +57,12 @@ def _gemm(a, l):
     return groups, n, k, rows, rpg
 
 
+def _gemm_problem(batch, red, cols, pf, in_bits, weight_bits, out_bits) -> Problem:
+    """A GEMM as a 1 x 1 convolution of a 1 x 1 output: ``batch`` rows, each reducing ``red`` products into ``cols``
+    outputs (how the Bit Fusion authors price a fully connected layer)."""
+    return Problem(batch, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, red, cols, pf, in_bits, weight_bits, out_bits, False)
+
+
 def problem_alternatives(a, l, phase, samples, act_bits, wgt_bits, pf, out_bits, dataflow="im2col-first"):
     """The mappings layer ``l``'s ``phase`` (0 fwd, 1 dgrad, 2 wgrad) of a step of ``samples`` samples may run
     as: a list of alternatives, each a list of (times it runs, Problem); the caller prices each alternative and
@@ -76,8 +82,7 @@ def problem_alternatives(a, l, phase, samples, act_bits, wgt_bits, pf, out_bits,
         if edges <= 0 or nodes <= 0:
             return None
         deg = math.ceil(edges / nodes)
-        p = Problem(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, float(deg), round(width), pf, act_bits, wgt_bits,
-                    out_bits if phase < 2 else FP_BITS, False)
+        p = _gemm_problem(1.0, float(deg), round(width), pf, act_bits, wgt_bits, out_bits if phase < 2 else FP_BITS)
         return [[(samples * nodes, p)]]
     geo = _conv_geometry(a, l)
     if geo is not None and g is not None:
@@ -96,10 +101,8 @@ def problem_alternatives(a, l, phase, samples, act_bits, wgt_bits, pf, out_bits,
                         act_bits, wgt_bits, out_bits, im2col_all)
             return [[(groups, p)]]
         red = b * ho * wo
-        return [[(groups, Problem(ic * taps, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, red, oc, pf, act_bits, wgt_bits,
-                                  FP_BITS, False))],
-                [(groups, Problem(oc, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, red, ic * taps, pf, wgt_bits, act_bits,
-                                  FP_BITS, False))]]
+        return [[(groups, _gemm_problem(ic * taps, red, oc, pf, act_bits, wgt_bits, FP_BITS))],
+                [(groups, _gemm_problem(oc, red, ic * taps, pf, wgt_bits, act_bits, FP_BITS))]]
     if g is None:
         return None
     groups, n, k, rows, rpg = g
@@ -107,14 +110,12 @@ def problem_alternatives(a, l, phase, samples, act_bits, wgt_bits, pf, out_bits,
     if m <= 0:
         return None
     if phase == 0:
-        return [[(groups, Problem(m, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, k, n, pf, act_bits, wgt_bits, out_bits, False))]]
+        return [[(groups, _gemm_problem(m, k, n, pf, act_bits, wgt_bits, out_bits))]]
     if phase == 1:
-        return [[(groups, Problem(m, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, n, k, pf, act_bits, wgt_bits, out_bits, False))]]
+        return [[(groups, _gemm_problem(m, n, k, pf, act_bits, wgt_bits, out_bits))]]
     if rpg > 0:  # attention: one GEMM per (batch, head); each reduces over its own sequence
         count, red = m / rpg, rpg
     else:
         count, red = 1.0, m
-    return [[(groups * count, Problem(k, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, red, n, pf, act_bits, wgt_bits, FP_BITS,
-                                      False))],
-            [(groups * count, Problem(n, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, red, k, pf, wgt_bits, act_bits, FP_BITS,
-                                      False))]]
+    return [[(groups * count, _gemm_problem(k, red, n, pf, act_bits, wgt_bits, FP_BITS))],
+            [(groups * count, _gemm_problem(n, red, k, pf, wgt_bits, act_bits, FP_BITS))]]

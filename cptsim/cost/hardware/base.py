@@ -26,9 +26,10 @@ Common conventions for every kind:
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
@@ -494,6 +495,11 @@ class _AcceleratorProfile(HardwareProfile):
     energy = core dynamic energy of the cycles the work occupies + traffic_energy_j(bytes) + static_power_w x time
     """
 
+    # The kind's keys for its count of units (fusion units, lanes, MACs: the array's rows x columns x windows) and
+    # for one unit's dynamic energy per busy cycle, pJ
+    UNITS_KEY: ClassVar[str] = ""
+    CORE_PJ_KEY: ClassVar[str] = ""
+
     COMMON = (
         Field("frequency_mhz", "positive", "clock in MHz"),
         Field("bandwidth_gb_s", "positive", "DRAM bandwidth in GB/s (1e9 bytes/s)"),
@@ -523,18 +529,12 @@ class _AcceleratorProfile(HardwareProfile):
             if arr["dataflow"] not in DATAFLOWS:
                 chk.fail(f'{cls.KIND}.array.dataflow must be one of {", ".join(map(repr, DATAFLOWS))}, '
                          f'got {arr["dataflow"]!r}')
-            units = cls._array_units(params)
             have = arr["rows"] * arr["columns"] * arr["windows"]
-            if units is not None and units != have:
+            if cls.UNITS_KEY and params[cls.UNITS_KEY] != have:
                 chk.fail(f"{cls.KIND}.array: rows x columns x windows = {have} must equal the kind's unit count "
-                         f"({units})")
+                         f"({cls.KIND}.{cls.UNITS_KEY} = {params[cls.UNITS_KEY]})")
             params["array"] = arr
         return params
-
-    @classmethod
-    def _array_units(cls, params: dict) -> int | None:
-        """The kind's own count of units (fusion units, lanes, MACs) that the array must hold; None: unchecked."""
-        return None
 
     def _pack(self, b1, b2):
         """Reduction elements one row of the array takes per cycle at operand widths (b1, b2): the kind's law."""
@@ -545,13 +545,17 @@ class _AcceleratorProfile(HardwareProfile):
         element, 1/x) -- a ``tiling.Problem``'s ``pf``."""
         return float(self._pack(b1, b2))
 
-    def _core_pj_per_unit_cycle(self) -> float:
-        """Dynamic energy of one unit of the array (rows x columns x windows of them) per busy cycle, pJ."""
-        raise NotImplementedError
-
     @property
     def has_array(self) -> bool:
         return "array" in self.params
+
+    def roofline(self) -> "_AcceleratorProfile":
+        """This profile without its array: priced by the roofline over total MACs and bytes, as a file without an
+        array table is (for comparisons of the two models). Named ``<name>-roofline``."""
+        name = f"{self.name}-roofline"
+        return replace(
+            self, name=name, params={k: v for k, v in self.params.items() if k != "array"},
+            content_hash=hashlib.sha256(f"{self.content_hash}|roofline".encode()).hexdigest()[:16])
 
     def array_spec(self) -> ArraySpec:
         """This profile's array, buffers, interface and energies in the tiling search's units."""
@@ -562,7 +566,7 @@ class _AcceleratorProfile(HardwareProfile):
             wbuf_bits=arr["weight_buffer_bytes"] * 8.0, ibuf_bits=arr["input_buffer_bytes"] * 8.0,
             obuf_bits=arr["output_buffer_bytes"] * 8.0,
             interface_bits=self._bandwidth * self._meff * 8.0 / self._freq,
-            core_pj_per_cycle=self._core_pj_per_unit_cycle() * units,
+            core_pj_per_cycle=self.params[self.CORE_PJ_KEY] * units,
             wbuf_read_pj=arr["weight_buffer_read_pj_per_bit"], wbuf_write_pj=arr["weight_buffer_write_pj_per_bit"],
             ibuf_read_pj=arr["input_buffer_read_pj_per_bit"], ibuf_write_pj=arr["input_buffer_write_pj_per_bit"],
             obuf_read_pj=arr["output_buffer_read_pj_per_bit"], obuf_write_pj=arr["output_buffer_write_pj_per_bit"],

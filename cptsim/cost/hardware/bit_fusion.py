@@ -40,6 +40,7 @@ class BitFusionProfile(_AcceleratorProfile):
     (synthesis data in github.com/hsharma35/bitfusion results/systolic_array_synth.csv).
     """
 
+    UNITS_KEY, CORE_PJ_KEY = "fusion_units", "core_pj_per_unit_cycle"
     KIND = "bit-fusion"
     PARAMS = (
         Field("fusion_units", "count",
@@ -60,10 +61,6 @@ class BitFusionProfile(_AcceleratorProfile):
             chk.fail(f"bit-fusion.low_bits must be <= high_bits ({params['high_bits']}), got {params['low_bits']}")
         return params
 
-    @classmethod
-    def _array_units(cls, params):
-        return params["fusion_units"]
-
     def _per_unit(self, b1, b2):
         return bitfusion_macs_per_unit_cycle(b1, b2, self.params["high_bits"], self.params["low_bits"])
 
@@ -71,9 +68,6 @@ class BitFusionProfile(_AcceleratorProfile):
         # a Fusion Unit's row takes brick_factor(b1) * brick_factor(b2) reduction elements per cycle
         # (the authors' get_perf_factor); 1/passes for operands wider than high_bits
         return self._per_unit(b1, b2)
-
-    def _core_pj_per_unit_cycle(self):
-        return self.params["core_pj_per_unit_cycle"]
 
     def _macs_per_cycle(self, b1, b2):
         return self.params["fusion_units"] * self._per_unit(b1, b2)

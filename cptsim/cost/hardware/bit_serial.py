@@ -33,6 +33,7 @@ class BitSerialProfile(_AcceleratorProfile):
     gradient precision (8 bits) fits the parallel path.
     """
 
+    UNITS_KEY, CORE_PJ_KEY = "lanes", "pj_per_lane_cycle"
     KIND = "bit-serial"
     PARAMS = (
         Field("lanes", "count", "bit-serial lanes (count), each a parallel_bits x 1-bit multiplier-adder"),
@@ -52,16 +53,9 @@ class BitSerialProfile(_AcceleratorProfile):
     def _macs_per_cycle(self, b1, b2):
         return self.params["lanes"] / self._lane_cycles(b1, b2)
 
-    @classmethod
-    def _array_units(cls, params):
-        return params["lanes"]
-
     def _pack(self, b1, b2):
         # a lane finishes one product every lane_cycles cycles (the serial operand's bits; DNNsim's P)
         return 1.0 / self._lane_cycles(b1, b2)
-
-    def _core_pj_per_unit_cycle(self):
-        return self.params["pj_per_lane_cycle"]
 
     def _core_energy_j(self, macs, b1, b2):
         return macs * self._lane_cycles(b1, b2) * self.params["pj_per_lane_cycle"] * _PJ

@@ -26,6 +26,7 @@ class FixedIntProfile(_AcceleratorProfile):
     core energy    = pj_per_mac x macs x fixed_int_passes(b1, b2, width_bits)
     """
 
+    UNITS_KEY, CORE_PJ_KEY = "mac_units", "pj_per_mac"
     KIND = "fixed-int"
     PARAMS = (
         Field("mac_units", "count", "MAC units in the array (count)"),
@@ -45,16 +46,9 @@ class FixedIntProfile(_AcceleratorProfile):
     def _macs_per_cycle(self, b1, b2):
         return self.params["mac_units"] / self._passes(b1, b2)
 
-    @classmethod
-    def _array_units(cls, params):
-        return params["mac_units"]
-
     def _pack(self, b1, b2):
         # one product per MAC per pass: wider operands take ceil(b/w) slices each
         return 1.0 / self._passes(b1, b2)
-
-    def _core_pj_per_unit_cycle(self):
-        return self.params["pj_per_mac"]
 
     def _core_energy_j(self, macs, b1, b2):
         return macs * self._passes(b1, b2) * self.params["pj_per_mac"] * _PJ

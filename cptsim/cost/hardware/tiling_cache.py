@@ -40,23 +40,22 @@ class _Store:
 
     def get(self, p: Problem, spec: ArraySpec) -> tuple[float, float]:
         got = self.mem.get(p)
+        if got is not None:
+            return got
+        k = _key(p)
+        raw = self.data.get(k)
+        on_disk = isinstance(raw, list) and len(raw) == 2 and all(isinstance(x, (int, float)) for x in raw)
+        # searched in this process already (under another cache directory, say): the same result
+        got = _SEEN.get((spec, p))
         if got is None:
-            got = _SEEN.get((spec, p))
-            if got is not None:  # searched in this process under another cache directory: the same result
-                k = _key(p)
-                if k not in self.data:
-                    self.data[k] = self.fresh[k] = list(got)
-                self.mem[p] = got
-                return got
-            k = _key(p)
-            raw = self.data.get(k)
-            if isinstance(raw, list) and len(raw) == 2 and all(isinstance(x, (int, float)) for x in raw):
+            if on_disk:
                 got = (float(raw[0]), float(raw[1]))
             else:
                 acc = search(p, spec)
                 got = (acc.cycles, acc.energy_j)
-                self.data[k] = self.fresh[k] = list(got)
-            self.mem[p] = _SEEN[(spec, p)] = got
+        if not on_disk:
+            self.data[k] = self.fresh[k] = list(got)
+        self.mem[p] = _SEEN[(spec, p)] = got
         return got
 
     def flush(self) -> None:
