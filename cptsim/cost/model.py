@@ -160,8 +160,10 @@ class _Hist:
     def total_samples(self) -> int:
         return int((self.count * self.samples).sum())
 
-    def with_q(self, q: int) -> "_Hist":
-        return _Hist(np.full_like(self.q, q), self.g, self.samples, self.count)
+    def with_q(self, q: int, g: int | None = None) -> "_Hist":
+        """The same steps at forward bits ``q`` (and gradient bits ``g``; None: each step's own)."""
+        return _Hist(np.full_like(self.q, q), self.g if g is None else np.full_like(self.g, g), self.samples,
+                     self.count)
 
 
 def _pairs(keys: np.ndarray, counts: np.ndarray, samples: int) -> tuple[np.ndarray, ...]:
@@ -426,8 +428,8 @@ class Cost:
     """What a run (a schedule over T steps, or an executed trace) costs, by phase and by layer.
 
     ``bitops`` / ``macs`` / ``energy_j`` / ``latency_s`` are dicts with keys fwd, dgrad, wgrad, total (energy and
-    latency are None without a hardware profile). ``baseline`` is the same run at static q_max with the same
-    gradient bits and batches; ``vs_static`` the ratios to it (bitops, energy_j, latency_s);
+    latency are None without a hardware profile). ``baseline`` is the same run at static bits (q_max unless told)
+    with the same batches and gradient bits (or fixed ones: a plan's baseline), named by its "label"; ``vs_static`` the ratios to it (bitops, energy_j, latency_s);
     ``relative_to_static`` is the BitOPs ratio.
     """
 
@@ -475,7 +477,7 @@ def _ratio(a: float, b: float) -> float:
 
 
 def _prepare(layer_profile, schedule_or_trace, hardware, steps, batch_size, dataset_size, epochs, static_bits,
-             step_costs, step_kinds, formats=None):
+             step_costs, step_kinds, formats=None, static_grad_bits=None):
     """``estimate``'s inputs checked: (arrays, hardware, histogram, static bits, workload text, StepCosts holding
     the kinds of the run and of its static baseline)."""
     if step_costs is not None:
@@ -518,29 +520,39 @@ def _prepare(layer_profile, schedule_or_trace, hardware, steps, batch_size, data
         static = int(hist.q.max()) if static_bits is None else static_bits
         workload = "trace"
     static = int(_check_bits_array(np.array([static]), "static bits")[0])
+    if static_grad_bits is not None:
+        static_grad_bits = int(_check_bits_array(np.array([static_grad_bits]), "static gradient bits")[0])
 
     costs = step_costs if step_costs is not None else StepCosts(arrays, hw, formats)
-    based = hist.with_q(static)
+    based = hist.with_q(static, static_grad_bits)
     costs.rows(np.concatenate((hist.q, based.q)), np.concatenate((hist.g, based.g)),
                np.concatenate((hist.samples, based.samples)))   # both runs' kinds in one batch
-    return arrays, hw, hist, based, static, workload, costs
+    return arrays, hw, hist, based, (static, static_grad_bits), workload, costs
+
+
+def baseline_label(bits: int, grad_bits: int | None) -> str:
+    """The baseline in words: 'static 8, 8-bit gradients' or 'static 8, the run's gradient bits'."""
+    g = "the run's gradient bits" if grad_bits is None else \
+        ("FP32 gradients" if grad_bits == FP else f"{grad_bits}-bit gradients")
+    return f"static {bits}, {g}"
 
 
 def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None = None,
              batch_size: int | None = None, dataset_size: int | None = None, per_layer: bool = True,
              epochs: int | None = None, static_bits: int | None = None, step_costs: StepCosts | None = None,
              step_kinds: tuple | None = None, layers=None, layer_steps: int | None = None,
-             formats=None) -> Cost:
+             formats=None, static_grad_bits: int | None = None) -> Cost:
     """Cost of a whole run on ``hardware`` (a HardwareProfile, a profile name or path; None: BitOPs only).
 
     ``schedule_or_trace``: a ``Schedule`` run for ``steps`` steps of ``batch_size`` (or ``epochs`` epochs of
     ``dataset_size`` samples; with ``dataset_size`` the ragged last batch of every epoch is modelled exactly), or a
     trace of executed steps: a list of dicts with "batch_size", "bits", "grad_bits" (trace.jsonl lines), or a dict
     of those three columns as arrays. Latency is the sum of every layer-phase's time (layers run one after
-    another), energy the sum of energies. The static baseline runs at ``static_bits`` (default: the schedule's
-    q_max; for a trace, its highest forward bits). ``step_costs``: a ``StepCosts`` of this very ``layer_profile``
-    and ``hardware`` object, to reuse one-step costs across calls (the numbers are the same without it).
-    ``step_kinds``: the schedule's steps by kind, (q, g, samples, count) exactly as ``bits_histogram`` gives them
+    another), energy the sum of energies. The static baseline runs the same steps at ``static_bits`` (default: the
+    schedule's q_max; for a trace, its highest forward bits) and ``static_grad_bits`` (default: each step's own
+    gradient bits; a plan's baseline fixes them, ``Cost.baseline`` names which). ``step_costs``: a ``StepCosts``
+    of this very ``layer_profile`` and ``hardware`` object, to reuse one-step costs across calls (the numbers are
+    the same without it). ``step_kinds``: the schedule's steps by kind, (q, g, samples, count) exactly as ``bits_histogram`` gives them
     for its bits, when the caller has counted them (the planner's fast path); the schedule's bits are then not
     generated.
 
@@ -553,9 +565,9 @@ def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None 
     format (BitOPs at element bits, bytes at storage bits, a GPU's tier by format: ``GPUProfile.with_formats``);
     the Cost then names the formats that ran (``Cost.formats``). None: integers, today's numbers unchanged.
     """
-    arrays, hw, hist, based, static, workload, costs = _prepare(
+    arrays, hw, hist, based, (static, static_g), workload, costs = _prepare(
         layer_profile, schedule_or_trace, hardware, steps, batch_size, dataset_size, epochs, static_bits, step_costs,
-        step_kinds, formats)
+        step_kinds, formats, static_grad_bits)
     if layers is not None:
         tot = _layer_totals(arrays, hw, costs, schedule_or_trace, hist, layers, layer_steps,
                              batch_size, dataset_size, step_kinds)
@@ -567,7 +579,8 @@ def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None 
     energy_d = _phase_dict(tot.energy) if tot.energy is not None else None
     latency_d = _phase_dict(tot.latency) if tot.latency is not None else None
     base_bitops = _phase_dict(base.bitops)
-    baseline = {"bits": static, "bitops": base_bitops,
+    baseline = {"bits": static, "grad_bits": static_g, "label": baseline_label(static, static_g),
+                "bitops": base_bitops,
                 "energy_j": _phase_dict(base.energy) if base.energy is not None else None,
                 "latency_s": _phase_dict(base.latency) if base.latency is not None else None}
     vs_static = {"bitops": _ratio(bitops_d["total"], base_bitops["total"])}
