@@ -333,23 +333,44 @@ def _print_run(r) -> None:
     if d["hardware"]:
         ran_here = [x["name"] for x in d["hardware"] if x["label"] != R_MODELLED]
         t = Table(title="target hardware, MODELLED (not executed on this hardware): energy E and latency t"
-                        + (f"; {', '.join(ran_here)}: EXECUTED there (the run's GPU)" if ran_here else ""),
+                        + (f"; {', '.join(ran_here)}: the run's GPU, exec MEASURED there" if ran_here else ""),
                   title_justify="left")
         for col in ("hardware", "kind", "plan from", "E plan", "E exec", "ΔE", "t plan", "t exec", "Δt",
-                    "saving E/t"):
+                    "saving plan", "saving exec"):
             t.add_column(col, justify="left" if col in ("hardware", "kind") else "right")
+
+        def saving(vs):
+            return (f"{100 * (1 - vs['energy_j']):.1f}/{100 * (1 - vs['latency_s']):.1f}%"
+                    if vs and vs.get("energy_j") is not None else "-")
+
         for x in d["hardware"]:
-            pl, ex, df, vs = x["planned"], x["executed"], x["diff_pct"], x["vs_static"]
+            pl, ex, df = x["planned"], x["executed"], x["diff_pct"]
             src = "plan.json" if pl["source"] == "plan.json estimate" else "cost model"
-            t.add_row(x["name"] + (" (executed)" if x["label"] != R_MODELLED else ""), x["kind"], src,
-                      si(pl["energy_j"], "J"), si(ex["energy_j"], "J"),
+            here = x["label"] != R_MODELLED
+            t.add_row(x["name"] + (" (measured)" if here else ""), x["kind"], src,
+                      si(pl["energy_j"], "J"), si(ex["energy_j"], "J") if ex["energy_j"] is not None else "-",
                       _pct(df["energy_j"]), si(pl["latency_s"], "s"), si(ex["latency_s"], "s"), _pct(df["latency_s"]),
-                      f"{100 * (1 - vs['energy_j']):.0f}/{100 * (1 - vs['latency_s']):.0f}%"
-                      if vs.get("energy_j") is not None else "-")
-        print_table(t, drop=("kind", "plan from", ("E plan", "t plan"), "saving E/t", ("ΔE", "Δt")))
-        out.print("  plan: the plan's own estimate (plan.json), or the cost model's estimate of the planned schedule "
-                  "on that profile; exec: the executed steps; saving: 1 - cost / cost of the same steps at static "
-                  "q_max", highlight=False)
+                      saving(x.get("planned_vs_static")),
+                      saving(x["vs_static"]))  # the run's GPU: modelled natively, as the plan priced it
+        print_table(t, drop=("kind", "plan from", ("E plan", "t plan"), "saving plan", ("ΔE", "Δt")))
+        base = d.get("baseline") or {}
+        out.print(f"  plan: the plan's own estimate (plan.json), or the cost model's estimate of the planned schedule "
+                  f"on that profile; exec: the executed steps; saving E/t: 1 - cost / cost of the same steps at "
+                  f"{base.get('label', 'static q_max')} ({base.get('source', '')})", highlight=False)
+        for x in d["hardware"]:
+            if x["label"] == R_MODELLED:
+                continue
+            ar, nat, mc = x.get("modelled_as_ran") or {}, x.get("modelled_natively") or {}, \
+                x.get("measured_compared") or {}
+
+            def et(f):
+                e = "-" if f.get("energy_j") is None else si(f["energy_j"], "J")
+                return f"{si(f['latency_s'], 's')} / {e}" if f.get("latency_s") is not None else "-"
+
+            out.print(f"  {x['name']} ran the run: exec is MEASURED ({x['executed']['source']}); over the "
+                      f"{ar.get('steps')} steady steps compared above: measured {et(mc)}, modelled as it ran "
+                      f"{et(ar)}; modelled natively (all {nat.get('steps')} steps, `cost`'s figure, its saving "
+                      f"column) {et(nat)}", highlight=False)
         from .timing import sureness_lines
 
         for x in d["hardware"]:  # how sure each modelled time is, as `cost` says it

@@ -54,7 +54,8 @@ from typing import Any
 
 from cptsim.errors import InputError
 
-__all__ = ["PLAN_FORMAT", "REQUIRED", "validate_plan", "read_plan", "write_plan", "plan_digest", "looks_like_plan"]
+__all__ = ["PLAN_FORMAT", "REQUIRED", "validate_plan", "read_plan", "write_plan", "plan_digest", "looks_like_plan",
+           "run_baseline", "run_plan_record"]
 
 PLAN_FORMAT = "cptsim.plan/1"
 
@@ -131,3 +132,34 @@ def looks_like_plan(path: str | Path) -> bool:
     except (OSError, ValueError, AttributeError):
         return False
     return isinstance(fmt, str) and fmt.split("/")[0] == PLAN_FORMAT.split("/")[0]
+
+
+def run_baseline(schedule, plan: dict | None = None) -> dict:
+    """What a run's savings are measured against (config.json "baseline"): {"bits", "grad_bits" (None: each step's
+    own), "label", "source"}.
+
+    A run of a plan is measured against the plan's baseline (plan.json ``baseline.schedule``: static at the space's
+    largest q_max, its highest gradient bits), so that the report's saving is the saving the plan promised: a plan
+    that picked cos-tri:3-4 under a 60% budget saved 40% against static 8, not 3% against static 4 (the q_max of
+    what it ran). A run without a plan (or of a plan written before it named its baseline) is measured against
+    static q_max of its own schedule with its own gradient bits, and says so."""
+    from cptsim.cost.model import baseline_label
+    from cptsim.cost.schedules import Schedule, parse_schedule
+
+    text = ((plan or {}).get("baseline") or {}).get("schedule")
+    if isinstance(text, str):
+        try:
+            b = parse_schedule(text)
+        except InputError:
+            b = None
+        if b is not None and b.q_min == b.q_max and b.g_min == b.g_max:
+            return {"bits": int(b.q_max), "grad_bits": int(b.g_max), "label": baseline_label(b.q_max, b.g_max),
+                    "schedule": b.to_text(), "source": "the plan's baseline"}
+    s = schedule if isinstance(schedule, Schedule) else Schedule.from_json(schedule)
+    return {"bits": int(s.q_max), "grad_bits": None, "label": baseline_label(s.q_max, None), "schedule": None,
+            "source": "static q_max of the run's schedule (no plan)"}
+
+
+def run_plan_record(plan: dict) -> dict:
+    """What config.json records of the plan a run executes: its digest, schedule and budget."""
+    return {"digest": plan_digest(plan), "schedule": plan["schedule"], "budget": plan.get("budget")}

@@ -555,11 +555,11 @@ def train(cfg: TrainConfig, out: str, progress: bool = True, plan: dict | None =
         run = RunDir(out)
         if d.is_main:
             config = resolved_config(cfg, w, d.world)
-            if plan is not None:
-                from cptsim.run.planfile import plan_digest
+            from cptsim.run.planfile import run_baseline, run_plan_record
 
-                config["plan"] = {"digest": plan_digest(plan), "schedule": plan["schedule"],
-                                  "budget": plan.get("budget")}
+            if plan is not None:
+                config["plan"] = run_plan_record(plan)
+            config["baseline"] = run_baseline(w.schedule, plan)  # what the report measures savings against
             run = RunDir.create(out, config)
             if plan is not None:
                 run.write_json(PLAN, plan)

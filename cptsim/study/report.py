@@ -52,11 +52,11 @@ REPORT_FORMAT = "cptsim.report/1"
 AGREE_PCT = 0.5                       # executed vs planned BitOPs of an uninterrupted run of a plan
 DEFAULT_TARGETS = ("h100", "bitfusion")
 MODELLED = "modelled (not executed on this hardware)"
-EXECUTED = "executed: the run's GPU (its measured time is compared with this profile above)"
+EXECUTED = "executed: the run's GPU; executed holds its measurement, modelled_as_ran and modelled_natively the model"
 
 __all__ = [
     "AGREE_PCT", "DEFAULT_TARGETS", "EXECUTED", "MEASURED", "MODELLED", "PHASE_KEYS", "REPORT_FORMAT", "SAVING_NOTE", "RunReport",
-    "build_report", "compare", "effective_bits", "host_saving", "layer_groups", "measure_host_steps",
+    "build_report", "compare", "run_baseline", "effective_bits", "host_saving", "layer_groups", "measure_host_steps",
     "number_format_of", "per_step_bitops", "planned_batches", "run_format_map", "schedule_label", "to_json",
 ]
 
@@ -169,7 +169,10 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
         data["number_format"] = cfg["number_format"]
     models_ragged, plan_est = _planned_estimate(plan, plan_prof, sched, planned_steps, batch, train_size,
                                                 layers if sched == run_sched else None, formats=fmap)
-    exe = estimate(prof, steps, None, layers=layers, layer_steps=planned_steps, formats=fmap)
+    base = run_baseline(cfg, plan, run_sched)
+    data["baseline"] = base
+    exe = estimate(prof, steps, None, layers=layers, layer_steps=planned_steps, formats=fmap,
+                   static_bits=base["bits"], static_grad_bits=base["grad_bits"])
     trace_sum = _trace_bitops(steps)
     planned = plan_est["bitops"]
     executed_b = exe.bitops
@@ -241,31 +244,36 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
             continue
         seen.add((hw.name, hw.content_hash))
         try:
-            c = estimate(prof, steps, hw, per_layer=False, static_bits=sched.q_max, layers=layers,
-                         layer_steps=planned_steps, formats=fmap)
+            c = estimate(prof, steps, hw, per_layer=False, static_bits=base["bits"],
+                         static_grad_bits=base["grad_bits"], layers=layers, layer_steps=planned_steps, formats=fmap)
         except InputError as e:  # a float run on an integer-only accelerator: one line, as cost says it
             if hardware:
                 raise
             warnings.append(f"target hardware {name!r} skipped: {e}")
             continue
-        pl, src = None, None
+        pl, src, pvs = None, None, None
         if plan and hw.name == plan["hardware"].get("name") and hw.content_hash == plan["hardware"].get("hash"):
             pl = {"energy_j": _total(plan["estimate"].get("energy_j")),
                   "latency_s": _total(plan["estimate"].get("latency_s"))}
             src = "plan.json estimate"
-        else:
+            pvs = _plan_vs_baseline(plan, base)
+        if pvs is None:
             pc = estimate(plan_prof, sched, hw, steps=planned_steps, batch_size=batch, per_layer=False,
                           dataset_size=train_size if models_ragged else None,
-                          layers=layers if sched == run_sched else None, formats=fmap)
-            pl = {"energy_j": pc.energy_j["total"], "latency_s": pc.latency_s["total"]}
-            src = "cost model estimate of the planned schedule" if plan else "schedule estimate (no plan)"
-        ex = {"energy_j": c.energy_j["total"], "latency_s": c.latency_s["total"]}
-        executed_here = ran_on is not None and (hw.name, hw.content_hash) == (ran_on["profile"], ran_on["hash"])
-        rows.append({"name": hw.name, "kind": hw.kind, "label": EXECUTED if executed_here else MODELLED,
-                     "planned": {**pl, "source": src},
-                     "executed": ex, "diff_pct": {k: _pct(ex[k], pl[k]) for k in ex},
-                     "vs_static": c.vs_static, "notes": list(hw.notes),
-                     "time_validation": hw.time_validation(mix)})
+                          layers=layers if sched == run_sched else None, formats=fmap,
+                          static_bits=base["bits"], static_grad_bits=base["grad_bits"])
+            pvs = pc.vs_static
+            if pl is None:
+                pl = {"energy_j": pc.energy_j["total"], "latency_s": pc.latency_s["total"]}
+                src = "cost model estimate of the planned schedule" if plan else "schedule estimate (no plan)"
+        native = {"energy_j": c.energy_j["total"], "latency_s": c.latency_s["total"]}
+        row = {"name": hw.name, "kind": hw.kind, "label": MODELLED, "planned": {**pl, "source": src},
+               "executed": {**native, "source": MODELLED}, "vs_static": c.vs_static, "planned_vs_static": pvs,
+               "baseline": base["label"], "notes": list(hw.notes), "time_validation": hw.time_validation(mix)}
+        if ran_on is not None and (hw.name, hw.content_hash) == (ran_on["profile"], ran_on["hash"]):
+            _executed_here(row, ran_on, len(steps))
+        row["diff_pct"] = {k: _pct(row["executed"][k], pl[k]) for k in native}
+        rows.append(row)
     data["hardware"] = rows
 
     # ---- layers ---------------------------------------------------------------------------------------------
@@ -275,6 +283,46 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
     # ---- host saving: modelled vs measured -------------------------------------------------------
     data["host_saving"] = host_saving(run.path, cfg, prof, steps, host, measure_host, warnings)
     return RunReport(data, series, warnings)
+
+
+def run_baseline(cfg: dict, plan: dict | None, schedule) -> dict:
+    """The baseline a run's savings are measured against: what config.json recorded ("baseline"), else (a run
+    written before runs recorded it) the plan's baseline, else static q_max of the run's schedule
+    (``cptsim.run.planfile.run_baseline``); "source" says which."""
+    from cptsim.run.planfile import run_baseline as baseline_of
+
+    rec = cfg.get("baseline")
+    if isinstance(rec, dict) and isinstance(rec.get("bits"), int):
+        return rec
+    return baseline_of(schedule, plan)
+
+
+def _plan_vs_baseline(plan: dict, base: dict) -> dict | None:
+    """The plan's own ratios to its baseline (plan.json estimate.vs_baseline), when ``base`` is that baseline."""
+    vs = (plan.get("estimate") or {}).get("vs_baseline")
+    if base.get("source") != "the plan's baseline" or not isinstance(vs, dict):
+        return None
+    out = {k: float(vs[k]) for k in ("bitops", "energy_j", "latency_s") if isinstance(vs.get(k), (int, float))}
+    return out if {"energy_j", "latency_s"} <= set(out) else None
+
+
+def _executed_here(row: dict, ran: dict, n_steps: int) -> None:
+    """The target row of the GPU the run ran on holds what executed: its measured time and energy over every
+    step (warm-up included, as the plan prices every step), beside the model as it ran (the steady steps
+    ``host_time`` compares) and natively (the profile's tiers by width: `cptsim cost`'s figure, as other rows)."""
+    ww = ran.get("with_warmup") or {}
+    native = {k: row["executed"][k] for k in ("energy_j", "latency_s")}
+    row["label"] = EXECUTED
+    row["executed"] = {"energy_j": ww.get("measured_energy_j"), "latency_s": ww.get("measured_s"),
+                       "source": f"measured on the run's GPU over all {n_steps} steps (warm-up included)"
+                                 + ("" if ww.get("measured_energy_j") is not None else "; energy not measured")}
+    compared = n_steps - int(ran.get("warmup_steps_skipped") or 0)
+    row["modelled_as_ran"] = {"energy_j": ran.get("modelled_energy_j"), "latency_s": ran.get("modelled_s"),
+                              "steps": compared, "source": ran.get("modelled_label")}
+    row["measured_compared"] = {"energy_j": ran.get("measured_energy_j"), "latency_s": ran.get("measured_s"),
+                                "steps": compared}
+    row["modelled_natively"] = {**native, "steps": n_steps,
+                                "source": "the profile's tiers by width, as `cptsim cost` prices it"}
 
 
 def _gpu_modelled(cfg: dict, host, run_path) -> bool:

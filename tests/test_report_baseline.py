@@ -1,0 +1,132 @@
+"""One baseline from plan to report: a run trained from a plan is reported against the plan's baseline (the same
+width, the same gradient bits), recorded in its config.json; a run without a plan says which baseline it uses; the
+JSON names it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shared_runs import cptsim_here
+
+STEPS = 24
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _isolated_home(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CPTSIM_HOME", str(tmp_path_factory.mktemp("home")))
+        yield
+
+
+def _user_profile(tmp: Path) -> Path:
+    """A user's own bit-serial design: the shipped Stripes file cut to 8192 lanes (16 x 32 x 16)."""
+    from importlib.resources import files
+
+    text = (files("cptsim.hw_profiles") / "stripes.toml").read_text()
+    text = text.replace('name = "stripes"', 'name = "my-stripes"', 1)
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("lanes = "):
+            line = "lanes = 8192"
+        elif line.startswith("columns = "):
+            line = "columns = 32"
+        lines.append(line)
+    p = tmp / "my-stripes.toml"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+@pytest.fixture(scope="module")
+def planned_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("baseline")
+    hw = _user_profile(d)
+    r = cptsim_here("plan", "--budget", "60%", "--metric", "latency", "--hw", hw, "--steps", STEPS,
+                    "--batch-size", 64, "--out", d / "plan.json")
+    assert r.exit_code == 0, r.output
+    r = cptsim_here("train", "--plan", d / "plan.json", "--out", d / "run", "--quiet")
+    assert r.exit_code == 0, r.output
+    plan = json.loads((d / "plan.json").read_text())
+    return d, hw, plan
+
+
+def _report(run, *args) -> dict:
+    r = cptsim_here("report", run, "--json", "--no-save", *args)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)["runs"][0]
+
+
+def test_the_report_saves_what_the_plan_promised_against_the_plans_baseline(planned_run):
+    from cptsim.cost.hardware import load_profile
+    from cptsim.cost.model import estimate
+    from cptsim.cost.schedules import parse_schedule
+    from cptsim.run.rundir import RunDir
+
+    d, hw_path, plan = planned_run
+    pick = parse_schedule(plan["schedule"]["text"])
+    assert plan["baseline"]["schedule"] == "static:8:g8"
+    assert pick.q_max < 8  # else static q_max of what ran is the plan's baseline and the test proves nothing
+    rep = _report(d / "run", "--hw", hw_path)
+    row = rep["hardware"][0]
+    assert row["name"] == "my-stripes"
+    planned_saving = 1 - plan["estimate"]["vs_baseline"]["latency_s"]
+    executed_saving = 1 - row["vs_static"]["latency_s"]
+    assert executed_saving == pytest.approx(planned_saving, abs=1e-3)  # to 0.1 point
+    assert 1 - row["planned_vs_static"]["latency_s"] == pytest.approx(planned_saving, abs=1e-3)
+    # independently: the executed steps' latency over the plan's baseline schedule costed on its own, step for step
+    run = RunDir.open(d / "run")
+    steps = run.read_executed().records
+    hw = load_profile(str(hw_path))
+    prof = run.read_profile()
+    ran = estimate(prof, steps, hw, per_layer=False)
+    base = estimate(prof, parse_schedule("static:8:g8"), hw, steps=len(steps), batch_size=64,
+                    dataset_size=1437, per_layer=False)
+    assert executed_saving == pytest.approx(1 - ran.latency_s["total"] / base.latency_s["total"], rel=1e-9)
+    # what the old report said: static q_max of the executed schedule, a far smaller saving
+    old = estimate(prof, steps, hw, per_layer=False, static_bits=pick.q_max)
+    assert abs((1 - old.vs_static["latency_s"]) - planned_saving) > 0.05
+    # recorded in the run, named in the JSON
+    cfg = run.read_config()
+    assert cfg["baseline"]["bits"] == 8 and cfg["baseline"]["grad_bits"] == 8
+    assert rep["baseline"]["label"] == "static 8, 8-bit gradients"
+    assert rep["baseline"]["source"] == "the plan's baseline"
+    assert row["baseline"] == "static 8, 8-bit gradients"
+    assert rep["bitops"]["executed"]["relative_to_static"] == pytest.approx(
+        ran.bitops["total"] / base.bitops["total"], rel=1e-9)
+
+
+def test_people_output_names_the_baseline_and_both_savings(planned_run):
+    d, hw_path, plan = planned_run
+    r = cptsim_here("report", d / "run", "--no-save", "--hw", hw_path, "--wide")
+    assert r.exit_code == 0, r.output
+    assert "static 8, 8-bit gradients (the plan's baseline)" in " ".join(r.output.split())
+    saving = f"{100 * (1 - plan['estimate']['vs_baseline']['latency_s']):.1f}%"
+    row = next(line for line in r.output.splitlines() if "my-stripes" in line and "│" in line)
+    assert row.count(saving) == 2  # planned and executed
+
+
+def test_a_run_from_before_runs_recorded_their_baseline_takes_the_plans(planned_run, tmp_path):
+    import shutil
+
+    d, hw_path, plan = planned_run
+    old = tmp_path / "old"
+    shutil.copytree(d / "run", old)
+    cfg = json.loads((old / "config.json").read_text())
+    del cfg["baseline"]
+    (old / "config.json").write_text(json.dumps(cfg))
+    rep = _report(old, "--hw", hw_path)
+    assert rep["baseline"]["bits"] == 8 and rep["baseline"]["source"] == "the plan's baseline"
+    assert 1 - rep["hardware"][0]["vs_static"]["latency_s"] == pytest.approx(
+        1 - plan["estimate"]["vs_baseline"]["latency_s"], abs=1e-3)
+
+
+def test_a_run_without_a_plan_says_its_baseline_is_its_own_q_max(tmp_path):
+    r = cptsim_here("train", "--schedule", "cos-tri:3-6:g8:n2", "--steps", 6, "--batch-size", 32,
+                    "--out", tmp_path / "run", "--quiet")
+    assert r.exit_code == 0, r.output
+    rep = _report(tmp_path / "run", "--hw", "bitfusion")
+    assert rep["baseline"]["bits"] == 6 and rep["baseline"]["grad_bits"] is None
+    assert "no plan" in rep["baseline"]["source"]
+    assert rep["baseline"]["label"] == "static 6, the run's gradient bits"
