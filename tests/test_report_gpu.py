@@ -128,6 +128,21 @@ def test_a_cpu_profile_for_a_cuda_run_and_a_gpu_profile_for_a_cpu_run_are_refuse
     assert r.exit_code == 2 and "ran on a CPU" in _flat(r.stderr) and "host profile" in _flat(r.stderr)
 
 
+def test_an_accelerator_named_as_a_cuda_runs_host_is_called_an_accelerator_in_one_line(tmp_path):
+    from cli_util import one_line_error
+
+    run = _copy(CPT, tmp_path / "cpt", H100_NAME)
+    # (at 80 columns: the message must stay one line however narrow the terminal)
+    r = cptsim_here("report", run, "--host", "bitfusion", "--no-save", env_extra={"COLUMNS": "80"})
+    line = one_line_error(r)
+    # Bit Fusion is an accelerator design the cost model prices, not a host, and not a model of measured GPU steps
+    assert "accelerator" in line and "host)" not in line and "cpu" not in line.lower().replace("cuda", "")
+    assert "--host h100" in line and "--hw bitfusion" in line  # where it does belong: the priced targets
+    r = cptsim_here("report", run, "--hw", "bitfusion", "--no-save", "--json")  # and that advice works
+    assert r.exit_code == 0, r.stderr
+    assert "bitfusion" in {x["name"] for x in json.loads(r.stdout)["runs"][0]["hardware"]}
+
+
 def _fabricate(src: Path, dst: Path, step_ms) -> Path:
     """A copy of ``src`` whose steady steps take ``step_ms(bits)`` and whose layers ran on int8 tensor cores."""
     def int8(cfg):

@@ -45,9 +45,11 @@ def gpu_profile_for_run(cfg: dict, host: str | None, run_path) -> tuple[object, 
     if host not in (None, "host"):
         hw = load_profile(host)
         if hw.kind != "gpu":
-            raise InputError(f"{run_path} ran on CUDA; --host {host!r} is a {hw.kind!r} profile (a "
-                             f"{hw.params.get('device', 'cpu')} host): a CUDA run is modelled by a GPU profile "
-                             "(--host h100, a .toml path, or host-gpu from `cptsim hw calibrate --device cuda`)")
+            raise InputError(f"{run_path} ran on CUDA; --host {host!r} names {_what_profile(hw)}, which cannot "
+                             "model the step times a GPU measured: name a GPU profile (--host h100, a .toml path, "
+                             "or host-gpu from `cptsim hw calibrate --device cuda`)"
+                             + (f"; to price the run on {hw.name!r}, use --hw {host}"
+                                if hw.kind != "host" else ""))
         return hw, f"named with --host ({host})", warnings
     if rec is None:
         warnings.append(f"{run_path} does not record which GPU ran it (written before runs recorded their device); "
@@ -62,6 +64,18 @@ def gpu_profile_for_run(cfg: dict, host: str | None, run_path) -> tuple[object, 
         raise InputError(f"{run_path} ran on {rec.get('name')!r}, which no GPU profile describes: name one with "
                          "--host (e.g. --host h100), or measure this GPU with `cptsim hw calibrate --device cuda`")
     return load_profile(name), match["why"] if match["profile"] else rec.get("profile_why", ""), warnings
+
+
+def _what_profile(hw) -> str:
+    """What a non-GPU profile describes, in words: an accelerator design (its kind) or a host measured on a CPU."""
+    from cptsim.cost.hardware.base import _AcceleratorProfile
+
+    if isinstance(hw, _AcceleratorProfile):
+        return f"a {hw.kind} accelerator (a design the cost model prices, not a machine that ran the steps)"
+    if hw.kind == "host":
+        return ("a host profile (a CPU's step-time model)" if (hw.params.get("device") or "cpu") == "cpu" else
+                "a host profile (the host's side of CUDA steps, without the GPU's)")
+    return f"a {hw.kind!r} profile, not a GPU's"
 
 
 def gpu_time(run, cfg: dict, prof, steps: list[dict], host, metrics: list[dict], world: int,
