@@ -367,10 +367,13 @@ def _print_run(r) -> None:
                 e = "-" if f.get("energy_j") is None else si(f["energy_j"], "J")
                 return f"{si(f['latency_s'], 's')} / {e}" if f.get("latency_s") is not None else "-"
 
-            out.print(f"  {x['name']} ran the run: exec is MEASURED ({x['executed']['source']}); over the "
-                      f"{ar.get('steps')} steady steps compared above: measured {et(mc)}, modelled as it ran "
-                      f"{et(ar)}; modelled natively (all {nat.get('steps')} steps, `cost`'s figure, its saving "
-                      f"column) {et(nat)}", highlight=False)
+            warm = x["executed"]["latency_s"] - mc["latency_s"] if mc.get("latency_s") is not None else None
+            out.print(f"  {x['name']} ran the run: exec is MEASURED ({x['executed']['source']}"
+                      + (f"; the {nat.get('steps') - ar.get('steps')} warm-up steps took {si(warm, 's')}, which no "
+                         "model prices" if warm and nat.get("steps") != ar.get("steps") else "")
+                      + f"); over the {ar.get('steps')} steady steps compared above: measured {et(mc)}, modelled as "
+                      f"it ran {et(ar)}; modelled natively (all {nat.get('steps')} steps, `cost`'s figure, and the "
+                      f"row's saving) {et(nat)}", highlight=False)
         from .timing import sureness_lines
 
         for x in d["hardware"]:  # how sure each modelled time is, as `cost` says it

@@ -130,3 +130,36 @@ def test_a_run_without_a_plan_says_its_baseline_is_its_own_q_max(tmp_path):
     assert rep["baseline"]["bits"] == 6 and rep["baseline"]["grad_bits"] is None
     assert "no plan" in rep["baseline"]["source"]
     assert rep["baseline"]["label"] == "static 6, the run's gradient bits"
+
+
+def test_the_row_of_the_gpu_that_ran_holds_its_measurement_beside_both_models(tmp_path):
+    """A CUDA run measured on an H100 (tests/data/gpu_runs): the h100 row's exec figures are what the trace
+    measured over every step, warm-up included (the plan prices every step); the model as it ran and natively sit
+    beside them, each labelled."""
+    import shutil
+
+    from cptsim.cost.hardware import load_profile
+    from cptsim.cost.model import estimate
+    from cptsim.run.rundir import RunDir
+
+    src = Path(__file__).parent / "data" / "gpu_runs" / "resnet20-cpt-synthetic"
+    run = tmp_path / "cpt"
+    shutil.copytree(src, run)
+    rep = _report(run)
+    row = next(x for x in rep["hardware"] if x["name"] == "h100")
+    assert row["label"].startswith("executed")
+    lines = [json.loads(s) for s in (run / "trace.jsonl").read_text().splitlines() if s.strip()]
+    assert row["executed"]["latency_s"] == pytest.approx(sum(r["time_s"] for r in lines), rel=1e-12)
+    assert row["executed"]["energy_j"] == pytest.approx(sum(r["energy_j"] for r in lines), rel=1e-12)
+    assert "measured" in row["executed"]["source"]
+    h = rep["host_time"]
+    assert row["modelled_as_ran"]["latency_s"] == h["modelled_s"]
+    assert row["modelled_as_ran"]["steps"] == len(lines) - h["warmup_steps_skipped"]
+    rd = RunDir.open(run)
+    native = estimate(rd.read_profile(), rd.read_executed().records, load_profile("h100"), per_layer=False)
+    assert row["modelled_natively"]["latency_s"] == pytest.approx(native.latency_s["total"], rel=1e-12)
+    assert row["diff_pct"]["latency_s"] == pytest.approx(
+        100 * (row["executed"]["latency_s"] / row["planned"]["latency_s"] - 1), rel=1e-9)
+    for x in rep["hardware"]:
+        if x["name"] != "h100":
+            assert x["label"].startswith("modelled") and x["executed"]["source"].startswith("modelled")
