@@ -163,3 +163,37 @@ def test_the_row_of_the_gpu_that_ran_holds_its_measurement_beside_both_models(tm
     for x in rep["hardware"]:
         if x["name"] != "h100":
             assert x["label"].startswith("modelled") and x["executed"]["source"].startswith("modelled")
+
+
+def test_report_png_draws_planned_executed_and_baseline_per_target_with_legends_off_the_data(planned_run):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from cptsim.study.plots import run_figure_object
+    from cptsim.study.report import build_report
+
+    d, hw_path, plan = planned_run
+    rep = build_report(d / "run", hardware=[str(hw_path), "bitfusion"])
+    fig = run_figure_object(rep)
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        panels = {ax.get_title().split(" on the target")[0]: ax for ax in fig.axes if "target hardware" in ax.get_title()}
+        assert set(panels) == {"energy", "latency"}
+        for what, key in (("energy", "energy_j"), ("latency", "latency_s")):
+            ax = panels[what]
+            heights = sorted(round(p.get_height(), 6) for p in ax.patches)
+            want = []
+            for row in rep.data["hardware"]:  # planned, executed, baseline, in % of the baseline
+                want += [100 * row["planned_vs_static"][key], 100 * row["vs_static"][key], 100.0]
+            assert heights == sorted(round(v, 6) for v in want)
+            labels = [t.get_text() for t in ax.get_legend().get_texts()]
+            assert "baseline: static 8, 8-bit gradients" in labels
+        for ax in fig.axes:  # every legend clear of its panel's plotting area
+            leg = ax.get_legend()
+            if leg is not None:
+                assert not leg.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer)), ax.get_title()
+    finally:
+        plt.close(fig)

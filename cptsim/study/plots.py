@@ -1,6 +1,7 @@
 """Every figure cptsim draws, in one module: matplotlib (Agg backend) in, PNG out.
 
-    run_figure(report) -> bytes            one run: bits, cumulative BitOPs, BitOPs by layer, host time (cptsim report)
+    run_figure(report) -> bytes            one run: bits, cumulative BitOPs, BitOPs by layer, target hardware, host time
+                                           (cptsim report)
     comparison_figure(rows) -> bytes       several runs: accuracy vs executed BitOPs and vs time (cptsim report)
     plot_frontier(plan, path)              the planner's candidates: cost vs score, frontier, budget (cptsim plan)
     plot_schedules(scheds, steps, path)    bits over steps, one panel per schedule (cptsim schedules show)
@@ -71,18 +72,37 @@ def _layer_bits_lines(ax, ps, steps, lb: dict) -> None:
 
 
 def run_figure(report) -> bytes:
-    """PNG bytes of one run's five panels (a ``cptsim.study.report.RunReport``): bits over steps, the test metric under
-    it over the same steps; cumulative BitOPs planned vs executed; per-layer BitOPs share; host time per epoch,
-    measured vs modelled."""
+    """PNG bytes of one run's seven panels (``run_figure_object``)."""
+    plt = require_matplotlib()
+    fig = run_figure_object(report)
+    try:
+        return _png(fig)
+    finally:
+        plt.close(fig)
+
+
+def _legend_below(ax, ncol: int = 2, **kw):
+    """A legend under the axes, off the data (cyclic schedules and bars fill a panel: no corner is free)."""
+    return ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol, fontsize=8, frameon=False, **kw)
+
+
+def run_figure_object(report):
+    """The matplotlib figure of one run (a ``cptsim.study.report.RunReport``): bits over steps, the test metric
+    under it over the same steps; cumulative BitOPs planned vs executed; per-layer BitOPs share; the target
+    hardware's energy and latency, planned, executed and baseline (``_hardware_panels``); host time per epoch,
+    measured vs modelled. Every legend sits under its panel, off the data."""
     plt = require_matplotlib()
     from matplotlib.ticker import MaxNLocator
 
     s, d = report.series, report.data
-    fig = plt.figure(figsize=(13, 12))
-    grid = fig.add_gridspec(3, 2, height_ratios=[1, 0.8, 1])
+    fig = plt.figure(figsize=(13, 17))
+    grid = fig.add_gridspec(4, 2, height_ratios=[1, 0.8, 0.9, 0.9])
     ax_bits, ax_cum = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
     ax_metric = fig.add_subplot(grid[1, 0], sharex=ax_bits)  # under the precision: same steps
-    ax_layers, ax_time = fig.add_subplot(grid[1, 1]), fig.add_subplot(grid[2, :])
+    ax_layers = fig.add_subplot(grid[1, 1])
+    ax_energy, ax_lat = fig.add_subplot(grid[2, 0]), fig.add_subplot(grid[2, 1])
+    ax_time = fig.add_subplot(grid[3, :])
+    _hardware_panels(ax_energy, ax_lat, d.get("hardware") or [], d.get("baseline") or {})
     _metric_panel(ax_metric, s.get("accuracy") or {})
     title = (f"{d['run']['name']}: {d['run']['model']} on {d['run']['dataset']}, "
              f"{d['run'].get('schedule_label', d['run']['schedule'])}")
@@ -111,7 +131,7 @@ def run_figure(report) -> bytes:
             name_widths(ax_bits, names["forward"], lo, hi)
             ax_bits.lines[-1].set_label("executed gradient bits (" + ", ".join(sorted(set(
                 names["gradient"].values()))) + ")")
-        ax_bits.legend(loc="lower right", fontsize=8, framealpha=0.9)
+        _legend_below(ax_bits, ncol=3)
 
         b = d["bitops"]
         ax_cum.plot(ps + 1, np.cumsum(s["planned_bitops"]), lw=3, color="0.75",
@@ -121,7 +141,7 @@ def run_figure(report) -> bytes:
         diff = b["diff_pct"]["total"]
         ax_cum.set_title(f"cumulative BitOPs: executed {diff:+.2f}% vs planned" if diff is not None
                          else "cumulative BitOPs", fontsize=10)
-        ax_cum.legend(loc="upper left", fontsize=8)
+        _legend_below(ax_cum, ncol=1)
     else:
         for ax in (ax_bits, ax_cum):
             ax.text(0.5, 0.5, "no executed steps", ha="center", va="center", transform=ax.transAxes)
@@ -155,8 +175,8 @@ def run_figure(report) -> bytes:
         ax_layers.set_xlim(0, max(shares) * 1.18)
         from matplotlib.patches import Patch
 
-        ax_layers.legend(handles=[Patch(color="C0", label="quantized"), Patch(color="C1", label="full precision")],
-                         loc="lower right", fontsize=8)
+        _legend_below(ax_layers, handles=[Patch(color="C0", label="quantized"),
+                                          Patch(color="C1", label="full precision")])
     other = layers["other"] if layers else None
     ax_layers.set_title("executed BitOPs by layer (share of the run)"
                         + (f"; {other['layers']} more layers hold {100 * other['share']:.1f}%" if other else ""),
@@ -173,7 +193,7 @@ def run_figure(report) -> bytes:
             ax_time.bar(x - 0.2, ms, 0.4, label="measured (sum of step times)", color="C2")
             ax_time.bar(x + 0.2, mo, 0.4, label=f"modelled ({h['profile']} profile)", color="C4")
             ax_time.set_xticks(x, [str(e) for e in ep], fontsize=8 if len(ep) <= 20 else 6)
-            ax_time.set_ylim(0, 1.3 * max(max(ms), max(mo)))  # room for the legend above the bars
+            ax_time.set_ylim(0, 1.1 * max(max(ms), max(mo)))
         else:
             ax_time.plot(ep, ms, label="measured (sum of step times)", color="C2")
             ax_time.plot(ep, mo, label=f"modelled ({h['profile']} profile)", color="C4")
@@ -181,18 +201,71 @@ def run_figure(report) -> bytes:
         where = "GPU" if h.get("kind") == "gpu" else "host"
         ax_time.set_title(f"{where} step time per epoch: modelled {err:+.1f}% vs measured "
                           f"({h['modelled_s']:.3g} s vs {h['measured_s']:.3g} s)", fontsize=10)
-        ax_time.legend(loc="upper right", fontsize=8, ncol=2)
+        _legend_below(ax_time)
     else:
         ax_time.text(0.5, 0.5, "host time not modelled", ha="center", va="center", transform=ax_time.transAxes)
         ax_time.set_title("host step time per epoch", fontsize=10)
     ax_time.set_xlabel("epoch")
     ax_time.set_ylabel("seconds")
     ax_time.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    try:
-        return _png(fig)
-    finally:
-        plt.close(fig)
+    fig.tight_layout(rect=(0, 0, 1, 0.985))  # the suptitle above the top panels' titles
+    return fig
+
+
+def _hardware_panels(ax_e, ax_t, rows: list[dict], baseline: dict) -> None:
+    """Energy and latency on each target hardware as % of the baseline's (the report's one baseline: the plan's,
+    or static q_max of the run's schedule), three bars each: planned, executed (modelled on that hardware; the
+    GPU that ran also shows its measurement) and the baseline; each bar is labelled with its absolute value."""
+    label = baseline.get("label", "static q_max")
+    for ax, key, unit, what in ((ax_e, "energy_j", "J", "energy"), (ax_t, "latency_s", "s", "latency")):
+        usable = [r for r in rows if (r.get("vs_static") or {}).get(key)]
+        if not usable:
+            ax.text(0.5, 0.5, "no target hardware modelled", ha="center", va="center", transform=ax.transAxes)
+            ax.set_title(f"{what} on the target hardware", fontsize=10)
+            continue
+        x = np.arange(len(usable))
+        w = 0.26
+        for i, r in enumerate(usable):
+            native = (r.get("modelled_natively") or r["executed"])[key]
+            base = native / r["vs_static"][key] if r["vs_static"][key] else None
+            pvs = (r.get("planned_vs_static") or {}).get(key)
+            bars = [("planned", r["planned"].get(key), 100 * pvs if pvs is not None else None, "0.7", None),
+                    ("executed, modelled", native, 100 * r["vs_static"][key], "C0", None),
+                    (f"baseline: {label}", base, 100.0, "white", "0.3")]
+            for j, (name, val, pct, color, edge) in enumerate(bars):
+                if pct is None:
+                    continue
+                ax.bar(x[i] + (j - 1) * w, pct, w, color=color, edgecolor=edge or color,
+                       label=name if i == 0 else None)
+                ax.text(x[i] + (j - 1) * w, pct, _si(val, unit), ha="center", va="bottom", fontsize=7,
+                        rotation=90)
+        top = 1.35 * max([100.0] + [100 * (r.get("planned_vs_static") or {}).get(key, 0) for r in usable])
+        for i, r in enumerate(usable):
+            native = (r.get("modelled_natively") or r["executed"])[key]
+            base = native / r["vs_static"][key] if r["vs_static"][key] else None
+            if r.get("modelled_natively") and r["executed"].get(key) is not None and base:
+                m = 100 * r["executed"][key] / base  # warm-up included: may be far off the modelled scale
+                shown = min(m, 0.95 * top)
+                ax.plot([x[i] - 1.5 * w, x[i] + 1.5 * w], [shown, shown], color="C3", lw=2,
+                        label="measured on the GPU that ran (all steps)")
+                ax.text(x[i] + 1.5 * w, shown, f" {_si(r['executed'][key], unit)}" + (" (off scale)" if m > shown
+                        else ""), va="center", fontsize=7, color="C3", clip_on=True)
+        ax.set_xticks(x, [r["name"] for r in usable], fontsize=8)
+        ax.set_ylim(0, top)
+        ax.set_ylabel(f"{what}, % of the baseline")
+        ax.set_title(f"{what} on the target hardware (modelled): planned, executed, baseline", fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+        _legend_below(ax, ncol=2)
+
+
+def _si(v, unit: str) -> str:
+    """A number with an SI prefix, for a bar's label ('445 ms', '1.33 J'); '-' for None."""
+    if v is None:
+        return "-"
+    for f, p in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1, ""), (1e-3, "m"), (1e-6, "µ"), (1e-9, "n")):
+        if abs(v) >= f:
+            return f"{v / f:.3g} {p}{unit}"
+    return f"{v:.3g} {unit}"
 
 
 def metric_curve(acc: dict) -> tuple[str, list[tuple[str, list, list]]]:
@@ -219,7 +292,7 @@ def _metric_panel(ax, acc: dict) -> None:
         ax.plot(x, y, marker="o", ms=4, lw=1.2, color=("C2", "C1")[i % 2], label=label)
         ax.annotate(f"{y[-1]:.4g}", (x[-1], y[-1]), textcoords="offset points", xytext=(4, 4), fontsize=8)
     if curves:
-        ax.legend(loc="best", fontsize=8)
+        _legend_below(ax)
     else:
         ax.text(0.5, 0.5, "no evaluation recorded yet", ha="center", va="center", transform=ax.transAxes)
     ax.set_title("test metric over training steps (measured at q_max)", fontsize=10)
