@@ -6,14 +6,20 @@ returns a ``RunReport``: one JSON-able document (``.data``) and the per-step ser
 Sections of ``.data`` (the keys scripts may rely on; extend freely, rename never without bumping REPORT_FORMAT):
 
     run          what ran: model, dataset, schedule, plan digest, steps done / planned, trace state
+    baseline     what every saving is measured against: {"bits", "grad_bits" (None: each step's own), "label",
+                 "source"} -- the plan's baseline for a run of a plan (config.json records it), so the report's
+                 saving is the one the plan promised; static q_max of the run's schedule without a plan
     bitops       planned (plan.json's estimate, or the cost model's estimate of a schedule given by hand) vs
                  executed (the trace re-counted by ``cost.estimate``, the same model the planner used), the trace's
                  own per-step counts as a cross-check, the difference in % and the reasons for it
     host_time    the host profile's estimate of the steps' wall time vs the measured step times, per epoch and total;
                  on a CUDA run the model of its GPU instead, per width too, as it ran and natively (``reportgpu``)
     hardware     energy and latency of the executed steps on each target profile -- MODELLED, not executed there --
-                 next to the planned estimate on the same profile, and how sure that profile's times are
-                 (``time_validation``: its [validation] against this network's op mix, as ``cost`` prints it)
+                 next to the planned estimate on the same profile, both savings against the baseline (vs_static,
+                 planned_vs_static), and how sure that profile's times are (``time_validation``: its [validation]
+                 against this network's op mix, as ``cost`` prints it). The row of the GPU a CUDA run ran on holds
+                 what executed: "executed" is its measurement over every step, "modelled_as_ran" and
+                 "modelled_natively" the model's two figures
     layers       the top layers by executed BitOPs, their share, and the bits they ran at
     accuracy     final and best test accuracy at q_max
     host_saving  (a CPU run) the saving of the run's schedule over static 32 and static 8 on this machine,
