@@ -472,21 +472,35 @@ def _print_comparison(rows) -> None:
 def _print_gpu_fit(doc) -> None:
     f, b = doc["fitted"], doc["before"]
     out.print(f"[bold]GPU calibration fit[/bold] on {len(doc['fitted_on'])} CUDA run(s) (base profile "
-              f"{doc['base']['name']}): " + ", ".join(f"{k} {b[k]:.4g} -> {v:.4g}" for k, v in f.items()),
-              highlight=False)
-    t = Table(title="fit quality: modelled vs measured (steady steps)", title_justify="left")
-    for col in ("run", "role", "steps", "measured", "modelled", "error", "unfitted", "energy error"):
-        t.add_column(col, justify="left" if col in ("run", "role") else "right")
+              f"{doc['base']['name']}): " + (", ".join(f"{k} {b[k]:.4g} -> {v:.4g}" for k, v in f.items())
+                                              or "nothing fitted"), highlight=False)
+    for k, h in doc.get("held", {}).items():
+        out.print(f"  held {k} at the base's {h['value']:.4g}: {h['why']}", highlight=False)
+    for r in doc["runs"]:
+        if r.get("left_out_steps"):
+            out.print(f"  {Path(r['run']).name}: {r['left_out_steps']} steady step(s) left out, timed with the "
+                      "loop's host work between steps (their trace lines name no GEMM route)", highlight=False)
     rows = ([("fitted", r) for r in doc["runs"]] + [("hold-out", r) for r in doc["holdout"]]
             + [("leave-one-out", r) for r in doc.get("leave_one_out", [])])
+    # runs by number, named above the table: a run directory's name can take most of a terminal's width, which
+    # left the numbers beside it cut
+    key = {}
+    for _, r in rows:
+        key.setdefault(r["run"], f"#{len(key) + 1}")
+    for run, k in key.items():
+        out.print(f"  {k} {Path(run).name}", highlight=False)
+    t = Table(title="fit quality: modelled vs measured (steady steps)", title_justify="left")
+    for col in ("run", "role", "steps", "measured", "modelled", "error", "unfitted", "energy"):
+        t.add_column(col, justify="left" if col in ("run", "role") else "right")
     before = {r["run"]: r["error_pct"] for r in doc["runs_before"]}
     for role, r in rows:
-        t.add_row(Path(r["run"]).name, role, str(r["steps"]), f"{r['measured_s']:.4g} s", f"{r['modelled_s']:.4g} s",
+        t.add_row(key[r["run"]], role, str(r["steps"]), f"{r['measured_s']:.4g} s", f"{r['modelled_s']:.4g} s",
                   _pct(r["error_pct"]), _pct(r.get("unfitted_error_pct", before.get(r["run"]))),
                   _pct(r.get("energy_error_pct")))
-    print_table(t, drop=("steps", "unfitted"))
+    print_table(t, drop=("steps", "unfitted", "energy"))
     out.print("  measured: sum of the steady steps' times; modelled: the fitted GPU profile pricing them as they ran; "
-              "unfitted: the base profile's error; hold-out / leave-one-out runs were not fitted on", highlight=False)
+              "error: modelled vs measured time; unfitted: the base profile's; energy: the fitted profile's energy "
+              "error; hold-out / leave-one-out runs were not fitted on", highlight=False)
     out.print(f"  wrote {doc['written']['path']} (profile {doc['written']['name']!r}); use it with "
               f"--host {doc['written']['path']} (a CUDA run) or --hw {doc['written']['path']}", highlight=False)
 

@@ -172,28 +172,135 @@ def test_a_multi_width_int8_run_is_priced_on_its_tiers_per_width(tmp_path):
         assert w["modelled_ms"] == pytest.approx(w["native_ms"] + w["modelled_quantizer_ms"], rel=1e-9)
 
 
-def test_report_fit_on_cuda_runs_writes_a_gpu_profile_and_prices_the_holdout(tmp_path):
+def _synthetic(src: Path, dst: Path, truth: dict, batch: int | None = None, energy: bool = True) -> Path:
+    """A copy of ``src`` whose steady steps take exactly what the h100 profile with the constants ``truth`` prices
+    them at (and, with ``energy``, draw its energy), traced by the loop that overlaps its host work (``path`` on
+    every line); ``batch``: every step at that batch size instead."""
+    from cptsim.calibration.gpu_fit import with_values
+    from cptsim.calibration.gpu_runfit import GPURunSteps, price_kinds
+    from cptsim.cost.hardware import load_profile
+    from cptsim.run.rundir import RunDir
+
+    run = _copy(src, dst, H100_NAME)
+    rows = [json.loads(line) for line in (run / "trace.jsonl").read_text().splitlines() if line.strip()]
+    for r in rows:
+        r["path"] = "fp32-fake-quant"
+        if batch:
+            r["batch_size"] = batch
+    (run / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rs = GPURunSteps.from_run(RunDir.open(run))
+    priced = price_kinds(rs.prof, rs.kinds, with_values(load_profile("h100"), truth), rs.route, rs.eager, rs.tf32,
+                         native=False)
+    for r in rows:
+        if not r.get("warmup"):
+            p = priced[(r["bits"], r["grad_bits"], r["batch_size"])]
+            r["time_s"] = p["time_s"]
+            r["energy_j"] = p["energy_j"] if energy else None
+    (run / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_a_fit_on_runs_of_two_batch_sizes_recovers_the_constants_that_made_their_steps(tmp_path):
+    """Steps at batch 128 and at batch 4 weigh launch overhead and bandwidth differently: the design has rank 2,
+    and the fit finds the constants that generated the times and the energy, not the profile's."""
+    from cptsim.calibration.gpu_runfit import GPURunSteps, fit_gpu
+    from cptsim.cost.hardware import load_profile
+    from cptsim.run.rundir import RunDir
+
+    base = load_profile("h100")
+    truth = {"kernel_overhead_us": 1.9 * base.calibration["kernel_overhead_us"],
+             "memory_efficiency": 0.6 * base.calibration["memory_efficiency"], "power_fraction": 0.55}
+    runs = [GPURunSteps.from_run(RunDir.open(_synthetic(CPT, tmp_path / f"b{n}", truth, batch=n))) for n in (128, 4)]
+    fit = fit_gpu(runs, base)
+    assert fit.held == {} and fit.design["rank"] == 2
+    for k, v in truth.items():
+        assert fit.values[k] == pytest.approx(v, rel=1e-3), k
+
+
+def test_one_networks_run_fits_only_what_its_step_kinds_identify_and_holds_the_rest(tmp_path):
+    from cptsim.calibration.gpu_runfit import GPURunSteps, fit_gpu
+    from cptsim.cost.hardware import load_profile
+    from cptsim.run.rundir import RunDir
+
+    base = load_profile("h100")
+    truth = {"kernel_overhead_us": 1.5 * base.calibration["kernel_overhead_us"], "power_fraction": 0.5}
+    run = GPURunSteps.from_run(RunDir.open(_synthetic(CPT, tmp_path / "one", truth)))
+    fit = fit_gpu([run], base)
+    # six step kinds (3..8 bits, batch 128) which its fake-quant route prices alike: one direction, one constant
+    assert len(run.kinds) == 6 and fit.design["rank"] == 1
+    [held] = [k for k in ("kernel_overhead_us", "memory_efficiency") if k in fit.held]
+    [moved] = [k for k in ("kernel_overhead_us", "memory_efficiency") if k != held]
+    assert "rank 1" in fit.held[held] and "6 step kind" in fit.held[held]
+    assert fit.values[held] == base.calibration[held]  # held at the profile's value
+    # what one direction identifies: the steps' time and energy, whichever constant carries it
+    assert abs(fit.runs[0]["error_pct"]) < 1e-3 and abs(fit.runs[0]["energy_error_pct"]) < 1e-3
+    # steps made with the held constant at the profile's value: the moved one and the power fraction recovered
+    truth = {moved: 1.5 * base.calibration[moved], "power_fraction": 0.5}
+    fit = fit_gpu([GPURunSteps.from_run(RunDir.open(_synthetic(CPT, tmp_path / "two", truth)))], base)
+    assert fit.values[held] == base.calibration[held]
+    for k, v in truth.items():
+        assert fit.values[k] == pytest.approx(v, rel=1e-3), k
+    # without an energy measurement the power fraction is held too, and says why
+    quiet = GPURunSteps.from_run(RunDir.open(_synthetic(CPT, tmp_path / "quiet", truth, energy=False)))
+    fit = fit_gpu([quiet], base)
+    assert fit.values["power_fraction"] == base.calibration["power_fraction"]
+    assert "energy" in fit.held["power_fraction"]
+    assert fit.values[moved] == pytest.approx(truth[moved], rel=1e-3)
+
+
+def test_report_fit_on_cuda_runs_writes_a_gpu_profile_and_prices_the_holdout_in_80_columns(tmp_path):
     from cptsim.cost.hardware import load_profile
 
-    a = _copy(CPT, tmp_path / "a", H100_NAME)
-    b = _copy(STATIC32, tmp_path / "b", H100_NAME)
+    base = load_profile("h100")
+    truth = {"kernel_overhead_us": 1.9 * base.calibration["kernel_overhead_us"],
+             "memory_efficiency": 0.6 * base.calibration["memory_efficiency"], "power_fraction": 0.55}
+    a = _synthetic(CPT, tmp_path / "resnet20-cpt-synthetic-batch-128", truth)
+    b = _synthetic(CPT, tmp_path / "resnet20-cpt-synthetic-batch-4", truth, batch=4)
+    held_out = _synthetic(STATIC32, tmp_path / "resnet20-static32-synthetic-held-out", truth)
     out = tmp_path / "h100-fitted.toml"
-    r = _report(a, "--fit", "--fit-out", out, "--holdout", b)
+    r = cptsim_here("report", a, b, "--fit", "--fit-out", out, "--holdout", held_out, "--no-save",
+                    env_extra={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert max(len(x) for x in lines) <= 80, [x for x in lines if len(x) > 80]
+    assert "…" not in r.stdout
+    # the held-out run's row keeps its numbers whole: its time, energy and unfitted errors
+    [row] = [x for x in lines if x.startswith("│") and "hold-out" in x]
+    assert row.count("%") == 3 and row.count(" s ") == 2, row
+    r = _report(a, b, "--fit", "--fit-out", out, "--force", "--holdout", held_out)
     assert r.exit_code == 0, r.stderr
     fit = json.loads(r.stdout)["fit"]
-    assert fit["kind"] == "gpu" and set(fit["fitted"]) == {"kernel_overhead_us", "memory_efficiency",
-                                                           "power_fraction"}
+    assert fit["kind"] == "gpu" and set(fit["fitted"]) == set(truth) and fit["held"] == {}
     prof = load_profile(str(out))
     assert prof.kind == "gpu" and "fitted by `cptsim report --fit`" in prof.sources[0]
-    assert prof.params["tiers"] == load_profile("h100").params["tiers"]  # only the calibration moved
-    [fitted], [held] = fit["runs"], fit["holdout"]
-    assert abs(fitted["error_pct"]) < 2 and abs(fitted["energy_error_pct"]) < 2  # what it was fitted to
-    assert held["run"].endswith("b") and held["error_pct"] is not None
+    assert prof.params["tiers"] == base.params["tiers"]  # only the calibration moved
+    [held] = fit["holdout"]
+    assert abs(held["error_pct"]) < 0.01 and abs(held["energy_error_pct"]) < 0.01
     # the written profile prices the held-out run as the fit said: report it with --host
-    r = _report(b, "--host", out)
+    r = _report(held_out, "--host", out)
     h = json.loads(r.stdout)["runs"][0]["host_time"]
     # (to 0.01 points: the file keeps 6 significant digits of each fitted value)
     assert h["profile"] == "h100-fitted" and h["error_pct"] == pytest.approx(held["error_pct"], abs=0.01)
+
+
+def test_fit_refuses_steps_timed_with_the_loops_host_work_naming_the_run(tmp_path):
+    old = _copy(CPT, tmp_path / "no-route", H100_NAME)  # the H100 trace: no GEMM route on its lines
+    r = _report(old, "--fit", "--fit-out", tmp_path / "x.toml")
+    assert r.exit_code == 2 and "no-route" in r.stderr and "host work" in _flat(r.stderr)
+    assert len([x for x in r.stderr.splitlines() if x.startswith("error")]) == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "x.toml").exists()
+    # a run with some such lines: those are left out, the rest fitted, and the report says how many
+    mixed = _synthetic(CPT, tmp_path / "mixed", {"power_fraction": 0.5})
+    rows = [json.loads(line) for line in (mixed / "trace.jsonl").read_text().splitlines() if line.strip()]
+    steady = [r for r in rows if not r.get("warmup")]
+    for r in steady[:10]:
+        del r["path"]
+        r["time_s"] *= 2  # the host's work in them: it must not reach the fit
+    (mixed / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = _report(mixed, "--fit", "--fit-out", tmp_path / "y.toml")
+    assert r.exit_code == 0, r.stderr
+    [run] = json.loads(r.stdout)["fit"]["runs"]
+    assert run["left_out_steps"] == 10 and run["steps"] == len(steady) - 10 and abs(run["error_pct"]) < 1e-3
 
 
 def test_fit_never_mixes_cpu_and_cuda_runs(tmp_path):

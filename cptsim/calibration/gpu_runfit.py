@@ -8,11 +8,19 @@ the ones such steps move -- never the tiers' peak rates, which a datasheet gives
 * ``memory_efficiency``: achieved / peak DRAM bandwidth of the memory-bound kernels and the quantizers' passes;
 * ``power_fraction``: busy power / TDP, from the energy the steps took against their modelled busy time.
 
-Least squares on log(modelled / measured): one residual per run and width (the mean step time, weighted by the
-square root of its step count) and one per run for its energy, plus a weak pull (``PRIOR_WEIGHT``) of each constant
-toward the base profile's value, so that a constant the runs cannot tell apart from another (one network's steps
-move the launch overhead and the bandwidth together) stays where the base put it rather than wandering. A fit
-never writes a host profile for GPU runs, nor a GPU profile for CPU runs.
+A fit moves only what its runs identify (``identify``). The time constants are fitted as far as the runs'
+distinct step kinds tell them apart: the design -- d log(modelled step time) / d log(constant), one row per run and
+step kind, one column per time constant -- has a rank, and only that many constants are fitted (those the steps'
+times are most sensitive to first: QR with column pivoting); the others keep the base profile's value, and the fit
+says why. One network's steps usually move the launch overhead and the bandwidth together (its fake-quantized
+steps are priced alike at every width: rank 1), so one of them is held. ``power_fraction`` is fitted only where a
+run measured its energy. Least squares on log(modelled / measured) over the fitted constants: one residual per run
+and step kind (the mean step time, weighted by the square root of its step count) and one per run for its energy.
+
+Steps whose trace says the loop did its host work between them (``host_work_between``: a line without the GEMM
+route that the overlapping loop records) are left out: their times hold host work the GPU model does not price,
+and fitting them folds it into the GPU's constants. A run with no other steps is refused, named. A fit never
+writes a host profile for GPU runs, nor a GPU profile for CPU runs.
 """
 
 from __future__ import annotations
@@ -27,7 +35,10 @@ import numpy as np
 from cptsim.errors import InputError
 
 PARAMS = {"kernel_overhead_us": (0.0, 100.0), "memory_efficiency": (0.02, 1.0), "power_fraction": (0.02, 1.0)}
-PRIOR_WEIGHT = 0.05
+TIME_PARAMS = ("kernel_overhead_us", "memory_efficiency")  # what step times move; power_fraction: energy only
+# A design direction counts toward the rank when its singular value is at least this share of the largest: a
+# condition number above 20 would let a 1% measurement wobble move a constant by 20% or more.
+RANK_TOL = 0.05
 TF32_KEYS = ("torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32")
 
 
@@ -53,6 +64,13 @@ def run_route(cfg: dict) -> tuple[str, bool, dict]:
     counts = {NATIVE: sum("int8" in f or f.startswith("fp16") for f in fwd), INT_CODES: sum("codes" in f for f in fwd)}
     route = max(counts, key=counts.get) if fwd and max(counts.values()) * 2 > len(fwd) else FAKE_QUANT
     return route, eager, tf32
+
+
+def host_work_between(row: dict) -> bool:
+    """Whether a CUDA trace line's step was timed with the loop's host work between steps: the loop that overlaps
+    its host work with the GPU names each step's GEMM route (``path``); a trace line without one comes from a loop
+    that did that work between steps, and its time holds it (on an H100 it doubled a graphed resnet20 b128 step)."""
+    return "path" not in row
 
 
 def step_kinds(steps: list[dict]) -> list[tuple[int, int, int]]:
@@ -115,6 +133,7 @@ class GPURunSteps:
     route: str
     eager: bool
     tf32: dict = field(default_factory=dict)
+    left_out: int = 0           # steady steps left out: timed with the loop's host work between them
 
     @classmethod
     def from_run(cls, run, label: str | None = None) -> "GPURunSteps":
@@ -127,6 +146,13 @@ class GPURunSteps:
             raise InputError(f"{run.path}: no executed steps to fit (empty trace or no profile.json)")
         meas = measured_times(steps)
         keep, _ = steady_steps(steps, "cuda")
+        steady = int(keep.sum())
+        keep &= np.array([not host_work_between(r) for r in steps], dtype=bool)
+        if not keep.any():
+            raise InputError(f"{run.path}: its {steady} steady steps were timed with the loop's host work between "
+                             "them (its trace names no GEMM route: a cptsim from before the loop overlapped that "
+                             "work with the GPU), which the GPU model does not price; fitting them would fold it "
+                             "into the GPU's constants -- fit runs trained with this cptsim")
         steps, meas = [r for r, k in zip(steps, keep) if k], meas[keep]
         kinds = step_kinds(steps)
         key = [(int(r["bits"]), int(r["grad_bits"]), int(r["batch_size"])) for r in steps]
@@ -135,7 +161,8 @@ class GPURunSteps:
         e = [r.get("energy_j") for r in steps]
         energy = float(np.sum(e)) if e and all(x is not None for x in e) and float(np.sum(e)) > 0 else None
         route, eager, tf32 = run_route(cfg)
-        return cls(label or str(run.path), prof, kinds, counts, mean, energy, route, eager, tf32)
+        return cls(label or str(run.path), prof, kinds, counts, mean, energy, route, eager, tf32,
+                   steady - len(steps))
 
     def predict(self, gpu) -> tuple[np.ndarray, float]:
         """(modelled seconds per step of each kind, modelled joules of all the steady steps) on ``gpu``."""
@@ -176,6 +203,8 @@ class GPUFit:
     fitted_on: list
     runs: list
     before: list
+    held: dict = field(default_factory=dict)      # constant -> why it kept the base profile's value
+    design: dict = field(default_factory=dict)    # what the runs identify (``identify``)
 
     def profile(self):
         return _with(self.base, self.values)
@@ -185,44 +214,101 @@ class GPUFit:
 
     def to_json(self) -> dict:
         return {"kind": "gpu", "base": {"name": self.base.name, "path": self.base.path, "hash": self.base.content_hash},
-                "fitted": dict(self.values), "before": {k: _base_value(self.base, k) for k in self.values},
-                "fitted_on": list(self.fitted_on), "runs": self.runs, "runs_before": self.before}
+                "fitted": {k: v for k, v in self.values.items() if k not in self.held},
+                "held": {k: {"value": self.values[k], "why": why} for k, why in self.held.items()},
+                "before": {k: _base_value(self.base, k) for k in self.values},
+                "design": dict(self.design), "fitted_on": list(self.fitted_on), "runs": self.runs,
+                "runs_before": self.before}
+
+
+def _start(base, names) -> np.ndarray:
+    """Where the search starts (and the design is taken): the base's values; a constant the base leaves at 0 (no
+    launch overhead) at 5% of its range, since the search runs in log space."""
+    x0 = np.array([_base_value(base, n) for n in names])
+    lo = np.array([PARAMS[n][0] for n in names])
+    hi = np.array([PARAMS[n][1] for n in names])
+    return np.clip(np.where(x0 > 0, x0, 0.05 * (lo + hi)), np.maximum(lo, 1e-3), hi)
+
+
+def time_design(runs: list[GPURunSteps], base, names=TIME_PARAMS, step: float = 0.05) -> np.ndarray:
+    """(rows, constants): d log(modelled step time) / d log(constant) at the start values, one row per run and step
+    kind (central differences in log space)."""
+    x0 = dict(zip(names, _start(base, names)))
+    cols = []
+    for n in names:
+        up, down = (_with(base, x0 | {n: x0[n] * f}) for f in (np.exp(step), np.exp(-step)))
+        cols.append(np.concatenate([(np.log(r.predict(up)[0]) - np.log(r.predict(down)[0])) / (2 * step)
+                                    for r in runs]))
+    return np.stack(cols, axis=1)
+
+
+def design_rank(d: np.ndarray) -> int:
+    """How many independent directions the rows of ``d`` hold (singular values >= RANK_TOL of the largest)."""
+    s = np.linalg.svd(d, compute_uv=False)
+    return int((s >= RANK_TOL * s[0]).sum()) if s.size and s[0] > 0 else 0
+
+
+def identify(runs: list[GPURunSteps], base) -> tuple[list[str], dict, dict]:
+    """(the constants the runs identify, {held constant: why}, the design's summary): the time constants up to the
+    rank of their design (``time_design``), the most sensitive first (QR with column pivoting); ``power_fraction``
+    where some run measured its energy."""
+    from scipy.linalg import qr
+
+    d = time_design(runs, base)
+    rank = design_rank(d)
+    kinds = sum(len(r.kinds) for r in runs)
+    distinct = len(np.unique(np.round(d, 6), axis=0))
+    order = list(qr(d, pivoting=True, mode="r")[1]) if rank else []
+    fit = [TIME_PARAMS[i] for i in order[:rank]]
+    held = {}
+    for n in TIME_PARAMS:
+        if n in fit:
+            continue
+        if not np.any(np.abs(d[:, TIME_PARAMS.index(n)]) > 1e-9):
+            held[n] = "the runs' step times do not depend on it"
+        else:
+            held[n] = (f"the runs' {kinds} step kind(s), {distinct} distinct as the model prices them, identify "
+                       f"{rank} of the {len(TIME_PARAMS)} time constants (design rank {rank}); "
+                       f"{' and '.join(fit) or 'none'} moves their times most -- runs of another network or batch "
+                       "size would tell them apart")
+    if any(r.energy for r in runs):
+        fit.append("power_fraction")
+    else:
+        held["power_fraction"] = "no run measured its energy (the trace has no energy_j)"
+    return fit, held, {"step_kinds": kinds, "distinct_rows": distinct, "rank": rank,
+                       "time_constants": len(TIME_PARAMS), "sensitivity": np.round(d, 4).tolist()}
 
 
 def fit_gpu(runs: list[GPURunSteps], base) -> GPUFit:
-    """Fit ``PARAMS`` of GPU profile ``base`` to ``runs`` (module docstring)."""
+    """Fit ``PARAMS`` of GPU profile ``base`` to ``runs``, as far as they identify them (module docstring)."""
     from scipy.optimize import least_squares
 
     base = gpu_profile(base)
     if not runs:
         raise InputError("--fit needs at least one run with measured steps")
     names = list(PARAMS)
-    x0 = np.array([_base_value(base, n) for n in names])
-    lo = np.array([PARAMS[n][0] for n in names])
-    hi = np.array([PARAMS[n][1] for n in names])
-    # the search runs in log space: a constant the base leaves at 0 (no launch overhead) starts at 5% of its range
-    x0 = np.clip(np.where(x0 > 0, x0, 0.05 * (lo + hi)), np.maximum(lo, 1e-3), hi)
-    energy_runs = [r for r in runs if r.energy]
+    fit_names, held, design = identify(runs, base)
+    values = {n: _base_value(base, n) for n in names}
+    if fit_names:
+        x0 = _start(base, fit_names)
+        lo = np.log(np.maximum([PARAMS[n][0] for n in fit_names], 1e-3))
+        hi = np.log([PARAMS[n][1] for n in fit_names])
+        energy = "power_fraction" in fit_names
 
-    def residuals(logx):
-        x = np.exp(logx)
-        gpu = _with(base, dict(zip(names, x)))
-        res = []
-        for r in runs:
-            t, e = r.predict(gpu)
-            res.extend(np.sqrt(r.counts) * np.log(t / r.measured))
-            if r.energy:
-                res.append(np.sqrt(r.counts.sum()) * np.log(e / r.energy))
-        res.extend(PRIOR_WEIGHT * np.sqrt(sum(r.counts.sum() for r in runs)) * (logx - np.log(x0)))
-        return np.array(res)
+        def residuals(logx):
+            gpu = _with(base, dict(zip(fit_names, np.exp(logx))))
+            res = []
+            for r in runs:
+                t, e = r.predict(gpu)
+                res.extend(np.sqrt(r.counts) * np.log(t / r.measured))
+                if energy and r.energy:
+                    res.append(np.sqrt(r.counts.sum()) * np.log(e / r.energy))
+            return np.array(res)
 
-    sol = least_squares(residuals, np.log(x0), bounds=(np.log(np.maximum(lo, 1e-3)), np.log(hi)), method="trf",
-                        max_nfev=200)
-    values = dict(zip(names, (float(v) for v in np.exp(sol.x))))
-    if not energy_runs:  # nothing measured the power: keep the base's
-        values["power_fraction"] = _base_value(base, "power_fraction")
-    fit = GPUFit(base, values, [r.label for r in runs], [], [evaluate(base, r) for r in runs])
-    fit.runs = [evaluate(fit.profile(), r) for r in runs]
+        sol = least_squares(residuals, np.log(x0), bounds=(lo, hi), method="trf", max_nfev=200)
+        values.update(zip(fit_names, (float(v) for v in np.exp(sol.x))))
+    fit = GPUFit(base, values, [r.label for r in runs], [], [evaluate(base, r) for r in runs], held, design)
+    fit.runs = [evaluate(fit.profile(), r) | ({"left_out_steps": r.left_out} if r.left_out else {}) for r in runs]
     return fit
 
 
@@ -238,13 +324,16 @@ def fitted_gpu_profile_text(fit: GPUFit, name: str) -> str:
     errs = ", ".join(f"{Path(r['run']).name} {r['error_pct']:+.1f}% time"
                      + (f" {r['energy_error_pct']:+.1f}% energy" if r.get("energy_error_pct") is not None else "")
                      for r in fit.runs)
-    source = (f"calibration ({', '.join(f'{k} = {v:.4g}' for k, v in fit.values.items())}) fitted by `cptsim report "
+    source = (f"calibration ({', '.join(f'{k} = {v:.4g}' for k, v in fit.values.items() if k not in fit.held)}) "
+              f"fitted by `cptsim report "
               f"--fit` at {now} to the steady steps of {len(fit.fitted_on)} CUDA run(s) ({runs}) from the GPU "
               f"profile {base.name!r}; fitted: {errs}. Identified on these runs' networks only: check it on others "
               "(--holdout) before trusting it on them")
+    fitted = [k for k in fit.values if k not in fit.held]
     header = [f"Written by `cptsim report --fit` at {now} from the GPU profile {base.name!r} ({base.path}).",
-              "Only [calibration]'s kernel_overhead_us, memory_efficiency and power_fraction were fitted; every other "
-              "number is the base profile's."]
+              f"Only [calibration]'s {', '.join(fitted) or 'nothing'} {'was' if len(fitted) == 1 else 'were'} "
+              "fitted; every other number is the base profile's"
+              + "".join(f"; {k} held: {why}" for k, why in fit.held.items()) + "."]
     return recalibrated_profile_text(Path(base.path).read_text(), name,
                                      base.description + " (calibration fitted to measured runs)", source,
                                      fit.values, header)
