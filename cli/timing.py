@@ -24,7 +24,7 @@ def time_sureness(hw, prof, mix: list[str], c) -> dict:
     """How sure a profile's time is (its [validation] against this network's op mix) and, on a GPU with a measured
     host overhead, whether an eager step is launch-bound and what CUDA graphs save: the ``cost --json`` keys
     ``time_validation`` and ``launch_bound``. ``mix``: ``prof.op_mix()``."""
-    out = {"time_validation": hw.time_validation(mix)}
+    out = {"time_validation": hw.time_validation(mix, op_list=prof.ops is not None)}
     if c.steps:
         lb = hw.launch_bound(prof.ops, c.latency_s["total"] / c.steps)
         if lb is not None:
@@ -37,11 +37,15 @@ def sureness_lines(name: str, s: dict) -> list[str]:
     if not v["checked"]:
         lines = [f"{name} time: {v['note']}"]
     else:
+        missing = v.get("op_mix_missing", [])
         cover = ("its op mix was covered" if v.get("op_mix_covered") else
-                 f"not checked on {', '.join(v.get('op_mix_missing', []))} (this network has them)")
+                 f"not checked on {', '.join(missing)} (this network has them)" if missing else
+                 "those were whole steps, this one is its GEMMs alone")
         lines = [f"{name} time: median |error| {100 * v['median_abs_error']:.0f}%, worst "
                  f"{100 * v['worst_abs_error']:.0f}% over {v['n']} {v['against']} "
                  f"({'held out' if v['held_out'] == 'yes' else 'in-sample'}); {cover}"]
+    if v.get("op_list_missing"):
+        lines.append(f"{name} time: {v['op_list_missing']}")
     lb = s.get("launch_bound")
     if lb is not None:
         lines.append(f"{name} step: GPU {si(lb['gpu_step_s'], 's')}, host dispatch {si(lb['host_step_s'], 's')} "

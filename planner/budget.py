@@ -219,6 +219,8 @@ def time_margin(budget: Budget, chosen_s: float, budget_s: float, validation: di
         doc.update(verdict="unknown error", median_abs_error=None, worst_abs_error=None)
         doc["text"] = (f"{head}; {who} times were never checked against measurements (no [validation]), so how "
                        "far off they may be is unknown")
+        if validation.get("op_list_missing"):
+            doc["text"] += "; the profile has no op list, so these times leave out the step's other ops"
         return doc
     med, worst = float(validation["median_abs_error"]), float(validation["worst_abs_error"])
     if worst <= margin:
@@ -234,8 +236,10 @@ def time_margin(budget: Budget, chosen_s: float, budget_s: float, validation: di
     sample = "held out" if validation.get("held_out") == "yes" else "in-sample"
     text = (f"{head}; {who} median |error| is {100 * med:.0f}%, worst {100 * worst:.0f}% ({sample}, "
             f"{validation.get('n')} {validation.get('against')}): {tail}")
-    if validation.get("op_mix_covered") is False:
+    if validation.get("op_mix_missing"):
         text += f"; that check had no {', '.join(validation.get('op_mix_missing', []))}, which this network has"
+    if validation.get("op_list_missing"):
+        text += "; the profile has no op list, so these times leave out the step's other ops"
     if budget.relative:
         text += ("; a budget relative to the modelled static time shares the model's error with the pick, so "
                  "most of it cancels")

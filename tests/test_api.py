@@ -31,7 +31,7 @@ def _model(info):
     return create_model("digits-cnn", num_classes=info.num_classes, in_channels=info.input_shape[0])
 
 
-def _own_loop(out, epochs=2, batch_size=64, quantize=True, **rec_kw):
+def _own_loop(out, epochs=2, batch_size=64, quantize=True, optimizer_cls=None, **rec_kw):
     """The loop of examples/own_loop.py, small: 200 samples, so 4 steps per epoch with a ragged last batch (8)."""
     train_set, test_set, info = _digits()
     model = _model(info)
@@ -39,7 +39,8 @@ def _own_loop(out, epochs=2, batch_size=64, quantize=True, **rec_kw):
     loader = DataLoader(train_set, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(0))
     total = epochs * len(loader)
     sched = cptsim.PrecisionScheduler(precision, SCHEDULE, total_steps=total)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = (torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9) if optimizer_cls is None
+           else optimizer_cls(model.parameters(), lr=0.05))
     rec = cptsim.RunRecorder(out, model, sched, optimizer=opt, config={
         "model": "digits-cnn", "dataset": "digits", "batch_size": batch_size, "train_size": len(train_set)},
         **rec_kw)
@@ -182,3 +183,52 @@ def test_top_level_exports_the_api():
     for name in ("quantize_model", "PrecisionScheduler", "RunRecorder", "PrecisionState"):
         assert hasattr(cptsim, name)
     assert np is not None and nn is not None
+
+
+def test_own_loop_run_on_a_gpu_is_priced_as_profile_model_prices_the_same_steps(tmp_path):
+    """The report's modelled h100 time of an own-loop run is the cost model's time of the very steps it ran, on
+    the planner's profile of the same model (``profile_model``, which counts the step's op list): a profile.json
+    holding only the GEMMs would price the GPU several times lower."""
+    from cptsim.cost.model import estimate
+    from cptsim.measure.profiler import profile_model
+    from cptsim.study.report import build_report
+
+    _own_loop(tmp_path / "run", epochs=1)
+    trace = [json.loads(s) for s in (tmp_path / "run" / "trace.jsonl").read_text().splitlines()]
+    assert json.loads((tmp_path / "run" / "profile.json").read_text()).get("ops") is not None
+    _, _, info = _digits()
+    fresh = _model(info)
+    cptsim.quantize_model(fresh)
+    want = estimate(profile_model(fresh, (1, 8, 8), batch_size=64, model_name="digits-cnn"), trace, "h100",
+                    per_layer=False)
+    row = build_report(tmp_path / "run", ["h100"]).data["hardware"][0]
+    assert row["executed"]["latency_s"] == pytest.approx(want.latency_s["total"], rel=1e-9)
+    assert row["executed"]["energy_j"] == pytest.approx(want.energy_j["total"], rel=1e-9)
+    assert row["time_validation"]["op_mix_covered"] is True
+
+
+def test_a_profile_without_its_op_list_is_reported_as_such_never_as_covered(tmp_path):
+    from cptsim.cli.main import cli
+
+    _own_loop(tmp_path / "run", epochs=1)
+    pf = tmp_path / "run" / "profile.json"
+    doc = json.loads(pf.read_text())
+    del doc["ops"]  # as a recorder before the op list, or one whose model's step could not be counted, wrote it
+    pf.write_text(json.dumps(doc))
+    out = CliRunner().invoke(cli, ["report", str(tmp_path / "run"), "--hw", "h100"], terminal_width=200)
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert "op mix was covered" not in text
+    assert "h100 time: the workload's profile has no op list: this time leaves out the step's other ops" in text
+    # bitfusion prices GEMMs only: the op list is nothing its time could leave out
+    out = CliRunner().invoke(cli, ["report", str(tmp_path / "run"), "--hw", "bitfusion"], terminal_width=200)
+    assert out.exit_code == 0, out.output
+    assert "no op list" not in out.output
+
+
+def test_the_recorder_records_the_op_list_of_an_adam_loop(tmp_path):
+    """The op list counts the optimizer the loop steps (Adam's update reads and writes two moments per weight,
+    SGD's one momentum buffer): it names it, so the GPU prices the update the loop ran."""
+    _own_loop(tmp_path / "run", epochs=1, optimizer_cls=torch.optim.Adam)
+    ops = json.loads((tmp_path / "run" / "profile.json").read_text())["ops"]
+    assert ops["optimizer"].startswith("adam(")

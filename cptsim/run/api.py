@@ -21,6 +21,9 @@ its end: make the scheduler for the number of steps you run, or ``load_state_dic
 metrics.jsonl, and plan.json when given a plan), so ``cptsim report`` reads it as it reads a ``cptsim train`` run.
 Each step's MACs are counted by forward hooks (``profiler.MacCounter``) from ``sched.step()`` to ``rec.step()``
 and costed with the training loop's formula (``cost.step_cost``); the step time is the wall time between the two.
+At the first recorded step the step's op list (``cptsim.measure.opcount``: its norms, activations, optimizer update
+and launches) is counted once, as ``cptsim train`` counts it for its profile.json, so that a GPU prices the whole
+step and not its GEMMs alone (it takes about one training step's time, once per run, outside every step's time).
 A recorder holds the run's lock (``runs.RunLock``) until ``close()``; it never resumes: the trace is one process's
 uninterrupted record.
 """
@@ -160,6 +163,20 @@ def _read_plan(plan) -> dict:
     return validate_plan(plan, "plan")
 
 
+def _input_watcher(rec: "RunRecorder"):
+    def hook(module, args):
+        rec._see_input(module, args)
+    return hook
+
+
+def _optimizer_kind(optimizer) -> str:
+    """The update rule of ``optimizer`` that the op count knows (``opcount.training_optimizer``): adamw, adam, or
+    sgd (also for None and other optimizers: the op list then counts an SGD update in its place)."""
+    if isinstance(optimizer, torch.optim.AdamW):  # before Adam: newer torch makes AdamW a subclass of it
+        return "adamw"
+    return "adam" if isinstance(optimizer, torch.optim.Adam) else "sgd"
+
+
 def _recorded_dataset(model: nn.Module, name: str, dataset) -> str:
     """RunRecorder's dataset: the one given (checked against the model's kind), else the model's kind's embedded
     one when the model is cptsim's (``cptsim.data.default_dataset``), else "custom"."""
@@ -249,16 +266,18 @@ class RunRecorder:
                 self._config["number_format"] = {**fmap.to_json(), "formats": {
                     k: {str(b): n for b, n in v.items()} for k, v in used.items()}}
             self._spe_given = steps_per_epoch is not None
-            if plan_doc is not None:
-                from cptsim.run.planfile import plan_digest
+            from cptsim.run.planfile import run_baseline, run_plan_record
 
-                self._config["plan"] = {"digest": plan_digest(plan_doc), "schedule": plan_doc["schedule"],
-                                        "budget": plan_doc.get("budget")}
+            if plan_doc is not None:
+                self._config["plan"] = run_plan_record(plan_doc)
+            self._config["baseline"] = run_baseline(sched, plan_doc)  # what the report measures savings against
             self.run = RunDir.create(p, self._config)
             if plan_doc is not None:
                 self.run.write_json(PLAN, plan_doc)
             self.counter = MacCounter(model, settings["model"])
-            self._shape_hook = model.register_forward_pre_hook(self._see_input)
+            # a closure, not a bound method: the op count (and profile_model) deep-copy the model, hooks included,
+            # and a bound method would copy the whole recorder (its lock, TensorBoard writer, optimizer) with it
+            self._shape_hook = model.register_forward_pre_hook(_input_watcher(self))
             self.tb = None
             if tensorboard:
                 from .tensorboard import TensorBoardLogger
@@ -268,6 +287,7 @@ class RunRecorder:
             self._lock.release()
             raise
         self._input: tuple[int, list[int]] | None = None  # (batch, per-sample shape) of the last training forward
+        self._example: torch.Tensor | None = None  # a few samples of that forward, until the op list is counted
         self._step, self._epoch, self._epoch_start_step = 0, 0, 0
         self._t0 = self._t_epoch = time.perf_counter()
         self._profiled = False
@@ -280,6 +300,27 @@ class RunRecorder:
         x = args[0] if args else None
         if isinstance(x, torch.Tensor) and x.dim() >= 1 and module.training:
             self._input = (int(x.shape[0]), [int(s) for s in x.shape[1:]])
+            if not self._profiled:
+                self._example = x.detach()[:4]
+
+    def _count_ops(self):
+        """The step's op list, counted once on copies of the model as ``cptsim train`` counts its own
+        (``train._step_ops``: full precision, the RNG forked, the bits put back), or None with a note when it
+        cannot be (no example batch seen, or the model's step cannot be run from its first input alone)."""
+        from .train import _step_ops
+
+        x, seen = self._example, self._input
+        ops = None
+        if x is not None:
+            ops = _step_ops(self.model, x, _model_device(self.model), self.scheduler.precision,
+                            _optimizer_kind(self.optimizer))
+        self._input, self._example = seen, None  # the copies' forwards passed the hooks too
+        if ops is None:
+            note = ("the step's op list (norms, activations, optimizer update, launches) could not be counted: "
+                    "a GPU's modelled time of this run covers its GEMMs only")
+            warnings.warn(note, stacklevel=3)
+            self.notes.append(note)
+        return ops
 
     def _begin_step(self, t: int) -> None:
         """sched.step(): the step's work starts here (counts and clock)."""
@@ -330,8 +371,12 @@ class RunRecorder:
             if not shape:
                 raise InputError("RunRecorder: the model's input shape is unknown (no training forward seen); give "
                                  "config={'input_shape': [C, H, W]}")
-            self.run.write_json(PROFILE, self.counter.layer_profile(batch_size, shape).to_json())
+            prof = self.counter.layer_profile(batch_size, shape)
+            prof.ops = self._count_ops()
+            self.run.write_json(PROFILE, prof.to_json())
             self._profiled = True
+            if prof.ops is None:
+                self.run.write_config(self._config)  # its notes say why the profile lacks the op list
             changed = {}
             if self._config["settings"].get("batch_size") is None:
                 changed["batch_size"] = batch_size

@@ -275,7 +275,8 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
         native = {"energy_j": c.energy_j["total"], "latency_s": c.latency_s["total"]}
         row = {"name": hw.name, "kind": hw.kind, "label": MODELLED, "planned": {**pl, "source": src},
                "executed": {**native, "source": MODELLED}, "vs_static": c.vs_static, "planned_vs_static": pvs,
-               "baseline": base["label"], "notes": list(hw.notes), "time_validation": hw.time_validation(mix)}
+               "baseline": base["label"], "notes": list(hw.notes),
+               "time_validation": hw.time_validation(mix, op_list=prof.ops is not None)}
         if ran_on is not None and (hw.name, hw.content_hash) == (ran_on["profile"], ran_on["hash"]):
             _executed_here(row, ran_on, len(steps))
         row["diff_pct"] = {k: _pct(row["executed"][k], pl[k]) for k in native}

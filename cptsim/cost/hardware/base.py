@@ -227,6 +227,7 @@ class HardwareProfile:
     validation: dict = field(default_factory=dict)  # the file's [validation]: what its times were checked on
 
     KIND: ClassVar[str] = ""
+    PRICES_OP_LIST: ClassVar[bool] = False  # whether a step's time includes its op list (``op_list_cost``)
     PARAMS: ClassVar[tuple[Field, ...]] = ()
     CALIBRATION: ClassVar[tuple[Field, ...]] = (_CAL_COMPUTE, _CAL_MEMORY)
 
@@ -279,18 +280,25 @@ class HardwareProfile:
         quantizes in FP32 whatever the format, prices them as it prices integers; integer-only kinds refuse."""
         return self
 
-    def time_validation(self, op_mix: list[str] | None = None) -> dict:
+    def time_validation(self, op_mix: list[str] | None = None, op_list: bool = True) -> dict:
         """How sure this profile's times are: its [validation] (what they were checked on, median and worst
         |error|, held out or in-sample) and whether that set covered ``op_mix`` (``LayerProfile.op_mix``); a
-        profile without one says it was not checked."""
+        profile without one says it was not checked. ``op_list``: whether the workload's profile has its step's
+        op list (``LayerProfile.ops``); on a kind that prices it (``PRICES_OP_LIST``) a profile without one is
+        timed on its GEMMs alone, which is not what [validation] checked, so its op mix is never "covered" and
+        ``op_list_missing`` says why."""
+        no_ops = self.PRICES_OP_LIST and not op_list
+        lacks = {"op_list_missing": "the workload's profile has no op list: this time leaves out the step's other "
+                                    "ops (norms, activations, the optimizer, launches)"} if no_ops else {}
         if not self.validation:
-            return {"checked": False, "note": "not checked against measurements (the profile has no [validation])"}
+            return {"checked": False, "note": "not checked against measurements (the profile has no [validation])",
+                    **lacks}
         v = dict(self.validation)
-        out = {"checked": True, **v}
+        out = {"checked": True, **v, **lacks}
         if op_mix is not None:
             missing = sorted(set(op_mix) - set(v.get("op_mixes", [])))
             out["op_mix"] = list(op_mix)
-            out["op_mix_covered"] = not missing
+            out["op_mix_covered"] = not missing and not no_ops
             out["op_mix_missing"] = missing
         return out
 

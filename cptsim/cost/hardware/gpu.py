@@ -117,6 +117,7 @@ class GPUProfile(HardwareProfile):
     """
 
     KIND = "gpu"
+    PRICES_OP_LIST = True
     PARAMS = (
         Field("bandwidth_gb_s", "positive", "DRAM bandwidth in GB/s (1e9 bytes/s)"),
         Field("power_w", "positive", "board power (TDP) in W"),
