@@ -258,6 +258,44 @@ def test_lm_resume_continues_exactly(tmp_path):
     assert losses(cut) == losses(ref)  # the hidden state came back with the checkpoint
 
 
+def test_a_run_begun_per_sequence_resumes_in_the_unit_it_began_with(tmp_path):
+    """A language model run whose config.json has no "loss_unit" began when the trace's loss was the sum over a
+    sequence's tokens; resumed, it goes on in that unit (one trace, one unit), says so once, and records it. The
+    units are told apart by what a near-untrained model's loss is: ln(vocab) per token, seq_len times that per
+    sequence."""
+    out = tmp_path / "run"
+    r = run_cli(*TRAIN, "--model", "transformer-lm:layers=1,width=16,heads=2", "--dataset", "pydoc-chars",
+                "--steps", "4", "--schedule", "static:8:g8", "--checkpoint-every", "2", "--out", out)
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((out / "config.json").read_text())
+    seq_len, vocab = cfg["input_shape"][0], cfg["num_classes"]
+    assert cfg["loss_unit"] == "per_token"
+    ref = [json.loads(line)["loss"] for line in (out / "trace.jsonl").read_text().splitlines()]
+    for loss in ref:
+        assert 0.5 * math.log(vocab) < loss < 1.2 * math.log(vocab)  # per token: about ln(vocab), far below 64x
+
+    # the run as one begun before the unit was recorded: no "loss_unit", its trace per sequence, stopped at step 2
+    del cfg["loss_unit"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    lines = [json.loads(line) | {"loss": line_loss * seq_len}
+             for line, line_loss in zip((out / "trace.jsonl").read_text().splitlines(), ref)]
+    (out / "trace.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    manifest = json.loads((out / "checkpoints.json").read_text())
+    manifest["checkpoints"] = [e for e in manifest["checkpoints"] if e["step"] == 2]
+    (out / "checkpoints.json").write_text(json.dumps(manifest))
+    (out / "checkpoint-00000004.pt").unlink()
+
+    r = run_cli("train", "--resume", out, "--quiet")
+    assert r.exit_code == 0, r.output
+    assert r.output.count("began before losses were per token") == 1
+    got = [json.loads(line)["loss"] for line in (out / "trace.jsonl").read_text().splitlines()]
+    assert len(got) == 4
+    for loss in got:  # every step per sequence, the two resumed ones too
+        assert 0.5 * seq_len * math.log(vocab) < loss < 1.2 * seq_len * math.log(vocab)
+    assert got[2:] == pytest.approx([x * seq_len for x in ref[2:]], rel=1e-9)  # the same steps, exactly resumed
+    assert json.loads((out / "config.json").read_text())["loss_unit"] == "per_sequence"
+
+
 def test_vocabulary_change_on_resume_is_refused(tmp_path):
     d = _ptb_dir(tmp_path)
     out = tmp_path / "run"

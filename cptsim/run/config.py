@@ -232,6 +232,43 @@ def run_workload(config: dict) -> dict:
     })
 
 
+# What a run's training loss is per: the unit of its trace.jsonl "loss" and progress bar (metrics.jsonl's losses are
+# per token for a language model whatever this says), recorded in config.json "loss_unit" so that a resume goes on
+# in the unit the run began with. A language model's sample is a sequence of seq_len tokens: its loss is the mean
+# per token (ln(vocab) for a model that knows nothing); before runs recorded the unit it was the sum over the
+# sequence's tokens (seq_len times larger), what a language model's run without "loss_unit" began with.
+LOSS_PER_TOKEN, LOSS_PER_SEQUENCE, LOSS_PER_SAMPLE = "per_token", "per_sequence", "per_sample"
+LOSS_UNITS = (LOSS_PER_TOKEN, LOSS_PER_SEQUENCE, LOSS_PER_SAMPLE)
+
+
+def new_loss_unit(language_model: bool) -> str:
+    """The loss unit a new run records: per token for a language model, per sample otherwise."""
+    return LOSS_PER_TOKEN if language_model else LOSS_PER_SAMPLE
+
+
+def recorded_loss_unit(config: dict, language_model: bool) -> tuple[str, str | None]:
+    """(the unit a recorded run's losses are in, a note to say once when its config.json did not record it).
+
+    A language model's run without "loss_unit" began before losses were per token: its trace is per sequence
+    (the sum over its tokens), and a resume keeps that unit so that one trace holds one unit."""
+    unit = config.get("loss_unit")
+    if unit is not None:
+        if unit not in LOSS_UNITS:
+            raise InputError(f'config.json "loss_unit" must be one of {", ".join(LOSS_UNITS)}, got {unit!r}')
+        return unit, None
+    if not language_model:
+        return LOSS_PER_SAMPLE, None
+    return LOSS_PER_SEQUENCE, ("this run began before losses were per token: its trace's losses go on per sequence "
+                               "(the sum over a sequence's tokens), the unit it began with (config.json "
+                               f'"loss_unit": "{LOSS_PER_SEQUENCE}"); metrics.jsonl stays per token')
+
+
+def loss_divisor(unit: str, seq_len: int) -> int:
+    """What a step's loss summed over its sequences (samples) is divided by, besides their number, to be in
+    ``unit``: a sequence's tokens for per-token losses, 1 otherwise."""
+    return int(seq_len) if unit == LOSS_PER_TOKEN else 1
+
+
 # The fraction of the training data that sweeps and the planner's pilot hold out as a validation split: what the
 # planner's decisions (pilot ranking, ``--quality db``) are made on, so that the test split is never used for them.
 VAL_SPLIT = 0.2

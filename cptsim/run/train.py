@@ -46,8 +46,8 @@ from cptsim.measure.opcount import zero_grad
 from cptsim.models.loss import class_cross_entropy
 from .rundir import RunDir
 
-from .config import (LR_SCHEDULES, PLAN_FIXED, TrainConfig, check_world, run_workload, validate,  # noqa: F401
-                     workload_key)
+from .config import (LR_SCHEDULES, PLAN_FIXED, TrainConfig, check_world, loss_divisor, new_loss_unit,  # noqa: F401
+                     recorded_loss_unit, run_workload, validate, workload_key)
 
 
 @dataclass
@@ -373,6 +373,10 @@ def tf32_flags() -> dict:
             "torch.backends.cudnn.allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
 
 
+def _is_text(w: Workload) -> bool:
+    return bool(getattr(w.train_set, "is_text", False))
+
+
 def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
     """What config.json records: the settings, what they resolved to, and the versions that ran them."""
     from cptsim.numerics.exact_gemm import format_gemm_paths, gemm_paths
@@ -389,6 +393,7 @@ def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
         "steps_per_epoch": w.steps_per_epoch,
         "epochs": math.ceil(w.total_steps / w.steps_per_epoch),
         "eval_bits": w.eval_bits,
+        "loss_unit": new_loss_unit(_is_text(w)),  # what the trace's losses are per (cptsim.run.config)
         "recal_batches": cfg.recal_batches,
         "val_size": len(w.val_loader.dataset) if w.val_loader is not None else 0,
         "input_shape": list(w.info.input_shape),
@@ -612,10 +617,15 @@ def resume(run_path: str, progress: bool = True, keep_checkpoints: int | None = 
         if d.is_main:
             run.remove_stale_temp_files()
             run.truncate_after(start)
+        unit, unit_note = recorded_loss_unit(recorded, _is_text(w))
+        if unit_note and d.is_main:
+            print(f"note: {unit_note}", file=sys.stderr)
+            run.update_config("loss_unit", unit)  # recorded now: said once, and the next resume reads it
         d.barrier()
         # the optimizer implementation the run started with (one recorded before there was a choice: this device's)
         impl = (recorded.get("host") or {}).get("optimizer_impl")
-        return _loop(cfg, w, run, d, start_step=start, progress=progress, ckpt=ckpt, opt_impl=impl)
+        return _loop(cfg, w, run, d, start_step=start, progress=progress, ckpt=ckpt, opt_impl=impl,
+                     loss_unit=unit)
     finally:
         if lock is not None:
             lock.release()
@@ -975,7 +985,7 @@ class _Training:
     on a CPU."""
 
     def __init__(self, cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, ckpt: dict | None,
-                 opt_impl: str | None = None):
+                 opt_impl: str | None = None, loss_unit: str | None = None):
         self.cfg, self.w, self.run, self.d = cfg, w, run, d
         self.device, self.model = cfg.device, w.model
         self.cuda = self.device.startswith("cuda")
@@ -985,8 +995,10 @@ class _Training:
         self.opt = make_optimizer(self.params, cfg, opt_impl or optimizer_impl(self.device))
         self.graph = is_graph(w.train_set)
         # a language model's sample is a sequence: its loss is summed over the sequence's tokens (the gradient, a
-        # mean over sequences, stays so), and the loss it shows and records is divided by them, per token
-        self.tokens = int(w.train_set.seq_len) if getattr(w.train_set, "is_text", False) else 1
+        # mean over sequences, stays so), and the loss it shows and records is divided by them, per token -- in a
+        # run that began per sequence (``loss_unit``, config.json's; None: a new run's) it stays per sequence
+        unit = new_loss_unit(_is_text(w)) if loss_unit is None else loss_unit
+        self.tokens = loss_divisor(unit, getattr(w.train_set, "seq_len", 1))
         torch.manual_seed(cfg.seed * 1_000_003 + 17 + d.rank)  # each rank draws its own rounding noise
         self.epoch_stats = [0.0, 0, 0]  # loss sum, correct, samples of the current epoch so far
         self.epoch_carried = 0.0  # wall seconds of the current epoch before this process took over (mid-epoch resume)
@@ -1361,13 +1373,13 @@ class _Training:
 
 
 def _loop(cfg: TrainConfig, w: Workload, run: RunDir, d, start_step: int, progress: bool, ckpt: dict | None = None,
-          opt_impl: str | None = None):
+          opt_impl: str | None = None, loss_unit: str | None = None):
     """Train from ``start_step`` to the end: per step, its batch, precision, forward/backward/update and trace
     line; per epoch, evaluation and checkpoint (``_Training``)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    t = _Training(cfg, w, run, d, start_step, ckpt, opt_impl)
+    t = _Training(cfg, w, run, d, start_step, ckpt, opt_impl, loss_unit)
     if t.done:
         return run
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
