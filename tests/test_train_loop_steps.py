@@ -113,6 +113,47 @@ def test_a_non_finite_loss_read_late_stops_at_its_own_step(tmp_path, monkeypatch
     assert [e["step"] for e in run.read_checkpoint_manifest()] == [5]  # the step-10 checkpoint never came
 
 
+@pytest.mark.parametrize("nan_at, applied, saved", [
+    (6, "the updates of steps 6 and 7 had", "the checkpoint on disk (step 5) is intact"),  # step 7 was in flight
+    (7, "the update of step 7 had", "the checkpoint on disk (step 5) is intact"),  # the epoch's last: drained
+    (3, "the updates of steps 3 and 4 had", "no checkpoint was written yet"),
+])
+def test_a_non_finite_loss_read_late_says_what_memory_and_disk_hold(tmp_path, monkeypatch, nan_at, applied, saved):
+    """Read late, a NaN loss arrives after its step's update (and the next step's, if one was launched) ran: the
+    message must not say nothing was applied. Its count of non-finite parameters is checked against the model's
+    own parameters after the failure; one frozen tensor (no update reaches it) keeps the count below the total."""
+    import re
+
+    from cptsim.errors import RunFailed
+
+    monkeypatch.setattr(T, "lagged_reads", lambda device, d: True)
+    monkeypatch.setenv("CPTSIM_FAULT_NAN_AT_STEP", str(nan_at))
+    built = {}
+    build = T.build
+
+    def keep(cfg):
+        w = built["w"] = build(cfg)
+        w.model.fc.bias.requires_grad_(False)
+        return w
+
+    monkeypatch.setattr(T, "build", keep)
+    with pytest.raises(RunFailed) as e:
+        T.train(_cfg(), str(tmp_path / "run"), progress=False)
+    msg = str(e.value)
+    assert "nothing of that step was applied" not in msg
+    assert applied in msg and saved in msg and f"--resume {tmp_path / 'run'}" in msg
+    params = list(built["w"].model.named_parameters())
+    bad = [n for n, p in params if not torch.isfinite(p).all()]
+    assert 0 < len(bad) < len(params) and "fc.bias" not in bad
+    m = re.search(r"(\d+) of (\d+) parameter tensors hold non-finite values", msg)
+    assert m and (int(m.group(1)), int(m.group(2))) == (len(bad), len(params))
+    run = RunDir(tmp_path / "run")
+    assert [r["step"] for r in run.read_trace().records] == list(range(nan_at))  # nothing of it recorded
+    if nan_at > 5:  # the checkpoint on disk holds the finite weights of step 5
+        ck = run.load_checkpoint()
+        assert ck["step"] == 5 and all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
+
+
 def test_a_trace_held_open_writes_the_same_lines_and_a_truncation_reopens_it(tmp_path):
     lines = [{"step": i, "epoch": 0, "batch_size": 4, "bits": 3 + i, "grad_bits": 8, "loss": 0.5 / (i + 1)}
              for i in range(5)]

@@ -1003,6 +1003,7 @@ class _Training:
         self.epoch_stats = [0.0, 0, 0]  # loss sum, correct, samples of the current epoch so far
         self.epoch_carried = 0.0  # wall seconds of the current epoch before this process took over (mid-epoch resume)
         self.start_step = start_step
+        self.saved_step = start_step if ckpt is not None else None  # the newest checkpoint on disk (None: none yet)
         if ckpt is not None:
             self.opt.load_state_dict(ckpt["optimizer"])
             restore_rng(ckpt, d, self.device)
@@ -1195,11 +1196,33 @@ class _Training:
         s.loss_sum, s.correct, s.counts = loss_sum, correct, c
         s.loss = loss_sum / (s.n_loss * self.tokens)  # per token for a language model, as metrics.jsonl's
         if not math.isfinite(s.loss):
-            raise RunFailed(
-                f"loss became {s.loss} at step {s.step} (bits {s.bits}, grad bits {s.grad_bits}); nothing of that step "
-                f"was applied or recorded, the last good checkpoint is kept - resume with --resume {self.run.path} "
-                "(it will diverge again unless the cause was transient), or train anew with a higher q_min "
-                "or a lower --lr")
+            raise RunFailed(self._non_finite(s))
+
+    def _non_finite(self, s: _Launched) -> str:
+        """What a non-finite loss at step ``s`` left, as it is: read at once, the step's update never ran; read
+        late, it (and the next step's, when one was launched) did, so the parameters in memory are counted."""
+        head = f"loss became {s.loss} at step {s.step} (bits {s.bits}, grad bits {s.grad_bits})"
+        tail = (f"resume with --resume {self.run.path} (it will diverge again unless the cause was transient), or "
+                "train anew with a higher q_min or a lower --lr")
+        if not self.lagged:
+            return (f"{head}; nothing of that step was applied or recorded, the last good checkpoint is kept - "
+                    f"{tail}")
+        # Read late, the loss arrives after the step's update was queued and the next step launched. Holding the
+        # update back until the loss is read would be the very synchronisation per step that reading late exists
+        # to remove, for a failure that ends the run anyway: the run's files are what must stay good, and they
+        # do (nothing after the last read step is recorded; checkpoints are written only after a drain, whose
+        # read would have stopped here). So the message says what memory holds instead of preventing it.
+        applied = [s.step] + ([self.pending.step] if self.pending is not None and self.pending is not s else [])
+        params = list(self.model.named_parameters())
+        bad = [n for n, p in params if not bool(torch.isfinite(p.detach()).all())]  # waits for the queued updates
+        names = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        state = f"{len(bad)} of {len(params)} parameter tensors hold non-finite values" + (f" ({names})" if bad else "")
+        saved = (f"the checkpoint on disk (step {self.saved_step}) is intact" if self.saved_step is not None else
+                 "no checkpoint was written yet (a resume starts from step 0)")
+        which = (f"the updates of steps {applied[0]} and {applied[1]} had" if len(applied) > 1 else
+                 f"the update of step {applied[0]} had")
+        return (f"{head}; this loop reads a step's loss while the next one runs, so {which} already been applied in "
+                f"memory: {state}. Nothing of it was recorded and {saved} - {tail}")
 
     def record(self, s: _Launched) -> None:
         """Account for a step that was read: the epoch's totals, its trace line (rank 0), the progress bar."""
@@ -1321,6 +1344,7 @@ class _Training:
                                 f"checkpoints are intact - make room, then continue with --resume {self.run.path}") \
                     from None
         self.pacer.wrote(time.perf_counter() - t_write)
+        self.saved_step = step
 
     def begin_epoch(self) -> None:
         self.model.train()
