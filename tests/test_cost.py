@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -405,3 +406,45 @@ def test_attention_matmuls_count_their_second_operand_by_hand():
     # and the second operand is quantized in the forward pass like the first
     qe = quant_elems(a.numel, a.macs, a.quantized, 8, 8, n, a.calls, a.operand)[0]
     assert qe[0] == (I + B) * n
+
+
+_PREFIX = {"E": 1e18, "P": 1e15, "T": 1e12, "G": 1e9, "M": 1e6, "k": 1e3, "": 1.0, "m": 1e-3, "µ": 1e-6}
+
+
+def _read_si(text: str, unit: str) -> float:
+    """'9.64 TBitOPs' -> 9.64e12: the printed figure read back, prefix by prefix."""
+    number, rest = text.split(" ")
+    assert rest.endswith(unit), (text, unit)
+    return float(number) * _PREFIX[rest[: -len(unit)]]
+
+
+@pytest.mark.parametrize("hw, workload", [("h100", "schedule"), ("bitfusion", "trace"), (None, "schedule")])
+def test_a_cost_prints_as_a_short_table_of_the_totals_it_holds(hw, workload):
+    sched = parse_schedule("cpt:3-8:g8:n8")
+    if workload == "trace":
+        q = sched.bits(50)
+        c = estimate(MIXED, {"batch_size": 64, "bits": q, "grad_bits": np.full_like(q, 8)}, hw)
+    else:
+        c = estimate(MIXED, sched, hw, steps=50, batch_size=64)
+    text = str(c)
+    assert len(text.encode()) < 1024 and all(len(line) <= 80 for line in text.splitlines())
+    assert len(repr(c)) <= 120 and "\n" not in repr(c)
+    doc = c.to_json()
+    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines()}
+    for ph in ("fwd", "dgrad", "wgrad", "total"):  # 3 significant digits: within 0.5% of what to_json holds
+        got = rows[ph]
+        assert _read_si(" ".join(got[0:2]), "BitOPs") == pytest.approx(doc["bitops"][ph], rel=5e-3)
+        assert _read_si(" ".join(got[2:4]), "MACs") == pytest.approx(doc["macs"][ph], rel=5e-3)
+        if hw is None:
+            assert got[4:] == ["-", "-"]
+        else:
+            assert _read_si(" ".join(got[4:6]), "J") == pytest.approx(doc["energy_j"][ph], rel=5e-3)
+            assert _read_si(" ".join(got[6:8]), "s") == pytest.approx(doc["latency_s"][ph], rel=5e-3)
+    flat = " ".join(text.split())  # the baseline line may wrap
+    assert f"vs {doc['baseline']['label']}:" in flat
+    for key, name in (("bitops", "BitOPs"), ("energy_j", "energy"), ("latency_s", "latency")):
+        m = re.search(rf"{name} ([0-9.]+)x", flat.split(" vs ")[-1])
+        if hw is None and key != "bitops":
+            assert m is None
+        else:
+            assert float(m.group(1)) == pytest.approx(doc["vs_static"][key], abs=5e-4)

@@ -248,6 +248,21 @@ def test_bad_inputs_raise_input_error():
         MacCounter(model).layer_profile(0, (1, 8, 8))
 
 
+@pytest.mark.parametrize("args, says, shows", [
+    ((torch.randn(64, 1, 8, 8), torch.randint(10, (64,))), "takes no labels", "shape (64,) (torch.int64)"),
+    ((torch.randn(64, 1, 8, 8), torch.tensor(4)), "takes no labels", "shape () (torch.int64)"),
+    (([torch.randn(300, 300)],), "input shape must be", "shape (300, 300) (torch.float32)"),
+    ((list(range(1, 2000)) + [0],), "input shape must be positive", "(1, 2, 3"),
+])
+def test_misuse_is_one_short_line_with_shapes_never_tensor_contents(args, says, shows):
+    """A label tensor passed where batch_size goes (profile_model(model, x, y)) was printed whole, a line per 24
+    labels: the message names a value by its type, shape and dtype, and cuts a long one short."""
+    with pytest.raises(InputError, match=says) as e:
+        profile_model(create_model("digits-cnn", 10, 1), *args)
+    msg = str(e.value)
+    assert "\n" not in msg and len(msg) < 250 and "tensor(" not in msg and shows in msg
+
+
 @pytest.mark.parametrize("name,shape,classes", [("resnet20", (3, 32, 32), 10), ("mobilenetv2", (3, 32, 32), 10),
                                                 ("transformer-lm", (16,), 50), ("lstm-lm", (12,), 40)])
 def test_each_layers_gemm_shape_multiplies_out_to_its_counted_macs(name, shape, classes):

@@ -459,6 +459,38 @@ class Cost:
             "per_layer": self.per_layer,
         }
 
+    # print(cost) is a table of a few lines (every figure, per layer too, is in to_json())
+    def __str__(self) -> str:
+        import textwrap
+
+        def si(x, unit):
+            if x is None:
+                return "-"
+            for f, pre in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1, ""),
+                           (1e-3, "m"), (1e-6, "µ")):
+                if abs(x) >= f:
+                    return f"{x / f:.3g} {pre}{unit}"
+            return f"{x:.3g} {unit}"
+
+        where = f" on {self.hardware}" if self.hardware else " (no hardware: BitOPs and MACs only)"
+        lines = textwrap.wrap(f"Cost of {self.workload or 'a run'}{where}: {self.steps:,} steps, "
+                              f"{self.samples:,} samples", 80)
+        lines.append(f"{'phase':<6}{'BitOPs':>14}{'MACs':>14}{'energy':>14}{'latency':>14}")
+        for ph in (*PHASES, "total"):
+            lines.append(f"{ph:<6}{si(self.bitops[ph], 'BitOPs'):>14}{si(self.macs[ph], 'MACs'):>14}"
+                         f"{si((self.energy_j or {}).get(ph), 'J'):>14}{si((self.latency_s or {}).get(ph), 's'):>14}")
+        if self.vs_static and self.baseline:
+            label = self.baseline.get("label") or f"static {self.baseline['bits']}"
+            ratios = ", ".join(f"{name} {self.vs_static[k]:.3f}x" for k, name in
+                               (("bitops", "BitOPs"), ("energy_j", "energy"), ("latency_s", "latency"))
+                               if self.vs_static.get(k) is not None)
+            lines += textwrap.wrap(f"vs {label}: {ratios}", 80)
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"<Cost {self.workload or 'run'}{' on ' + self.hardware if self.hardware else ''}: {self.steps} "
+                f"steps, {self.bitops['total']:.4g} BitOPs>")
+
 
 def _formats_ran(fmap, hw, hist: _Hist, based: _Hist) -> dict:
     """What ``Cost.formats`` holds: the family, the gradient format, the formats each width of the run and of its

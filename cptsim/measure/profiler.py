@@ -1094,13 +1094,24 @@ class MacCounter:
 # ------------------------------------------------------------------------------------------------ one-shot profiling
 
 
+def _what(v: Any) -> str:
+    """A value as an error message names it: an array by its type, shape and dtype (never its contents, which
+    can be thousands of numbers), anything else by a short repr."""
+    if isinstance(v, (torch.Tensor, np.ndarray)):
+        return f"a {type(v).__name__} of shape {tuple(v.shape)} ({v.dtype})"
+    if isinstance(v, (list, tuple)) and any(isinstance(x, (torch.Tensor, np.ndarray)) for x in v):
+        return f"a {type(v).__name__} of {len(v)} items, the first {_what(v[0])}"
+    text = " ".join(repr(v).split())
+    return text if len(text) <= 60 else f"a {type(v).__name__} ({text[:40]}...)"
+
+
 def _random_batch(shape: Any, batch_size: int, device: torch.device) -> torch.Tensor:
     try:
         dims = [int(s) for s in shape]
-    except (TypeError, ValueError):
-        raise InputError(f"input shape must be sizes like (C, H, W) or (T, F), got {shape!r}") from None
+    except (TypeError, ValueError, RuntimeError):
+        raise InputError(f"input shape must be sizes like (C, H, W) or (T, F), got {_what(shape)}") from None
     if not dims or any(s < 1 for s in dims):
-        raise InputError(f"input shape must be positive sizes like (C, H, W) or (T, F), got {tuple(shape)}")
+        raise InputError(f"input shape must be positive sizes like (C, H, W) or (T, F), got {_what(tuple(dims))}")
     return torch.randn(batch_size, *dims, device=device)
 
 
@@ -1121,8 +1132,11 @@ def profile_model(model: nn.Module, example_batch_or_input_shape: Any, batch_siz
     """
     if is_graph_model(model):
         return _profile_graph(model, example_batch_or_input_shape, model_name, optimizer, graph_edges)
+    if isinstance(batch_size, (torch.Tensor, np.ndarray)):  # profile_model(model, x, y): labels are not taken
+        raise InputError(f"profile_model(model, example_batch_or_input_shape, batch_size=...) takes no labels (the "
+                         f"step's are drawn at random); its third argument is batch_size, got {_what(batch_size)}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+        raise InputError(f"batch_size must be a positive integer, got {_what(batch_size)}")
     work = copy.deepcopy(model)
     work.train()
     param = next(work.parameters(), None)
