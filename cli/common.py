@@ -142,6 +142,15 @@ DEFAULT_BATCH_SIZE = 64
 DEFAULT_EPOCHS = 15  # when neither --epochs nor --steps is given
 
 
+def _existing_data_dir(ctx, param, value):
+    """--data-dir, refused (exit 2) when given and not an existing directory, in every command that takes it."""
+    if value:
+        from cptsim.data.registry import check_given_data_dir
+
+        check_given_data_dir(value)
+    return value
+
+
 def _workload_option_defs() -> dict:
     return {
         "model": click.option(
@@ -156,9 +165,10 @@ def _workload_option_defs() -> dict:
                  "a language model, karate for a graph model, digits for an image model]; a dataset of another "
                  "kind is an error. cost, profile and plan read only its shapes and size (nothing is loaded)."),
         "data_dir": click.option(
-            "--data-dir", default=None,
+            "--data-dir", default=None, callback=_existing_data_dir,
             help="Folder holding the dataset (never downloaded); cost and plan count its training samples for the "
-                 "epoch size, and imagefolder's classes and image size are read there."),
+                 "epoch size, and imagefolder's classes and image size are read there. It must exist, whatever "
+                 "the dataset."),
         "image_size": click.option(
             "--image-size", type=int, default=None,
             help="imagefolder: N x N input (random crop with padding and flips up to 64, random resized crops above) "

@@ -63,7 +63,7 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
     and the saving over the static q_max schedule on each."""
     from cptsim.cost.model import estimate
     from cptsim.data import epoch_size
-    from cptsim.cost.hardware import load_profile
+    from cptsim.cost.hardware import load_profiles
     from cptsim.cost.schedules import parse_schedule
     from cptsim.numerics.families import format_map
 
@@ -81,7 +81,7 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
     names = [h.strip() for h in hw.split(",") if h.strip()]
     if not names:
         raise InputError("--hw needs at least one hardware profile")
-    profiles = [load_profile(n) for n in names]
+    profiles = load_profiles(names)  # one name twice (two files called bitfusion) is refused: two rows alike
     for p in profiles:
         p.with_formats(fmap)  # an integer-only accelerator refuses float formats before any work
     shape, classes, info = resolve_workload(model, dataset, data_dir, input_shape, num_classes, image_size)
@@ -95,11 +95,21 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
                                                                  if dataset else " or --dataset"))
         raise InputError("--epochs needs the epoch size: give --dataset-size"
                          + (f" (or --data-dir holding the {dataset} data)" if dataset else " or --dataset"))
+    from cptsim.cost.schedules import aliasing
+    from cptsim.data import default_input_warning
+
+    # what the table would not show: an input the model was not made for, taken by default; an aliasing schedule
+    warnings = [w for w in (default_input_warning(model, dataset, input_shape is not None),) if w]
     with err.status(f"profiling {model}: one training step on input {tuple(shape)} ..."):
         prof = build_profile(model, shape, classes, fp_layers, channels_last, info, dataset, optimizer, quant_agg)
     costs = [estimate(prof, sched, p, steps=steps, epochs=epochs, batch_size=batch_size, dataset_size=dataset_size,
                       per_layer=False, formats=fmap) for p in profiles]
     first = costs[0]
+    alias = aliasing(sched, first.steps)
+    if alias:
+        warnings.append(alias)
+    for w in warnings if not as_json else ():  # one line each, unwrapped; --json carries them in its document
+        click.echo(f"warning: {w}", err=True)
     workload = {"model": model, "dataset": info.name if info is not None else dataset, "input_shape": list(shape),
                 "num_classes": classes, "schedule": sched.to_text(), "steps": first.steps, "samples": first.samples,
                 "batch_size": batch_size, "dataset_size": dataset_size,
@@ -118,11 +128,14 @@ def cost(model, dataset, data_dir, image_size, input_shape, num_classes, fp_laye
                          "saving_vs_static": {k: 1.0 - v for k, v in c.vs_static.items()},
                          "throughput": throughput(c.samples, c.latency_s["total"], dataset_size),
                          **sureness[p.name]})
-        emit_json({"workload": {**workload, "op_mix": mix, "channels_last": bool(channels_last)}, "profiles": rows})
+        emit_json({"workload": {**workload, "op_mix": mix, "channels_last": bool(channels_last)}, "profiles": rows,
+                   "warnings": warnings})
         return
 
     epochs_txt = f", {first.samples / dataset_size:.4g} epochs of {dataset_size}" if dataset_size else ""
-    t = Table(title=f"{sched.to_text()} on {model}: {first.steps} steps x {batch_size}{epochs_txt}; "
+    data = workload["dataset"] or "--input-shape"
+    t = Table(title=f"{sched.to_text()} on {model}, {data} input {'x'.join(map(str, shape))}: {first.steps} steps x "
+                    f"{batch_size}{epochs_txt}; "
                     f"baseline: static {sched.q_max} bits, same gradient bits",
               title_justify="left")
     t.add_column("hardware", no_wrap=True, min_width=max(len(p.name) for p in profiles))

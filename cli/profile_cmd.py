@@ -62,6 +62,11 @@ def profile(model, dataset, data_dir, image_size, input_shape, num_classes, fp_l
         raise InputError(f"--batch-size must be at least 1, got {batch_size}")
     hardware = load_profile(hw)
     shape, classes, info = resolve_workload(model, dataset, data_dir, input_shape, num_classes, image_size)
+    from cptsim.data import default_input_warning
+
+    warning = default_input_warning(model, dataset, input_shape is not None)
+    if warning and not as_json:
+        click.echo(f"warning: {warning}", err=True)  # one line, unwrapped; --json carries it in its document
     with err.status(f"profiling {model}: one training step on input {tuple(shape)} ..."):
         prof = build_profile(model, shape, classes, fp_layers, channels_last, info, dataset, optimizer, quant_agg)
     step = {"batch_size": [batch_size], "bits": [bits], "grad_bits": [grad_bits]}
@@ -77,6 +82,7 @@ def profile(model, dataset, data_dir, image_size, input_shape, num_classes, fp_l
             layer["step"] = {"bitops": {k: int(round(v)) for k, v in row["bitops"].items()},
                              "energy_j": row["energy_j"], "latency_s": row["latency_s"]}
         doc["totals"] = {"macs_per_sample": totals}
+        doc["warnings"] = [warning] if warning else []
         doc["step"] = {"batch_size": batch_size, "bits": bits, "grad_bits": grad_bits, "hardware": hardware.name,
                        "hardware_hash": hardware.content_hash,
                        "macs": {**exact["macs"], "total": sum(exact["macs"].values())},

@@ -42,7 +42,7 @@ from typing import Any, Callable
 import numpy as np
 
 from cptsim.errors import InputError
-from cptsim.cost.schedules import Schedule
+from cptsim.cost.schedules import Schedule, aliasing
 
 from .budget import Budget, format_quantity, parse_budget
 from .evaluate import COST_KEYS, METRIC_NAMES, Candidates, evaluate
@@ -488,6 +488,9 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
     if chosen is None:
         raise infeasible()
     sched = cands.schedules[chosen]
+    alias = aliasing(sched, w.steps)
+    if alias:  # the space's cycle counts are not chosen by the run's length: a short run can pick one that aliases
+        notes.append(f"the chosen {alias}; --cycles sets the counts searched")
     if predicted is not None and not predicted["in_range"][chosen]:
         notes.append(f"--quality db: the chosen {sched.to_text()} lies outside the range the model was measured over; "
                      "it holds its place by the proxy score, not by a prediction")

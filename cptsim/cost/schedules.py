@@ -65,6 +65,7 @@ __all__ = [
     "VALID_BITS",
     "FULL_PRECISION",
     "Schedule",
+    "aliasing",
     "canonical_name",
     "cycle_position",
     "cpt_relative_cost",
@@ -689,6 +690,39 @@ def describe(schedule: Schedule, total_steps: int) -> dict:
         "relative_cost_static": cost / static_cost,
         "histogram": {str(int(b)): int(c) for b, c in zip(values, counts)},
     }
+
+
+def aliasing(schedule: Schedule, total_steps: int) -> str | None:
+    """Why ``schedule`` aliases over a run of ``total_steps`` steps (one line), or None when it does not.
+
+    A cycle of L = T/n steps samples its shape at L points; to show every width of its range it must have at least
+    as many steps as the range has widths, W = max - min + 1 (the forward range, or the gradient range where that
+    cycles and is wider). Below that no cycle can visit all its widths, whatever the shape (pigeonhole), and with a
+    step or two a cycle the bits stop tracing the shape at all: each cycle samples it at another phase (cycle j's
+    first position is (ceil(j·T/n)·n - j·T)/T, anywhere in [0, 1/L)), so cos-rep:3-8:n32 over 40 steps (1.25 steps
+    a cycle) runs 3, 8, 6, 5, 3, 3, 8, ... and cpt:3-8:n1000 over 20 steps every step at 3 bits. So a schedule
+    aliases when L < W, i.e. when its shortest cycle (floor(T/n) steps) is shorter than its widths. At W steps or
+    more the shape is still sampled coarsely -- a gentle one (lin, cos) lands on every width only from about 2W steps
+    a cycle, the steep exp and rex shapes skip widths on their steep part until much longer cycles -- but every cycle
+    runs its range in order from its start: that is the shape at that length, not aliasing. A static schedule, or
+    one whose ranges are single widths, never aliases."""
+    T = _check_steps(total_steps)
+    if schedule.name == "static":
+        return None
+    ranges = [(lo, hi, what) for lo, hi, what in ((schedule.q_min, schedule.q_max, "forward"),
+                                                 (schedule.g_min, schedule.g_max, "gradient")) if hi > lo]
+    if not ranges:
+        return None
+    lo, hi, what = max(ranges, key=lambda r: r[1] - r[0])
+    widths, n = hi - lo + 1, schedule.cycles
+    if T >= n * widths:
+        return None
+    most = T // widths
+    fix = (f"use at most n{most} over {T} steps, or more steps" if most else
+           f"even one cycle needs {widths} steps: more steps, or a narrower range")
+    return (f"{schedule.to_text()} over {T} steps aliases: {T / n:.3g} steps a cycle, fewer than the {widths} "
+            f"{what} widths {lo}-{hi} a cycle spans, so no cycle can visit them all and the bits do not follow the "
+            f"schedule's shape ({fix})")
 
 
 def list_schedules() -> list[dict]:

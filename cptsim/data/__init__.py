@@ -15,10 +15,11 @@ from .registry import (  # noqa: F401
     CIFAR100_MEAN, CIFAR100_STD, CIFAR10_MEAN, CIFAR10_STD, DIGITS_SPLIT_SEED, DataInfo, FASHION_MEAN,
     FASHION_STD, IMAGEFOLDER_DEFAULT_SIZE, IMAGENET_MEAN, IMAGENET_STD, MAX_IMAGE_SIZE, MNIST_MEAN, MNIST_STD,
     SMALL_IMAGE, SYNTHETIC, SYNTHETIC_DEFAULT_N, SYNTHETIC_FORM, SYNTHETIC_MAX_ELEMENTS, SYNTHETIC_SEED,
-    SyntheticDataset, check_data_dir, dataset_info, dataset_size, epoch_size, imagefolder_transforms,
-    list_datasets, load_datasets, native_image_size, needs_data_dir, nominal_info, parse_synthetic,
+    SyntheticDataset, check_data_dir, check_given_data_dir, dataset_info, dataset_size, epoch_size,
+    imagefolder_transforms, list_datasets, load_datasets, native_image_size, needs_data_dir, nominal_info, parse_synthetic,
     register_dataset, register_prefix, resolve_image_size, synthetic_test_size)
 from . import text  # noqa: E402,F401  (registers ptb, wikitext-2, wikitext-103, pydoc-chars)
 from . import graph  # noqa: E402,F401  (registers karate, planetoid, cora, citeseer, pubmed, ogbn-arxiv, ...)
 from .graph import Graph, GraphSplit  # noqa: E402,F401
-from .defaults import check_pairing, dataset_kind, default_dataset, model_kind  # noqa: E402,F401
+from .defaults import (check_pairing, dataset_kind, default_dataset, default_input_warning,  # noqa: E402,F401
+                       model_kind)

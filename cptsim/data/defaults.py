@@ -14,8 +14,8 @@ import sys
 
 from cptsim.errors import InputError
 
-__all__ = ["default_dataset", "model_kind", "dataset_kind", "check_pairing", "IMAGE_DEFAULT", "TEXT_DEFAULT",
-           "GRAPH_DEFAULT"]
+__all__ = ["default_dataset", "model_kind", "dataset_kind", "check_pairing", "default_input_warning",
+           "IMAGE_DEFAULT", "TEXT_DEFAULT", "GRAPH_DEFAULT"]
 
 IMAGE_DEFAULT = "digits"
 TEXT_DEFAULT = "pydoc-chars"  # cptsim.data.text.EMBEDDED
@@ -92,3 +92,29 @@ def check_pairing(model, dataset: str) -> None:
                          f"gat); leave the dataset out for {IMAGE_DEFAULT}")
     raise InputError(f"{label} is an image model: the text dataset {dataset} needs a language model (lstm-lm or "
                      f"transformer-lm); leave the dataset out for {IMAGE_DEFAULT}")
+
+
+# What an image model registered for another input was made for (the registry's ``input`` kinds), for the warning
+_MADE_FOR = {"cifar": "CIFAR's 3x32x32", "imagenet": "ImageNet's 3x224x224"}
+
+
+def default_input_warning(model: str, dataset: str | None, input_shape_given: bool) -> str | None:
+    """One line when ``model`` meets the embedded image default's input only because no dataset was named: an image
+    model made for another input (a CIFAR or ImageNet network, any torchvision: / timm: one) priced or profiled on
+    digits' 1x8x8 images costs next to nothing, and nothing else would say so. None when a dataset or an input
+    shape was given, for a model made for digits or for any input (digits-cnn, mlp), and for a language or graph
+    model (their embedded corpus and graph are ordinary inputs of theirs)."""
+    if dataset is not None or input_shape_given or model_kind(model) != "image":
+        return None
+    from cptsim.models import model_info
+
+    made_for = model_info(model)["input"]
+    if made_for in ("digits", "any"):
+        return None
+    from .registry import nominal_info
+
+    shape = "x".join(str(d) for d in nominal_info(IMAGE_DEFAULT).input_shape)
+    own = _MADE_FOR.get(made_for, f"{made_for} input")
+    return (f"no --dataset: {model} (made for {own} input) is costed on the embedded default dataset, "
+            f"{IMAGE_DEFAULT} ({shape} input); give --dataset (e.g. cifar10, imagefolder) or --input-shape C,H,W "
+            "for its own")

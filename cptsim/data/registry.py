@@ -18,6 +18,7 @@ from torch.utils.data import Dataset, TensorDataset
 from cptsim.errors import InputError
 
 __all__ = ["DataInfo", "list_datasets", "dataset_info", "dataset_size", "epoch_size", "load_datasets",
+           "check_given_data_dir",
            "resolve_image_size", "native_image_size", "DIGITS_SPLIT_SEED", "register_dataset", "register_prefix"]
 
 DIGITS_SPLIT_SEED = 0
@@ -91,6 +92,19 @@ def _check_dir(name: str, spec: _Spec, data_dir) -> Path:
     if not path.is_dir():
         raise InputError(f"{name}: data dir {path} is not a directory (expected {spec.needs_dir})")
     return path
+
+
+def check_given_data_dir(data_dir) -> None:
+    """Raise InputError when a --data-dir was given that is not an existing directory, whatever the dataset: a
+    dataset that needs no folder (digits, synthetic) would ignore it, so a mistyped path would go unnoticed and the
+    run, plan or estimate be made for data other than the one meant. None or "" (not given) passes."""
+    if data_dir is None or str(data_dir) == "":
+        return
+    path = Path(data_dir).expanduser()
+    if not path.exists():
+        raise InputError(f"--data-dir {data_dir}: no such directory")
+    if not path.is_dir():
+        raise InputError(f"--data-dir {data_dir}: not a directory")
 
 
 def check_data_dir(name: str, data_dir) -> None:

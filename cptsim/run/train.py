@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader
 
 from cptsim import __version__
 from cptsim.cost.runlength import RunLength
+from cptsim.cost.schedules import aliasing
 from cptsim.errors import InputError, RunFailed, RunStopped
 from cptsim.measure.opcount import zero_grad
 from cptsim.models.loss import class_cross_entropy
@@ -555,6 +556,9 @@ def train(cfg: TrainConfig, out: str, progress: bool = True, plan: dict | None =
     d = dist.from_env(cfg.device)
     check_world(cfg.dataset, d.world)  # before anything is built or written
     w = build(cfg)
+    alias = aliasing(w.schedule, w.total_steps)
+    if alias and d.is_main:  # trained as asked, but the bits will not follow the schedule's shape: say so first
+        print(f"warning: {alias}", file=sys.stderr)
     lock = _lock_run(out, d, check=lambda: RunDir.check_new(out))
     try:
         run = RunDir(out)
