@@ -6,7 +6,7 @@ import click
 from rich.table import Table
 
 from cptsim.errors import InputError
-from cptsim.cost.hardware import HardwareProfile, list_profiles, load_profile, profile_origin
+from cptsim.cost.hardware import HardwareProfile, list_profiles, load_profile, profile_origin, user_profile_dir
 
 from .common import emit_json, err, json_option, out, print_table, si, wide_option
 
@@ -23,6 +23,12 @@ def hw() -> None:
       cptsim hw show a100            a profile's numbers, sources, and cost at 2..32 bits
       cptsim hw show ./my_npu.toml   your own profile, by path
       cptsim hw calibrate            measure this machine; writes the 'host' profile
+
+    \b
+    Your own profiles: every NAME.toml in $CPTSIM_HOME/hw_profiles when CPTSIM_HOME is set, else in
+    $XDG_CONFIG_HOME/cptsim/hw_profiles (~/.config/cptsim/hw_profiles), is listed and taken by NAME (its
+    name = line must say NAME), and replaces a shipped profile of that name; `hw calibrate` writes host.toml
+    there, `hw list` prints the folder. Any profile file also works by its path.
     """
 
 
@@ -52,8 +58,9 @@ def list_cmd(as_json: bool) -> None:
             "peak_macs_per_s": {"8x8": _peak(p, 8), "4x4": _peak(p, 4)},
             "sources": len(p.sources), "hash": p.content_hash, "path": p.path,
         })
+    mine = user_profile_dir()
     if as_json:
-        emit_json({"profiles": rows, "errors": broken})
+        emit_json({"profiles": rows, "errors": broken, "user_dir": str(mine)})
         return
     t = Table(title="hardware profiles")
     for col, kw in (("name", {"no_wrap": True}), ("kind", {"no_wrap": True}),
@@ -66,6 +73,10 @@ def list_cmd(as_json: bool) -> None:
         t.add_row(name, r["kind"], si(r["peak_macs_per_s"]["8x8"]), si(r["peak_macs_per_s"]["4x4"]),
                   str(r["sources"]), r["description"])
     print_table(t, drop=("src", "MAC/s 4x4", "kind"), wrap=("description",))
+    ours = sum(r["origin"] == "user" for r in rows) + len(broken)
+    out.print(f"your own profiles: {mine}" + (f" ({ours} there)" if ours else
+                                              " (none there yet; a NAME.toml put there is listed and taken by NAME)"),
+              highlight=False, markup=False, soft_wrap=True)  # a path cut in two could not be copied
     for b in broken:
         err.print(f"[yellow]skipped[/yellow] {b['name']}: {b['error']}", markup=True, highlight=False)
 

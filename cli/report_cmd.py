@@ -37,6 +37,9 @@ def _parse_hw(hw: str | None) -> list[str] | None:
     names = [h.strip() for h in hw.split(",") if h.strip()]
     if not names:
         raise InputError("--hw needs at least one hardware profile name or .toml path")
+    from cptsim.cost.hardware import load_profiles
+
+    load_profiles(names)  # each loads, and no profile name comes twice (two rows alike), before any run is read
     return names
 
 

@@ -109,6 +109,20 @@ def test_unknown_model_lists_the_choices():
         model_info("")
 
 
+@pytest.mark.parametrize("typo, meant", [("digits_cnn", "digits-cnn"), ("mobilenet_v2", "mobilenetv2"),
+                                         ("transformer_lm", "transformer-lm"), ("tokenmlp", "token-mlp"),
+                                         ("imagenet-resnet19", "imagenet-resnet18"), ("gcnn", "gcn")])
+def test_a_mistyped_built_in_model_name_gets_a_did_you_mean_in_one_line_exit_2(typo, meant):
+    from cli_util import one_line_error, run_cli
+
+    with pytest.raises(InputError, match=f"unknown model '{typo}'; did you mean [^?]*\\b{meant}\\b"):
+        create_model(typo)
+    line = one_line_error(run_cli("cost", "--model", typo, "--steps", "10", "--hw", "bitfusion"))
+    assert "did you mean" in line and meant in line.split("did you mean")[1].split("?")[0]
+    with pytest.raises(InputError, match=r"unknown model 'vgg16' \(all: "):  # nothing close: no guess
+        create_model("vgg16")
+
+
 @pytest.mark.parametrize("kwargs", [{"num_classes": 0}, {"in_channels": 0}, {"num_classes": 2.5}])
 def test_bad_class_or_channel_counts_are_input_errors(kwargs):
     with pytest.raises(InputError):

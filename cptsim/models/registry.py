@@ -94,7 +94,11 @@ def _resolve(name: str) -> _Entry:
     base, colon, _opts = key.partition(":")  # transformer-lm:layers=4,width=256; timm:NAME (case kept)
     if colon and base in _PREFIX_RESOLVERS:
         return _PREFIX_RESOLVERS[base](name.strip())
-    raise InputError(f"unknown model {name!r}; choose from: {', '.join(list_models())} (or resnetD for any D = 6n+2, "
+    import difflib
+
+    close = difflib.get_close_matches(key, list_models(), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    raise InputError(f"unknown model {name!r}{hint} (all: {', '.join(list_models())}; or resnetD for any D = 6n+2, "
                      "torchvision:NAME, timm:NAME)")
 
 

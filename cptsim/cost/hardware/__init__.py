@@ -24,8 +24,8 @@ from .fixed_int import FixedIntProfile, fixed_int_passes
 from .host import HostProfile, host_time_components
 from .tiling import Access, ArraySpec, Problem, search as tiling_search
 # _toml_value is private but cptsim.calibration.calibrate writes TOML values with it
-from .files import (_toml_value, host_profile_text, list_profiles, load_profile, parse_profile,  # noqa: F401
-                    profile_origin, recalibrated_profile_text, user_profile_dir)
+from .files import (_toml_value, host_profile_text, list_profiles, load_profile, load_profiles,  # noqa: F401
+                    parse_profile, profile_origin, recalibrated_profile_text, user_profile_dir)
 
 _COMMON = {"base", "files"}
 for _m in pkgutil.iter_modules(__path__):
@@ -41,5 +41,5 @@ __all__ = [
     "host_profile_text", "host_time_components", "kind_class", "kinds", "list_profiles", "load_profile",
     "parse_profile", "profile_origin", "recalibrated_profile_text", "register", "roofline_time", "StepPrice", "tiling_search", "traffic_energy_j",
     "unregister",
-    "user_profile_dir",
+    "user_profile_dir", "load_profiles",
 ]

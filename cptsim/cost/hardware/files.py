@@ -169,6 +169,25 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     raise InputError(f"unknown hardware profile {s!r} (valid: {', '.join(list_profiles())}; or a path to a .toml file)")
 
 
+def load_profiles(names: list[str], flag: str = "--hw") -> list[HardwareProfile]:
+    """The profiles of a list (``flag``'s names and .toml paths, in order), each loaded by ``load_profile``. Two that
+    carry the same profile name are an InputError naming both sources: a command shows and records its rows by
+    that name, so two rows called ``bitfusion`` could not be told apart."""
+    profiles = [load_profile(n) for n in names]
+    seen: dict[str, tuple[str, HardwareProfile]] = {}
+    for given, prof in zip(names, profiles):
+        if prof.name in seen:
+            first, other = seen[prof.name]
+            where = (f"{first} ({other.path})" if first.strip() != other.path else first,
+                     f"{given} ({prof.path})" if given.strip() != prof.path else given)
+            if other.path == prof.path:
+                raise InputError(f"{flag} names profile {prof.name!r} twice: {where[0]} and {where[1]}; give it once")
+            raise InputError(f"{flag} has two profiles named {prof.name!r}: {where[0]} and {where[1]}; give one, or "
+                             "rename the other (its name = ... line)")
+        seen[prof.name] = (given.strip(), prof)
+    return profiles
+
+
 _TOP = (
     Field("name", "string", "the profile's name: letters, digits, '.', '_', '-'"),
     Field("kind", "string", "the profile's kind, which says which table holds its numbers"),
