@@ -359,15 +359,17 @@ def chosen_text(doc: dict) -> str:
 
 def print_plan(p, doc: dict) -> None:
     """The top candidates, the chosen one highlighted, then baseline and notes."""
+    from cptsim.planner.budget import format_quantity
     from cptsim.planner.search import METRIC_NAMES
 
     w = p.workload
     layered = _per_layer(doc)
     what = METRIC_NAMES[p.metric]
     base = p.baseline_schedule.to_text()
-    t = Table(title=f"plan: {w.describe()}; {p.hardware.name}; budget {p.budget.describe()} "
-                    f"= {si(p.budget_absolute, {'bitops': '', 'energy': 'J', 'latency': 's'}[p.metric])}"
-                    f"{' BitOPs' if p.metric == 'bitops' else ''}",
+    # an absolute budget is its own figure; a relative one's is said in the unit the notes and the margin use
+    t = Table(title=f"plan: {w.describe()}; {p.hardware.name}; budget {p.budget.describe()}"
+                    + ("" if not p.budget.relative else f" = {si(p.budget_absolute)} BitOPs" if p.metric == "bitops"
+                       else f" = {format_quantity(p.metric, p.budget_absolute)}"),
               title_justify="left",
               caption=f"{len(p.candidates)} candidates; n = cycles, bits = mean forward bits"
                       + (" (the schedule's nominal widths; BitOPs count each format's element bits)"

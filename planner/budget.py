@@ -131,6 +131,15 @@ def format_quantity(metric: str, value: float, exact: bool = False) -> str:
     return f"{format_value(x) if exact else f'{x:.4g}'} {unit}"
 
 
+def format_quantities(metric: str, *values: float) -> list[str]:
+    """Several base-unit values of one metric, for one sentence, all in one unit: the one ``format_quantity`` picks
+    for the smallest (a pick of 58.33 s and a budget of 60 s read '58.33 s' and '60 s', not '58.33 s' and '1 min')."""
+    scales = _SCALES[metric]
+    low = min(values)
+    unit, scale = next(((u, s) for u, s in scales if low >= s), scales[-1])
+    return [f"{v / scale:.4g} {unit}" for v in values]
+
+
 def _unit(unit: str, spec: str) -> tuple[str, float]:
     """(metric, scale to base units) for a unit text; InputError if it is not one we know."""
     low = unit.lower()
@@ -208,9 +217,9 @@ def time_margin(budget: Budget, chosen_s: float, budget_s: float, validation: di
     if budget.metric != "latency":
         raise ValueError(f"time_margin is for a latency budget, got a {budget.metric} one")
     margin = 1.0 - chosen_s / budget_s if budget_s > 0 else float("nan")
-    pick = format_quantity("latency", chosen_s)
-    limit = (f"the {format_value(budget.value * 100)}% budget ({format_quantity('latency', budget_s)} of modelled "
-             f"static-q_max time)" if budget.relative else f"the {format_quantity('latency', budget_s)} budget")
+    pick, budget_text = format_quantities("latency", chosen_s, budget_s)
+    limit = (f"the {format_value(budget.value * 100)}% budget ({budget_text} of modelled static-q_max time)"
+             if budget.relative else f"the {budget_text} budget")
     who = f"{hardware}'s" if hardware else "the profile's"
     head = f"the pick's {pick} is {100 * margin:.0f}% under {limit}"
     doc = {"chosen_s": float(chosen_s), "budget_s": float(budget_s), "margin": float(margin),

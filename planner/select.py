@@ -44,7 +44,7 @@ import numpy as np
 from cptsim.errors import InputError
 from cptsim.cost.schedules import Schedule, aliasing
 
-from .budget import Budget, format_quantity, parse_budget
+from .budget import Budget, format_quantities, parse_budget
 from .evaluate import COST_KEYS, METRIC_NAMES, Candidates, evaluate
 from .evidence import Evidence, need_evidence
 from .pilot import pilot_pool, run_pilot
@@ -87,9 +87,12 @@ def metric_levels(cands: Candidates, metric: str) -> list[tuple[list[int], float
     return levels
 
 
-def flat_note(cands: Candidates, metric: str) -> str | None:
+def flat_note(cands: Candidates, metric: str, fits: np.ndarray | None = None) -> str | None:
     """Why bits below some width save little or nothing on ``metric`` here (None for BitOPs, or when every bit
-    changes the rate)."""
+    changes the rate). ``fits``: which candidates the budget admits; then the note says that a tight budget forces
+    time at the lowest level's widths only when it does -- when every candidate within it has its q_min there (a
+    pick that never goes below 4 bits, or static 8 under a budget that covers it, was told otherwise). Without
+    ``fits`` the clause is said as a property of the hardware (a budget below every candidate)."""
     if metric == "bitops":
         return None
     levels = metric_levels(cands, metric)
@@ -109,9 +112,14 @@ def flat_note(cands: Candidates, metric: str) -> str | None:
         return None
     parts = ", ".join(f"{_bits_span(b)} bits{f' {how}' if how else ''}" for b, _, _, how in levels)
     lowest = levels[0][0]
-    return (f"on {hw.name}, {what} falls in steps, not per bit: forward widths within a step run at the same rate "
-            f"({parts}); only steps at <= {lowest[-1]} bits reach the lowest level, so a tight {what} budget forces "
-            f"time at {_bits_span(lowest)} bits")
+    text = (f"on {hw.name}, {what} falls in steps, not per bit: forward widths within a step run at the same rate "
+            f"({parts}); only steps at <= {lowest[-1]} bits reach the lowest level")
+    if fits is not None:
+        q_min = cands.fields[:, 0] if cands.fields is not None else np.array([s.q_min for s in cands.schedules])
+        if not fits.any() or (q_min[fits] > lowest[-1]).any():  # a candidate within budget stays above it
+            return text
+        return f"{text}, so this {what} budget forces time at {_bits_span(lowest)} bits"
+    return f"{text}, so a tight {what} budget forces time at {_bits_span(lowest)} bits"
 
 
 # ---------------------------------------------------------------------------------------------------- the plan
@@ -144,8 +152,11 @@ def _total(cost, key: str) -> float:
     return float(cost[key]) if isinstance(cost, dict) else float(getattr(cost, key)["total"])
 
 
-def _fmt(metric: str, v: float) -> str:
-    return f"{v:.4g} BitOPs" if metric == "bitops" else format_quantity(metric, v)
+def _fmt(metric: str, *values: float) -> list[str]:
+    """Values of ``metric`` for one message, in one unit (``format_quantities``)."""
+    if metric == "bitops":
+        return [f"{v:.4g} BitOPs" for v in values]
+    return format_quantities(metric, *values)
 
 
 def _cost_json(cost, base=None) -> dict:
@@ -413,9 +424,10 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
                      "forward bits)" if metric == "bitops" else
                      " (gradient GEMMs, full-precision layers and memory traffic do not shrink with the forward "
                      "bits)"))
+        limit_text, cheap_text = _fmt(metric, limit, cheap_val)
         return InputError(
-            f"budget {budget.spec} ({_fmt(metric, limit)}{'' if metric == 'bitops' else f' of {what} on {hw.name}'}) "
-            f"is below the cheapest candidate: {cands.schedules[cheapest].to_text()} costs {_fmt(metric, cheap_val)} "
+            f"budget {budget.spec} ({limit_text}{'' if metric == 'bitops' else f' of {what} on {hw.name}'}) "
+            f"is below the cheapest candidate: {cands.schedules[cheapest].to_text()} costs {cheap_text} "
             f"({pct(cheap_val):.1f}% of static {base_sched.q_max}){why}")
 
     above_static = limit >= base_val
@@ -424,8 +436,9 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
         raise infeasible()
     static_first = False
     if above_static:
-        notes.append(f"the budget ({_fmt(metric, limit)}) covers the static-{base_sched.q_max} cost "
-                     f"({_fmt(metric, base_val)}, {pct(limit):.0f}% of it)")
+        limit_text, base_text = _fmt(metric, limit, base_val)
+        notes.append(f"the budget ({limit_text}) covers the static-{base_sched.q_max} cost "
+                     f"({base_text}, {pct(limit):.0f}% of it)")
         if prefer_cyclic:
             cyclic = np.array([s.name != "static" for s in cands.schedules])
             if (mask & cyclic).any():
@@ -526,6 +539,7 @@ def select(cands: Candidates, budget: Budget | str, *, prefer_cyclic: bool = Fal
                  "within_budget": bool(cost[i] <= limit)} for s, i in zip(front_scheds, front.tolist())]
 
     used = _cost_value(est, metric) / limit
+    flat = flat_note(cands, metric, cost <= limit)  # now that the budget's candidates are known
     if not above_static:
         notes.insert(0, f"{sched.to_text()} uses {100 * used:.1f}% of the budget "
                         f"({100 * _cost_value(est, metric) / base_val:.1f}% of static {base_sched.q_max} {what})")
