@@ -75,26 +75,30 @@ def test_a_cuda_run_is_compared_per_width_with_the_h100_model_and_the_measured_s
     assert rows["h100"].startswith("executed") and rows["bitfusion"].startswith("modelled")
 
 
-def test_the_quantizer_passes_are_priced_from_a_hand_count_of_profile_json():
+def test_a_fake_quant_step_is_its_fp32_step_plus_its_quantizers_kernels_and_passes():
     from cptsim.calibration.gpu_runfit import price_kinds
     from cptsim.cost.hardware import load_profile
+    from cptsim.cost.model import estimate
     from cptsim.measure.profiler import LayerProfile
 
     doc = json.loads((CPT / "profile.json").read_text())
     prof = LayerProfile.from_json(doc)
     gpu = load_profile("h100")
     n = 128
-    # per quantized layer: forward quantizes its input (per sample) and its weight; backward its output error
-    fwd = sum(L["numel"]["input"] * n + L["numel"]["weight"] for L in doc["layers"] if L["quantized"])
-    back = sum(L["numel"]["output"] * n for L in doc["layers"] if L["quantized"])
-    calls = 2 * sum(1 for L in doc["layers"] if L["quantized"])
+    quantized = [L for L in doc["layers"] if L["quantized"]]
+    # per quantized layer and step on the fused route (tests/test_gpu_layer_passes.py counts them from the code):
+    # forward 13 kernels -- its input's range (aminmax) and running range (10 small kernels), Qa(x), Qw(W) -- and
+    # backward 5: the error's range (2 stages), its seed, its stochastic pass, and Qa(x) again for wgrad.
+    # Bytes: the input read for its range, read and written by Qa(x), again in backward; the weight read and
+    # written; the error read for its range, read and written.
+    kernels = 18 * len(quantized)
+    nbytes = sum(L["numel"]["input"] * n * (4 + 8 + 8) + L["numel"]["weight"] * 8 + L["numel"]["output"] * n * 12
+                 for L in quantized)
     bw = gpu.params["bandwidth_gb_s"] * 1e9 * gpu.calibration["memory_efficiency"]
-    want = (fwd + back) * 12.0 / bw + calls * 2 * gpu.calibration.get("kernel_overhead_us", 0.0) * 1e-6
+    want = nbytes / bw + kernels * gpu.calibration["kernel_overhead_us"] * 1e-6
     p = price_kinds(prof, [(8, 8, n)], gpu, "fake-quant", False, {})[(8, 8, n)]
-    assert p["quantizer_s"] == pytest.approx(want, rel=1e-9)
+    assert p["passes_kernels"] == kernels and p["quantizer_s"] == pytest.approx(want, rel=1e-9)
     # as it ran: the step's GEMMs at 32 bits (its FP32 tiers) plus those passes; natively: int8 tiers, no passes
-    from cptsim.cost.model import estimate
-
     t32 = estimate(prof, [{"step": 0, "batch_size": n, "bits": 32, "grad_bits": 32}], gpu,
                    per_layer=False).latency_s["total"]
     assert p["time_s"] == pytest.approx(t32 + want, rel=1e-9)
@@ -143,33 +147,67 @@ def test_an_accelerator_named_as_a_cuda_runs_host_is_called_an_accelerator_in_on
     assert "bitfusion" in {x["name"] for x in json.loads(r.stdout)["runs"][0]["hardware"]}
 
 
-def _fabricate(src: Path, dst: Path, step_ms) -> Path:
-    """A copy of ``src`` whose steady steps take ``step_ms(bits)`` and whose layers ran on int8 tensor cores."""
-    def int8(cfg):
-        for v in cfg["host"]["gemm_paths"]["layers"].values():
-            v.update({"forward": "int8-tc", "wgrad": "int8-tc"})
+def _tensor_core_run(src: Path, dst: Path, step_ms, monkeypatch) -> Path:
+    """A copy of ``src`` that ran the tensor-core routes, its steady steps ``step_ms(bits)`` long: config.json records
+    them as a run with them on does -- gpu_gemm.gemm_paths of the run's own model (int8 implicit-GEMM convolutions,
+    int8 1x1 downsampling, FP16 dgrad) -- and every trace line names its route, as the loop that overlaps its host
+    work writes them."""
+    from cptsim.models import create_model
+    from cptsim.numerics import gpu_gemm
+    from cptsim.numerics.layers import quantize_model
 
-    run = _copy(src, dst, H100_NAME, int8)
+    monkeypatch.setenv("CPTSIM_EXACT_GEMM", "int8")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the implicit-GEMM kernels on, as on CUDA
+    cfg = json.loads((src / "config.json").read_text())
+    model = create_model("resnet20", num_classes=10)
+    quantize_model(model, fp_layers=cfg["fp_layers"])
+    paths = gpu_gemm.gemm_paths(model, "cpu")
+    run = _copy(src, dst, H100_NAME, lambda c: c["host"].update(gemm_paths=paths))
     rows = [json.loads(line) for line in (run / "trace.jsonl").read_text().splitlines() if line.strip()]
     for r in rows:
         if not r.get("warmup"):
             r["time_s"] = step_ms(r["bits"]) / 1e3
-        r["path"] = "int8-tc"  # as the loop that overlaps its host work records a CUDA step
+        r["path"] = "int8-tc-implicit-gemm+int8-tc"
     (run / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run
 
 
-def test_a_multi_width_int8_run_is_priced_on_its_tiers_per_width(tmp_path):
-    run = _fabricate(CPT, tmp_path / "int8", lambda b: 4.0 + 0.25 * b)
+def test_a_tensor_core_run_is_priced_phase_by_phase_on_the_routes_it_recorded(tmp_path, monkeypatch):
+    """ResNet-20 on the int8 routes: forward and wgrad on the int8 tier, dgrad on FP16 (gpu_gemm runs it there),
+    the unquantized classifier and every other op in FP32; beside them the quantizer and code passes."""
+    from cptsim.cost.hardware import load_profile
+    from cptsim.cost.model import estimate
+    from cptsim.measure.profiler import LayerProfile
+
+    run = _tensor_core_run(CPT, tmp_path / "int8", lambda b: 4.0 + 0.25 * b, monkeypatch)
     r = _report(run)
     assert r.exit_code == 0, r.stderr
     h = json.loads(r.stdout)["runs"][0]["host_time"]
     assert h["route"] == "native" and h["ran"].startswith("int8")
     assert not any("host work between steps" in n for n in h["notes"])
-    for w in h["per_width"]:
+    layers = json.loads((run / "config.json").read_text())["host"]["gemm_paths"]["layers"]
+    prof = LayerProfile.from_json(json.loads((run / "profile.json").read_text()))
+    gpu = load_profile("h100")
+    width = {"int8-tc": 8, "int8-tc-implicit-gemm": 8, "fp16": 16}  # the tier each recorded route runs on
+    phases = ("fwd", "dgrad", "wgrad")
+    est = {b: estimate(prof, [{"step": 0, "batch_size": 128, "bits": b, "grad_bits": b}], gpu, per_layer=True)
+           for b in (8, 16, 32)}
+    want = {p: est[32].latency_s[p] - sum(x["latency_s"][p] for x in est[32].per_layer) for p in phases}  # ops
+    int8_dgrad = want["dgrad"]  # (dgrad on the int8 tier, as the run was once priced)
+    for i, L in enumerate(prof.layers):
+        rec = layers.get(L.name) if L.quantized else None
+        for p, gemm in zip(phases, ("forward", "dgrad", "wgrad")):
+            want[p] += est[width[rec[gemm]] if rec else 32].per_layer[i]["latency_s"][p]
+        int8_dgrad += est[8 if rec else 32].per_layer[i]["latency_s"]["dgrad"]
+    assert abs(want["dgrad"] / int8_dgrad - 1) > 0.01
+    for w in h["per_width"]:  # (3..8 bits: every one at the record's top-level routes)
         assert w["measured_ms"] == pytest.approx(4.0 + 0.25 * w["bits"])
-        # natively and as it ran: the same tiers; as it ran adds the quantizers' passes
-        assert w["modelled_ms"] == pytest.approx(w["native_ms"] + w["modelled_quantizer_ms"], rel=1e-9)
+        got = {p: w["modelled_phases_ms"][p] - w["modelled_passes_ms"][p] for p in phases}
+        for p in phases:
+            assert got[p] == pytest.approx(1e3 * want[p], rel=1e-9), p
+        # the passes: quantizers and code passes in every phase, some 100 kernels for each of the 20 layers
+        assert w["modelled_quantizer_ms"] == pytest.approx(sum(w["modelled_passes_ms"].values()))
+        assert all(v > 0 for v in w["modelled_passes_ms"].values()) and w["modelled_pass_kernels"] > 20 * 90
 
 
 def _synthetic(src: Path, dst: Path, truth: dict, batch: int | None = None, energy: bool = True) -> Path:

@@ -50,20 +50,110 @@ def recorded_gpu(cfg: dict) -> dict | None:
 
 def run_route(cfg: dict) -> tuple[str, bool, dict]:
     """(the route the run's quantized GEMMs took, whether its quantizers ran eagerly, its TF32 flags), from what
-    config.json recorded (``host.quantizers``, ``host.gemm_paths``, the TF32 flags): the route most of its quantized
-    layers' forward GEMMs took."""
-    from cptsim.cost.hardware.gpu_executed import FAKE_QUANT, INT_CODES, NATIVE
+    config.json recorded (``host.quantizers``, ``host.gemm_paths``, the TF32 flags): the tensor-core routes
+    (``native``) or the integer codes where ``host.gemm_paths.exact_gemm`` names them, else fake quantization."""
+    from cptsim.cost.hardware.gpu_executed import FAKE_QUANT, INT8_MM, INT_CODES, NATIVE, TF32_CODES
 
     host = cfg.get("host") or {}
     dev = recorded_gpu(cfg) or {}
     tf32 = {k: host[k] for k in TF32_KEYS if k in host} or dict(dev.get("tf32") or {})
     eager = str(host.get("quantizers", "")).startswith("eager")
-    layers = (host.get("gemm_paths") or {}).get("layers") or {}
-    fwd = [str(v.get("forward", "")) for v in layers.values() if isinstance(v, dict)]
-    # int8 tensor cores at <= 8 bits (and FP16 ones at 9-16 bits, cptsim.numerics.gpu_gemm): the profile's own tiers
-    counts = {NATIVE: sum("int8" in f or f.startswith("fp16") for f in fwd), INT_CODES: sum("codes" in f for f in fwd)}
-    route = max(counts, key=counts.get) if fwd and max(counts.values()) * 2 > len(fwd) else FAKE_QUANT
+    which = (host.get("gemm_paths") or {}).get("exact_gemm")
+    route = NATIVE if which == INT8_MM else INT_CODES if which == TF32_CODES else FAKE_QUANT
     return route, eager, tf32
+
+
+def run_layers(cfg: dict, prof, route: str) -> "TensorCoreLayers | None":
+    """The run's layers on the tensor-core routes (``TensorCoreLayers``) where it took them, else None."""
+    from cptsim.cost.hardware.gpu_executed import NATIVE
+
+    return TensorCoreLayers(cfg, prof) if route == NATIVE else None
+
+
+def _recorded(rec: dict, label: str) -> dict | None:
+    """A layer's record of its routes at one of gpu_gemm.RECORDED_WIDTHS' labels: the top-level entry holds the
+    first, ``widths`` the others."""
+    from cptsim.numerics.gpu_gemm import GEMMS, RECORDED_WIDTHS
+
+    got = rec if label == next(iter(RECORDED_WIDTHS)) else (rec.get("widths") or {}).get(label)
+    return {k: got[k] for k in GEMMS} if isinstance(got, dict) and all(k in got for k in GEMMS) else None
+
+
+def _route_args(layer) -> list[tuple[str, int, int]]:
+    """The (kind, forward K, dgrad K) that gpu_gemm.route may have been given for a profiled layer: exact where the
+    profile records a convolution's geometry; else every kind and dgrad K its type allows (the run's record picks)."""
+    from cptsim.numerics.gpu_gemm import FP16_MAX, layer_kind
+
+    gm = layer.gemm or {}
+    k_fwd = int(gm.get("k", 0))
+    if layer.type == "Linear":
+        return [("linear", k_fwd, 0)]
+    if layer.type != "Conv2d":
+        return []
+    groups = int(gm.get("groups", 1))
+    cv = layer.conv
+    if cv:
+        (kh, kw), (sh, sw) = cv["kernel"], cv["stride"]
+        (ih, iw), (oh, ow) = cv["in_hw"], cv["out_hw"]
+        # unpadded where the output is what no padding gives (a 1x1 kernel's kind depends on it, no other's)
+        pad = tuple(0 if o == (i - 1) // s + 1 else 1 for i, o, s in ((ih, oh, sh), (iw, ow, sw)))
+        return [(layer_kind((kh, kw), pad, groups), k_fwd, int(cv["out_channels"]) * kh * kw // groups)]
+    kinds = ["grouped"] if groups != 1 else ["conv1x1", "conv"]
+    return [(k, k_fwd, kd) for k in kinds for kd in (0, FP16_MAX + 1)]
+
+
+class TensorCoreLayers:
+    """Each profiled layer's kind and routes on the tensor-core routes at any step's widths, as the run took them:
+    ``cptsim.numerics.gpu_gemm.route`` -- the function the layers decide with -- given the layer's kind and
+    reductions and the run's recorded choice (implicit-GEMM kernels on or off), checked against what config.json
+    recorded for the layer at gpu_gemm.RECORDED_WIDTHS; a layer the record shows on today's path at every width (an
+    attention product, an aggregation) takes the general path. Where the profile cannot tell a layer's kind, the
+    candidates that reproduce its record decide; where none does (a run of a cptsim whose rule differed), the
+    record's own entry for the width is used."""
+
+    def __init__(self, cfg: dict, prof):
+        from cptsim.numerics.gpu_gemm import FAKE, RECORDED_WIDTHS, route
+
+        paths = (cfg.get("host") or {}).get("gemm_paths") or {}
+        choice = paths.get("choice") or {}
+        self._route = route
+        self._opts = {"device": "cuda", "implicit": bool(choice.get("implicit_conv")),
+                      "implicit_wgrad": bool(choice.get("implicit_wgrad"))}
+        self._widths = RECORDED_WIDTHS
+        recorded = paths.get("layers") or {}
+        self.layers = []  # per profiled layer: (candidate args, {label: routes}, bias)
+        for layer in prof.layers:
+            rec = recorded.get(layer.name)
+            seen = {label: _recorded(rec, label) for label in RECORDED_WIDTHS} if isinstance(rec, dict) else {}
+            seen = {k: v for k, v in seen.items() if v is not None}
+            if not seen or all(r == FAKE for v in seen.values() for r in v.values()):
+                self.layers.append(None)
+                continue
+            args = [c for c in _route_args(layer)
+                    if all(route(c[0], b, gb, c[1], k_dgrad=c[2], **self._opts) == seen[label]
+                           for label, (b, gb) in RECORDED_WIDTHS.items() if label in seen)]
+            self.layers.append((args, seen, layer.type == "Linear"))  # (a Linear's bias: nn.Linear's default)
+        self._memo: dict = {}
+
+    def at(self, q: int, g: int) -> list:
+        """Per profiled layer ``(kind, routes, bias)`` at forward bits ``q`` and gradient bits ``g`` (``(None, None,
+        False)``: the general path)."""
+        got = self._memo.get((q, g))
+        if got is None:
+            got = self._memo[(q, g)] = [self._one(x, q, g) for x in self.layers]
+        return got
+
+    def _one(self, x, q: int, g: int):
+        if x is None:
+            return None, None, False
+        args, seen, bias = x
+        if args:
+            kind, k_fwd, k_dgrad = args[0]
+            return kind, self._route(kind, q, g, k_fwd, k_dgrad=k_dgrad, **self._opts), bias
+        for label, (b, _) in self._widths.items():  # the record's entry for the narrowest width at least q
+            if label in seen and q <= b:
+                return None, seen[label], bias
+        return None, None, False
 
 
 def host_work_between(row: dict) -> bool:
@@ -78,26 +168,49 @@ def step_kinds(steps: list[dict]) -> list[tuple[int, int, int]]:
     return sorted({(int(r["bits"]), int(r["grad_bits"]), int(r["batch_size"])) for r in steps})
 
 
-def price_kinds(prof, kinds, gpu, route: str, eager: bool, tf32: dict, fmap=None, native: bool = True) -> dict:
+def price_kinds(prof, kinds, gpu, route: str, eager: bool, tf32: dict, fmap=None, native: bool = True,
+                layers: TensorCoreLayers | None = None, cache: dict | None = None) -> dict:
     """{(bits, grad bits, batch): {"time_s", "energy_j", "quantizer_s", "phases_s", "native_time_s",
-    "native_energy_j", "native_tiers"}}: one step of each kind on ``gpu``, as it ran (``route``) and, with
-    ``native``, on the profile's own tiers (the fit, which only needs the first, leaves that out)."""
-    from cptsim.cost.hardware.gpu_executed import INT_CODES, NATIVE, fp32_tiers, quantizer_cost, route_view
+    "native_energy_j", "native_tiers"}}: one step of each kind on ``gpu``, as it ran (``route``; on the tensor-core
+    routes each layer's phases on the routes ``layers`` gives them) and, with ``native``, on the profile's own tiers
+    (the fit, which only needs the first, leaves that out). ``quantizer_s``: the quantizer and code passes
+    (``gpu_executed.layer_passes``); ``cache``: a dict to keep those passes' counts in across calls (they do not
+    depend on the profile's constants)."""
+    from cptsim.cost.hardware.gpu_executed import (INT_CODES, NATIVE, fp32_tiers, passes_cost, route_view,
+                                                    step_passes, tensor_core_step)
     from cptsim.cost.model import estimate
 
-    arrays = prof.arrays()
-    view, width = route_view(gpu, route, tf32)
+    arrays = prof.arrays() if cache is None else cache.setdefault("arrays", prof.arrays())
+    if route == NATIVE and layers is None:
+        raise ValueError("pricing the tensor-core routes needs the run's layers (TensorCoreLayers)")
     tiers_view = fp32_tiers(gpu, tf32)
+    quantizers = "eager" if eager else "fused"
+    linear = arrays.matmul & (arrays.numel[:, 0] > 0) if arrays.matmul is not None else np.zeros(len(arrays), bool)
+    general = [(None, None, bool(b)) for b in linear]  # (a Linear's bias: nn.Linear's default)
     out = {}
     for q, g, n in kinds:
-        qq, gg = (q, g) if width is None else (width, width)
-        one = estimate(prof, [{"step": 0, "batch_size": n, "bits": qq, "grad_bits": gg}], view, per_layer=False,
-                       formats=fmap if route == NATIVE else None)
-        tq, eq = quantizer_cost(view, arrays, q, g, n, eager=eager, codes=route == INT_CODES)
+        lay = layers.at(q, g) if route == NATIVE else general
+        key = ("passes", route, quantizers, q, g, n)
+        counted = None if cache is None else cache.get(key)
+        if counted is None:
+            counted = step_passes(arrays, lay, q, g, n, quantizers, codes=route == INT_CODES)
+            if cache is not None:
+                cache[key] = counted
+        tq, eq = passes_cost(gpu, *counted)
+        if route == NATIVE:
+            t, e = tensor_core_step(gpu, arrays, tf32, [x[1] for x in lay], q, g, n)
+        else:
+            view = route_view(gpu, route, tf32)
+            pt, pe, xt, xe = view.price_step(arrays, np.array([32]), np.array([32]), np.array([n]))
+            t, e = pt[0].sum(axis=0), pe[0].sum(axis=0)
+            if xt is not None:
+                t, e = t + xt[0], e + xe[0]
+        phases = t + tq
         out[(q, g, n)] = {
-            "time_s": float(one.latency_s["total"]) + tq, "energy_j": float(one.energy_j["total"]) + eq,
-            "quantizer_s": tq,
-            "phases_s": {k: float(v) for k, v in one.latency_s.items() if k != "total"},
+            "time_s": float(phases.sum()), "energy_j": float((e + eq).sum()), "quantizer_s": float(tq.sum()),
+            "phases_s": {p: float(v) for p, v in zip(("fwd", "dgrad", "wgrad"), phases)},
+            "passes_s": {p: float(v) for p, v in zip(("fwd", "dgrad", "wgrad"), tq)},
+            "passes_kernels": int(counted[0].sum()),
         }
         if native:
             nat = estimate(prof, [{"step": 0, "batch_size": n, "bits": q, "grad_bits": g}], tiers_view,
@@ -134,6 +247,8 @@ class GPURunSteps:
     eager: bool
     tf32: dict = field(default_factory=dict)
     left_out: int = 0           # steady steps left out: timed with the loop's host work between them
+    layers: TensorCoreLayers | None = None  # the tensor-core routes' layers (route "native")
+    cache: dict = field(default_factory=dict)  # price_kinds' counts, kept across the fit's evaluations
 
     @classmethod
     def from_run(cls, run, label: str | None = None) -> "GPURunSteps":
@@ -161,12 +276,14 @@ class GPURunSteps:
         e = [r.get("energy_j") for r in steps]
         energy = float(np.sum(e)) if e and all(x is not None for x in e) and float(np.sum(e)) > 0 else None
         route, eager, tf32 = run_route(cfg)
+        layers = run_layers(cfg, prof, route)
         return cls(label or str(run.path), prof, kinds, counts, mean, energy, route, eager, tf32,
-                   steady - len(steps))
+                   steady - len(steps), layers)
 
     def predict(self, gpu) -> tuple[np.ndarray, float]:
         """(modelled seconds per step of each kind, modelled joules of all the steady steps) on ``gpu``."""
-        priced = price_kinds(self.prof, self.kinds, gpu, self.route, self.eager, self.tf32, native=False)
+        priced = price_kinds(self.prof, self.kinds, gpu, self.route, self.eager, self.tf32, native=False,
+                             layers=self.layers, cache=self.cache)
         t = np.array([priced[k]["time_s"] for k in self.kinds])
         e = float(sum(priced[k]["energy_j"] * c for k, c in zip(self.kinds, self.counts)))
         return t, e

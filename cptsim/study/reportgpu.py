@@ -7,11 +7,13 @@ profile describes is refused (one line, exit 2) rather than priced on a guess.
 
 What is compared: the steady steps (warm-up -- the first CUDA step, compiling, graph capture -- left out, as on a
 CPU), per width (bits, gradient bits) and per epoch, time and energy. The model prices each step *as it ran*
-(``cptsim.cost.hardware.gpu_executed``: fake-quant FP32 on the run's TF32 tiers plus the quantizers' passes, the
-integer codes, or int8 tensor cores), and beside it as the GPU would run the same widths natively (its int8 / FP16
-tiers: ``cptsim cost``'s figure), so that the error is the model's and the gap between the two is what a native
-low-precision pipeline would save. The trace times whole steps, so the comparison is per step; the model's own
-split into phases is in ``per_width[].modelled_phases_ms``.
+(``cptsim.cost.hardware.gpu_executed``: fake-quant FP32 on the run's TF32 tiers, the integer codes, or the
+tensor-core routes -- each layer's forward, dgrad and wgrad on the route config.json recorded for it, int8, FP16 or
+TF32 -- plus the quantizer and code passes each route's code runs), and beside it as the GPU would run the same
+widths natively (its int8 / FP16 tiers: ``cptsim cost``'s figure), so that the error is the model's and the gap
+between the two is what a native low-precision pipeline would save. The trace times whole steps, so the comparison
+is per step; the model's own split into phases is in ``per_width[].modelled_phases_ms``, the passes' share of it in
+``modelled_passes_ms`` (and their kernels, ``modelled_pass_kernels``).
 
 The section has the shape of a CPU run's ``host_time`` (the same keys, plots and table), plus ``kind: "gpu"``,
 ``gpu``, ``ran``, ``per_width`` and the native figures.
@@ -23,7 +25,8 @@ import numpy as np
 
 from cptsim.errors import InputError
 
-from cptsim.calibration.gpu_runfit import host_work_between, price_kinds, recorded_gpu, run_route, step_kinds
+from cptsim.calibration.gpu_runfit import (host_work_between, price_kinds, recorded_gpu, run_layers, run_route,
+                                          step_kinds)
 
 from .reportbitops import _pct
 
@@ -97,7 +100,8 @@ def gpu_time(run, cfg: dict, prof, steps: list[dict], host, metrics: list[dict],
                                          if steps and all(r.get("energy_j") is not None for r in steps) else None)}
     steps, meas = [r for r, k in zip(steps, keep) if k], meas[keep]
     route, eager, tf32 = run_route(cfg)
-    priced = price_kinds(prof, step_kinds(steps), gpu, route, eager, tf32, fmap)
+    priced = price_kinds(prof, step_kinds(steps), gpu, route, eager, tf32, fmap,
+                         layers=run_layers(cfg, prof, route))
     key = [(int(r["bits"]), int(r["grad_bits"]), int(r["batch_size"])) for r in steps]
     model_steps = np.array([priced[k]["time_s"] for k in key])
     model_energy = np.array([priced[k]["energy_j"] for k in key])
@@ -119,6 +123,8 @@ def gpu_time(run, cfg: dict, prof, steps: list[dict], host, metrics: list[dict],
             "modelled_ms": mo, "error_pct": _pct(mo, ms),
             "native_ms": na, "native_error_pct": _pct(na, ms), "native_tiers": first["native_tiers"],
             "modelled_quantizer_ms": first["quantizer_s"] * 1e3,
+            "modelled_passes_ms": {p: v * 1e3 for p, v in first["passes_s"].items()},
+            "modelled_pass_kernels": first["passes_kernels"],
             "modelled_phases_ms": {p: v * 1e3 for p, v in first["phases_s"].items()},
         })
     epochs = np.array([r["epoch"] for r in steps])
