@@ -342,7 +342,7 @@ def describe_route(route: str, tf32: dict | None, eager: bool) -> str:
     if route == INT_CODES:
         return f"integer codes on TF32 tensor cores ({q})"
     if route == NATIVE:
-        return f"int8 / FP16 tensor cores by width ({q})"
+        return f"int8 / FP16 / TF32 tensor-core routes by layer and GEMM ({q})"
     conv = "TF32" if (tf32 or {}).get("torch.backends.cudnn.allow_tf32", True) else "strict FP32"
     mm = "TF32" if (tf32 or {}).get("torch.backends.cuda.matmul.allow_tf32", False) else "strict FP32"
     return f"fake-quant FP32 ({q}; convolutions {conv}, matmuls {mm})"
