@@ -125,7 +125,7 @@ def test_v100_runs_every_quantized_width_at_the_fp16_tensor_rate():
 def test_gpu_energy_is_busy_power_times_time():
     h = load_profile("h100")
     t, e = h.gemm_cost(1e12, 8, 8, 1e9)
-    # busy power = TDP x power_fraction (h100: NVML-measured 0.714 of its 700 W)
+    # busy power = TDP x power_fraction (h100: NVML-measured 0.693 of its 700 W)
     assert float(e) == pytest.approx(700 * h.calibration["power_fraction"] * float(t))
 
 
