@@ -15,8 +15,8 @@ from shared_runs import cptsim_here
 
 def test_a_ctrl_c_stop_is_a_notice_that_says_how_to_resume_and_exits_130(tmp_path):
     out = tmp_path / "run"
-    r = cptsim_here("train", "--model", "mlp", "--steps", "6", "--batch-size", "64", "--quiet", "--out", out,
-                    env_extra={"CPTSIM_FAULT_SIGINT_AT_STEP": "2"})
+    r = cptsim_here("train", "--model", "mlp", "--steps", "6", "--schedule", "cpt:3-8:n1", "--batch-size", "64",
+                    "--quiet", "--out", out, env_extra={"CPTSIM_FAULT_SIGINT_AT_STEP": "2"})
     assert r.exit_code == 130, (r.output, r.exception)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and not lines[0].startswith("error") and "Traceback" not in r.stderr, r.stderr

@@ -556,9 +556,6 @@ def train(cfg: TrainConfig, out: str, progress: bool = True, plan: dict | None =
     d = dist.from_env(cfg.device)
     check_world(cfg.dataset, d.world)  # before anything is built or written
     w = build(cfg)
-    alias = aliasing(w.schedule, w.total_steps)
-    if alias and d.is_main:  # trained as asked, but the bits will not follow the schedule's shape: say so first
-        print(f"warning: {alias}", file=sys.stderr)
     lock = _lock_run(out, d, check=lambda: RunDir.check_new(out))
     try:
         run = RunDir(out)
@@ -573,6 +570,9 @@ def train(cfg: TrainConfig, out: str, progress: bool = True, plan: dict | None =
             if plan is not None:
                 run.write_json(PLAN, plan)
         d.barrier()
+        alias = aliasing(w.schedule, w.total_steps)
+        if alias and d.is_main:  # trained as asked (every check passed), but the bits will not follow the shape
+            print(f"warning: {alias}", file=sys.stderr)
         return _loop(cfg, w, run, d, start_step=0, progress=progress)
     finally:
         if lock is not None:
