@@ -183,8 +183,8 @@ def show_cmd(name_or_path: str, as_json: bool) -> None:
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Profile file to write [default: ~/.config/cptsim/hw_profiles/host.toml, "
                    "or $CPTSIM_HOME/hw_profiles/host.toml].")
-@click.option("--seconds", type=click.FloatRange(min=0.05, max=600), default=3.0, show_default=True,
-              help="Time budget for the measurements.")
+@click.option("--seconds", type=click.FloatRange(min=0.05, max=600), default=4.0, show_default=True,
+              help="Time budget for the measurements (on a CPU ~2 s more: building the reference workloads).")
 @json_option
 def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bool) -> None:
     """Measure this machine and write it as a 'host' hardware profile.
@@ -196,6 +196,13 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
     and any command given that hardware) uses these numbers instead of the shipped placeholder.
 
     \b
+    On a CPU also dropout's random numbers, a GELU and attention's per-head matmuls (the step's other ops, priced
+    from a run's op list), and the fixed costs -- per quantized convolution phase, per other quantized layer phase,
+    per launched op -- fitted to training steps of five reference workloads (a CNN, an MLP, a transformer block,
+    a graph convolution, a stack of norms; cptsim.calibration.autocal), as a report's automatic measurement does.
+    The fit's table says how well the model reproduces each: measured and modelled ms per step, error.
+
+    \b
     --device cuda also writes this GPU as a profile for the GPU time model, host-gpu.toml beside host.toml
     (`cptsim cost --hw host-gpu`): the large-GEMM rate of every tier torch reaches (FP16/BF16, TF32, FP32,
     INT8 via torch._int_mm, FP8 via torch._scaled_mm), the SM count and clock, the stream bandwidth, the shape
@@ -204,12 +211,15 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
     (the achieved bandwidth of a network's small memory-bound kernels, the NCHW factors) come from the shipped
     fit of the card's generation; the file says which is which.
     """
+    from cptsim.calibration.autocal import SETUP_SECONDS, measure_host
     from cptsim.calibration.calibrate import calibrate_host, output_path, write_host_profile
 
     output_path(out_path)  # a bad --out fails now, not after the measurements
     if not as_json:
-        err.print(f"measuring {device} for about {seconds:g} s ...")
-    measured = calibrate_host(device=device, seconds=seconds)
+        err.print(f"measuring {device} for about {seconds + (SETUP_SECONDS['cpu'] if device == 'cpu' else 0):g} "
+                  "s ...")
+    # a CPU: the rates and the fixed costs fitted to the reference workloads; CUDA: the rates (graph replays)
+    measured = measure_host(device, seconds) if device == "cpu" else calibrate_host(device=device, seconds=seconds)
     path, prof = write_host_profile(measured, out_path)
     gpu_path = gpu_prof = records = None
     if device == "cuda":  # also this card as a `gpu` profile for the GPU time model (cptsim.calibration.gpu_micro)
@@ -247,7 +257,18 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
             t.add_row(f"  {'x'.join(map(str, s['shape']))}", si(s["macs_per_s"], "MAC/s"))
     t.add_row("memory bandwidth (copy)", si(measured["bandwidth_bytes_per_s"], "B/s"))
     t.add_row("quantizer pass", si(measured["elementwise_elems_per_s"], "elem/s"))
-    t.add_row("overhead per layer-phase", f"{measured['layer_overhead_s'] * 1e6:.0f} µs")
+    for key, what, unit in (("rng_elems_per_s", "random numbers (dropout's bernoulli_)", "elem/s"),
+                            ("transcendental_elems_per_s", "GELU forward + backward", "elem/s"),
+                            ("attention_macs_per_s", "attention matmuls (per-head bmm)", "MAC/s")):
+        if measured.get(key):
+            t.add_row(what, si(measured[key], unit))
+    if measured.get("op_list"):
+        t.add_row("fixed cost per quantized conv phase", f"{measured['conv_overhead_s'] * 1e6:.0f} µs")
+        t.add_row("fixed cost per other quantized layer phase", f"{measured['layer_overhead_s'] * 1e6:.0f} µs")
+        t.add_row("fixed cost per launched op", f"{measured['op_overhead_s'] * 1e6:.1f} µs")
+        t.add_row("  (tiny-layer step, per layer-phase)", f"{measured['tiny_layer_overhead_s'] * 1e6:.0f} µs")
+    else:
+        t.add_row("overhead per layer-phase", f"{measured['layer_overhead_s'] * 1e6:.0f} µs")
     power = measured["power_w"]
     t.add_row("power", f"{power:.1f} W ({measured['power_source']})" if power else "unknown (energy will be 0 J)")
     if records is not None:
@@ -256,6 +277,19 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
         for what, value in summary_rows(records):
             t.add_row(what, value)
     out.print(t)
+    refs = measured.get("references") or []
+    if refs:  # how well the fitted model reproduces the reference workloads' steps
+        f = Table(title="fixed costs fitted to reference training steps (the host model against them)")
+        for col, kw in (("workload", {}), ("measured", {"justify": "right"}), ("modelled", {"justify": "right"}),
+                        ("error %", {"justify": "right"}), ("what", {})):
+            f.add_column(col, **kw)
+        for r in refs:
+            if "measured_s" in r:
+                f.add_row(r["workload"], f"{r['measured_s'] * 1e3:.2f} ms", f"{r['modelled_s'] * 1e3:.2f} ms",
+                          f"{r['error_pct']:+.1f}", r["what"])
+            else:
+                f.add_row(r["workload"], "-", "-", "-", f"not run: {r['error']}")
+        print_table(f, drop=("what",), wrap=("what",))
     out.print(f"wrote {path} (profile '{prof.name}', hash {prof.content_hash})", highlight=False)
     if gpu_prof is not None:
         out.print(f"wrote {gpu_path} (gpu profile '{gpu_prof.name}': this card for the GPU time model -- "

@@ -170,6 +170,10 @@ def test_an_automatic_cpu_measurement_without_tiers_is_measured_again_once(digit
     calls = []
     monkeypatch.setattr(autocal, "measure", lambda p, *a, **k: calls.append(p) or p)
     assert autocal.report_host(run) == str(path) and calls == [path]
+    # with the tiers but without the op list priced (an older file): measured again, once
     path.write_text("# GEMM tiers measured: int8 not measured: this torch has no _int_mm\n" + old)
-    assert autocal.report_host(run) == str(path) and len(calls) == 1
-    assert autocal.report_host(run, calibrate=False) == str(path) and len(calls) == 1
+    assert autocal.report_host(run) == str(path) and len(calls) == 2
+    path.write_text("# GEMM tiers measured: int8 not measured: this torch has no _int_mm\n"
+                    + old.replace("[host]\n", "[host]\nop_list = true\n"))
+    assert autocal.report_host(run) == str(path) and len(calls) == 2
+    assert autocal.report_host(run, calibrate=False) == str(path) and len(calls) == 2

@@ -47,9 +47,10 @@ def test_the_automatic_profile_goes_to_the_cache_and_the_first_line_says_where(h
     elapsed = time.perf_counter() - t0
     assert path == str(home / "cache" / autocal.auto_profile_path("cpu", 1).name)
     assert not user_profile_dir().exists() or not any(user_profile_dir().iterdir())  # the user's dir untouched
-    assert path in said[0] and "about 1 s" in said[0] and path in said[1]
-    assert elapsed < 4.0, elapsed  # "about 1 s": its parts are bounded (a loaded machine may double it)
-    assert "reference CNN and MLP" in open(path).read()
+    # 1 s of timing and ~2 s building the reference workloads and counting their op lists
+    assert path in said[0] and "about 3 s" in said[0] and path in said[1]
+    assert elapsed < 6.5, elapsed  # "about 3 s": its parts are bounded (a loaded machine may double the timing)
+    assert "reference workloads" in open(path).read()
 
 
 def _karate_run(out):

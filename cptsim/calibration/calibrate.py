@@ -9,7 +9,14 @@ Four figures, each the median of repeated timings within a fixed time budget, wi
 * on a CPU, the rate of every GEMM tier torch reaches here: int8 ``torch._int_mm`` (VNNI / AMX: what the
   exact path, on by default on a CPU, runs a quantized Linear layer's forward and wgrad on) and bf16 ``torch.mm``
   (for reference: no training GEMM runs in bf16), each the median over INT_SHAPES of per-shape medians, beside the
-  FP32 rate. A tier this torch or CPU cannot run is recorded as 0 (not measured), with the reason.
+  FP32 rate. A tier this torch or CPU cannot run is recorded as 0 (not measured), with the reason;
+* on a CPU, what the step's other ops cost beyond their bytes (cptsim.cost.hardware.host prices a run's op list):
+  dropout's random numbers (``bernoulli_``), a GELU forward and backward, and attention's per-head matmuls (FP32
+  ``bmm`` over ATTENTION_SHAPES).
+
+The fixed costs a whole training step pays beyond these (per launched op, per quantized layer-phase) are fitted
+to reference workloads' steps by cptsim.calibration.autocal (``measure_host``), which `cptsim hw calibrate` and a
+report's automatic measurement run on top of ``calibrate_host``.
 
 On CUDA the figures are those of the GPU executing a training step as ``cptsim train`` runs it there: one CUDA
 graph per step (``cptsim.run.cudagraph``), so the host's dispatch is hidden and every term is GPU time, which adds up.
@@ -44,6 +51,10 @@ CONV_SHAPES = ((128, 16, 32), (128, 64, 8), (64, 64, 56), (64, 128, 28), (64, 25
 # batch 16 x 256 tokens, an LSTM's gates), and the conv-as-GEMM shapes above; _int_mm needs M > 16, K and N multiples of 8
 INT_SHAPES = ((4096, 128, 384), (4096, 512, 512), (512, 1152, 1024))
 ELEMENTWISE_NUMEL = 4 * 1024 * 1024
+OTHER_OP_NUMEL = 1024 * 1024  # a transformer-lm step's activations: 64 x 64 tokens x 256 (a 4 MB tensor)
+# Attention's matmuls on a CPU, (batch x heads, tokens, head width): one small GEMM per head and sequence, scores
+# (T x d @ d x T) and their mix (T x T @ T x d), which run at a fraction of a large GEMM's rate
+ATTENTION_SHAPES = ((256, 64, 32), (64, 128, 64), (32, 256, 64))
 COPY_NUMEL = {"cpu": 16 * 1024 * 1024, "cuda": 64 * 1024 * 1024}  # 64 / 256 MB: well past the last-level cache
 _RAPL = Path("/sys/class/powercap/intel-rapl:0/energy_uj")
 
@@ -75,7 +86,8 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0, stage: Callable[[s
     stage = stage or (lambda name, done: None)
 
     # Half the budget for matmul (where power is sampled; on a CPU 0.35 FP32 and 0.15 the int8 / bf16 tiers), a
-    # quarter each for bandwidth and the quantizer.
+    # quarter each for bandwidth and the quantizer (on a CPU 0.2 each, and 0.05 each for the random-number and
+    # transcendental rates of the step's other ops).
     by_shape = []
     tiers: dict = {}
     power.start()
@@ -96,7 +108,8 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0, stage: Callable[[s
     with torch.no_grad():
         x = torch.empty(COPY_NUMEL[device], device=device).uniform_()
         y = torch.empty_like(x)
-        t = _median_time(lambda: y.copy_(x), 0.25 * seconds, sync)
+        share = 0.25 if device == "cuda" else 0.2
+        t = _median_time(lambda: y.copy_(x), share * seconds, sync)
         bandwidth = 2 * x.numel() * x.element_size() / t
         del x, y
 
@@ -114,8 +127,13 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0, stage: Callable[[s
             quantize_activation(q, lo, hi, 8)
             quantize_error(q, 8)
 
-        t = _median_time(_graphed(both, device), 0.25 * seconds, sync)
+        t = _median_time(_graphed(both, device), share * seconds, sync)
         elementwise = 2 * ELEMENTWISE_NUMEL / t
+        rng = transcendental = attention = 0.0
+        if device == "cpu":  # the step's other ops that cost more than their bytes (cptsim.cost.hardware.host)
+            stage("random numbers, GELU, attention", 0.95)
+            rng, transcendental = other_op_rates(0.1 * seconds, sync)
+            attention = attention_rate(0.05 * seconds, sync)
 
     stage("per-layer overhead", 1.0)
     layer_overhead = _layer_overhead_s(device, 0.15 * seconds, sync)
@@ -131,12 +149,45 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0, stage: Callable[[s
         "matmul_by_shape": by_shape,
         "bandwidth_bytes_per_s": bandwidth,
         "elementwise_elems_per_s": elementwise,
+        "rng_elems_per_s": rng,
+        "attention_macs_per_s": attention,
+        "transcendental_elems_per_s": transcendental,
         "tiers": tiers,
         "power_w": power_w,
         "power_source": power_source,
         "measured_at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "elapsed_s": time.perf_counter() - t_start,
     }
+
+
+def other_op_rates(budget_s: float, sync=lambda: None) -> tuple[float, float]:
+    """(random-number, transcendental) elements per second on OTHER_OP_NUMEL elements: dropout's draw as a CPU runs
+    it (``bernoulli_`` into a tensor the size of its input), and a GELU forward and backward (``gelu_backward``: an
+    element of each, as a step runs them); half the budget each."""
+    import torch
+
+    with torch.no_grad():
+        x = torch.randn(OTHER_OP_NUMEL)
+        g = torch.randn(OTHER_OP_NUMEL)
+        mask = torch.empty_like(x)
+        t_rng = _median_time(lambda: mask.bernoulli_(0.9), budget_s / 2, sync)
+        t_gelu = _median_time(lambda: (torch.ops.aten.gelu(x), torch.ops.aten.gelu_backward(g, x)),
+                              budget_s / 2, sync)
+    return OTHER_OP_NUMEL / t_rng, 2 * OTHER_OP_NUMEL / t_gelu
+
+
+def attention_rate(budget_s: float, sync=lambda: None) -> float:
+    """MAC/s of attention's per-head matmuls, FP32 ``torch.bmm`` over ATTENTION_SHAPES: scores and mix of each,
+    the median over shapes."""
+    import torch
+
+    rates = []
+    with torch.no_grad():
+        for b, t, d in ATTENTION_SHAPES:
+            q, k, p = torch.randn(b, t, d), torch.randn(b, d, t), torch.randn(b, t, t)
+            sec = _median_time(lambda: (torch.bmm(q, k), torch.bmm(p, q)), budget_s / len(ATTENTION_SHAPES), sync)
+            rates.append(2 * b * t * t * d / sec)
+    return statistics.median(rates)
 
 
 def cpu_tier_rates(budget_s: float, sync=lambda: None, shapes=INT_SHAPES) -> dict:
@@ -298,6 +349,13 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
         "layer_overhead_us": _sig(measured.get("layer_overhead_s", 0.0) * 1e6),
         "power_w": _sig(power or 0.0),
     }
+    if measured.get("op_list"):  # the step's other ops priced (the reference workloads' fit: autocal)
+        params.update({"op_list": True, "op_overhead_us": _sig(measured.get("op_overhead_s", 0.0) * 1e6),
+                       "conv_overhead_us": _sig(measured.get("conv_overhead_s",
+                                                             measured.get("layer_overhead_s", 0.0)) * 1e6),
+                       "rng_gelem_s": _sig(measured.get("rng_elems_per_s", 0.0) / 1e9),
+                       "transcendental_gelem_s": _sig(measured.get("transcendental_elems_per_s", 0.0) / 1e9),
+                       "attention_gmac_s": _sig(measured.get("attention_macs_per_s", 0.0) / 1e9)})
     tiers = measured.get("tiers") or {}
     for tier in ("int8", "bf16"):  # added keys (a file without them reads as FP32 only)
         rate = float((tiers.get(tier) or {}).get("macs_per_s") or 0.0)
@@ -308,16 +366,35 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
     comments = {"matmul_gmac_s": "conv fwd+bwd, median over shapes" if dev == "cuda" else "fp32 matmul, median over shapes",
                 "bandwidth_gb_s": "copy: bytes read + written per s",
                 "elementwise_gelem_s": "quantizer elements per s",
-                "layer_overhead_us": "per layer-phase, tiny-layer training step", "power_w": power_note,
+                "layer_overhead_us": _layer_overhead_comment(measured),
+                "power_w": power_note,
+                "op_list": "the step's other ops priced from the run's op list (cptsim.cost.hardware.host)",
+                "op_overhead_us": "per launched op of the op list and full-precision layer-phase: fitted to the "
+                                  "reference workloads",
+                "conv_overhead_us": "per phase of a quantized convolution besides its GEMM, bytes and quantizer "
+                                    "passes: fitted to the reference workloads",
+                "rng_gelem_s": "bernoulli_ (dropout's draw) elements per s",
+                "transcendental_gelem_s": "GELU forward + backward elements per s (transcendental activations)",
+                "attention_gmac_s": "fp32 bmm of attention's per-head scores and mix, median over (sequences x "
+                                    "heads, tokens, head width) " + ", ".join("x".join(map(str, a))
+                                                                             for a in ATTENTION_SHAPES),
                 "int8_gmac_s": "torch._int_mm int8, median over shapes: the exact path's tier (on unless "
                                "CPTSIM_EXACT_GEMM=0)",
                 "bf16_gmac_s": "bf16 torch.mm, median over shapes (reference only: no training GEMM runs in bf16)"}
     header = [f"Written by `cptsim hw calibrate` at {measured['measured_at']}. Re-run it to refresh; "
               "`cptsim report --fit` fits [calibration] to measured runs.",
               "time = macs / matmul rate + bytes / bandwidth + quantizer elements / rate "
-              "+ layer_overhead per executed layer-phase",
+              "+ layer_overhead per executed layer-phase"
+              + (" + the op list's ops: op_overhead per launch + bytes / bandwidth + random-number and "
+                 "transcendental elements at their rates" if measured.get("op_list") else ""),
               "int8 tier: only the GEMMs the exact path (CPTSIM_EXACT_GEMM) routes to torch._int_mm (Linear fwd / "
               "wgrad at <= 8 bits; cptsim.cost.hardware.host); everything else FP32"]
+    refs = [r for r in measured.get("references") or [] if "measured_s" in r]
+    if refs:
+        header.append("fixed costs fitted to training steps of the reference workloads (cptsim.calibration.autocal),"
+                      " measured vs modelled ms per step: " + "; ".join(
+                          f"{r['workload']} {r['measured_s'] * 1e3:.3g} vs {r['modelled_s'] * 1e3:.3g} "
+                          f"({r['error_pct']:+.0f}%)" for r in refs))
     if tiers:  # (autocal reads this line: a CPU file written before the tiers has none, and is measured again)
         header.append("GEMM tiers measured: " + "; ".join(f"{t} {r.get('note', '')}" + (
             f" {_sig(r['macs_per_s'] / 1e9)} GMAC/s" if r.get("macs_per_s") else "") for t, r in tiers.items()))
@@ -326,6 +403,16 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
                       "so the terms add up; see cptsim.calibration.calibrate")
     return host_profile_text(name, description, [source], params,
                              {"compute_efficiency": 1.0, "memory_efficiency": 1.0}, header, comments)
+
+
+def _layer_overhead_comment(measured: dict) -> str:
+    tiny = f"tiny-layer step alone: {measured.get('tiny_layer_overhead_s', 0.0) * 1e6:.0f} us"
+    if measured.get("op_list"):
+        return ("per phase of a quantized layer (not a convolution) besides its GEMM, bytes and quantizer passes: "
+                f"fitted to the reference workloads ({tiny})")
+    if any("measured_s" in r for r in measured.get("references") or []):
+        return f"per layer-phase: fitted to whole training steps of the reference workloads ({tiny})"
+    return "per layer-phase, tiny-layer training step"
 
 
 def write_host_profile(measured: dict, out: str | os.PathLike | None = None) -> tuple[Path, HardwareProfile]:

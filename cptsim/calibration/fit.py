@@ -4,7 +4,9 @@ The host model (``HostProfile``, the one ``cost.estimate`` uses) splits a step's
 step's work at the rate ``cptsim hw calibrate`` measured with microbenchmarks:
 
     t_c = MACs / matmul rate        t_m = bytes / bandwidth        t_q = quantizer elements / element-wise rate
-    t_o = executed layer-phases x layer overhead (a tiny-layer training step's time per layer-phase)
+    t_o = executed layer-phases x layer overhead + the op list's launches x op overhead (a profile that prices the
+          step's other ops: cptsim.cost.hardware.host; their bytes join t_m, their random-number and transcendental
+          elements t_q)
     step time = t_c / compute_efficiency + t_m / memory_efficiency + t_q · k_q + t_o · k_o
 
 Real training steps do not run at microbenchmark rates (small convolutions reach a fraction of a big GEMM's rate,
@@ -78,7 +80,8 @@ def step_components(profile, records, host) -> np.ndarray:
     opnd = getattr(a, "operand", None)
     nbytes = bytes_moved(a.numel, a.macs, a.quantized, kq, kg, kn, a.calls, storage_bits(host), opnd)
     elems = quant_elems(a.numel, a.macs, a.quantized, kq, kg, kn, a.calls, opnd)
-    comp = host.time_components(macs, nbytes, elems)  # (kinds, layers, phases, terms): the profile's own model
+    # (kinds, layers, phases, terms): the profile's own model
+    comp = host.time_components(macs, nbytes, elems, layers=a)
     agg = getattr(a, "aggregation", None)
     if agg is not None and np.any(agg) and hasattr(host, "aggregation_components"):
         # a graph layer's aggregation: a gather's and a scatter's bytes and its own fixed cost, as cost.estimate
@@ -89,6 +92,9 @@ def step_components(profile, records, host) -> np.ndarray:
         comp = np.where(np.asarray(agg, dtype=bool)[None, :, None, None],
                         host.aggregation_components(agg_bytes), comp)
     per_kind = comp.sum(axis=(1, 2))
+    other = host.op_list_components(a, kn) if hasattr(host, "op_list_components") else None
+    if other is not None:  # the step's other ops (norms, activations, dropout, the optimizer), as cost.estimate
+        per_kind = per_kind + other.sum(axis=1)
     return per_kind[inverse.reshape(-1)]
 
 
@@ -311,9 +317,16 @@ def fitted_profile_toml(fit: HostFit, name: str) -> str:
               f"{len(fit.fitted_on)} run(s) ({runs}): R² {q['r2'] if q['r2'] is None else round(q['r2'], 3)}, "
               f"median step error {q['median_abs_step_error_pct']:.1f}%, total error {q['total_error_pct']:+.1f}%; "
               f"elementwise_gelem_s = measured {base.params['elementwise_gelem_s']:g} / {fit.factors[2]:.4g}")
-    params = dict(base.params)
+    params = {k: v for k, v in base.params.items() if v is not None}  # an optional key left out stays out
     params["elementwise_gelem_s"] = fit.elementwise_gelem_s
     params["layer_overhead_us"] = fit.layer_overhead_us
+    # the op list's terms share the factors of the terms they join (fit.step_components)
+    for key in ("rng_gelem_s", "transcendental_gelem_s"):
+        if params.get(key):
+            params[key] = float(params[key]) / float(fit.factors[2])
+    for key in ("op_overhead_us", "conv_overhead_us"):
+        if params.get(key):
+            params[key] = float(params[key]) * float(fit.factors[3])
     if fit.power_w:
         params["power_w"] = fit.power_w
         source += f"; power_w = NVML energy / time of those steps ({fit.power_w:.4g} W)"

@@ -17,6 +17,32 @@ bandwidth (``exact_extra_bytes``): the int8 codes of the operands (read 4 B, wri
 input and the weight; wgrad: the error) and the int32 epilogue over its output (read 4 B, write 4 B in place;
 forward: the output; wgrad: the weight gradient). Its quantizer passes are those of the fake-quant path (the same
 calls), priced as before.
+
+The step beyond its layers (a profile with ``op_list = true``, as `cptsim hw calibrate` and a report's automatic
+measurement write it on a CPU; cptsim.calibration.autocal). A CPU runs a training step one eager op after another,
+so everything in it adds up, and most of it is not a layer's GEMM:
+
+* the step's other ops -- norms, activations, dropout, softmax, masks, embedding lookups, residual adds, reshaping
+  copies, the loss, the optimizer's update, a graph aggregation's gathers and scatters -- are priced from the
+  run's op list (``cptsim.measure.opcount``, profile.json's ``ops``), op by op (``host_op_totals``,
+  ``op_list_time_components``): ``op_overhead_us`` per launched op (dispatch, autograd) plus its work -- bytes at
+  the measured bandwidth for plain memory ops; elements at the measured random-number rate for the ops that draw
+  random numbers (dropout's ``bernoulli_``: ~6-10 ns an element on one core, 20x a copy's time, a seventh of a
+  transformer-lm step); elements at the measured rate of a GELU, forward and backward, for the transcendental
+  activations (GELU, SiLU, tanh, exp and kin: ~3x a copy's time);
+* fixed costs by layer kind (``layer_kinds``, ``layer_fixed_s``): a quantized convolution's phase
+  (``conv_overhead_us``), any other quantized layer's phase (``layer_overhead_us``: its Python, its quantizer
+  calls, its custom autograd function, the exact path's small passes), a full-precision layer's phase one launch;
+  a graph aggregation's phases carry none (their gathers and scatters are launches of the op list);
+* attention's activation-by-activation matmuls compute at ``attention_gmac_s``, the rate of the small per-head
+  GEMMs they are (about half a large GEMM's here), not at the matmul rate.
+
+Why: before, one figure per layer-phase carried every fixed cost and every op beside the layers, fitted to a CNN
+and an MLP. A transformer runs dozens of ops per layer, and dropout's draws, GELU and its attention cost more than
+their bytes; a CNN runs a handful -- no one figure serves both: the first report put a transformer-lm run at -54%,
+and once the MLP pulled the figure down digits-cnn at -22% (benchmarks/results/host-first-report.txt has the
+three defaults before and after). A profile without ``op_list`` (an older file, the shipped placeholder) prices
+as it always did.
 """
 
 from __future__ import annotations
@@ -27,6 +53,22 @@ import numpy as np
 
 from ..formulas import quant_elems
 from .base import FULL_PRECISION_BITS, Field, HardwareProfile, register
+
+# aten ops (overload packets) priced by their elements at the host's random-number rate: they draw one number an
+# element (dropout draws through bernoulli_ on a CPU)
+RNG_OPS = frozenset({"bernoulli", "bernoulli_", "native_dropout", "rand", "rand_like", "randn", "randn_like",
+                     "normal", "normal_", "uniform", "uniform_", "exponential_", "geometric_", "cauchy_",
+                     "log_normal_", "random_", "multinomial"})
+# ... and at the rate of a transcendental activation: a polynomial or exp per element, several times a copy's time
+TRANSCENDENTAL_OPS = frozenset({
+    "gelu", "gelu_", "gelu_backward", "silu", "silu_", "silu_backward", "sigmoid", "sigmoid_", "sigmoid_backward",
+    "tanh", "tanh_", "tanh_backward", "exp", "exp_", "expm1", "log", "log_", "log1p", "erf", "erf_", "elu", "elu_",
+    "elu_backward", "softplus", "softplus_backward", "mish", "mish_", "mish_backward", "log_sigmoid_forward",
+    "log_sigmoid_backward"})
+# op-list kinds whose launches the host prices (a GEMM's and a fused attention kernel's launches belong to their layer)
+_LAUNCH_KINDS = ("memory", "aggregation")
+# the op list's phases -> the cost model's phase columns: forward ops to fwd, backward to dgrad, optimizer to wgrad
+_PHASE_COLUMN = {"fwd": 0, "bwd": 1, "opt": 2}
 
 
 def host_time_components(macs, mac_rate, bytes_moved, bandwidth, quant_elems, elem_rate, overhead_s):
@@ -43,6 +85,66 @@ def host_time_components(macs, mac_rate, bytes_moved, bandwidth, quant_elems, el
                      np.where(macs > 0, overhead_s, 0.0)), axis=-1)
 
 
+def host_op_totals(ops) -> dict[str, np.ndarray]:
+    """What the host prices of an op list (``cptsim.measure.opcount.OpProfile``), per phase column (fwd, dgrad,
+    wgrad = the list's fwd, bwd, opt), each (3, 2) as [per sample, fixed] (launches (3,)):
+
+    * ``launches``: kernel ops of kinds memory and aggregation (a layer's GEMMs and a fused attention kernel are
+      their layers'; views launch nothing);
+    * ``bytes``: read + written by the plain memory ops (not RNG_OPS / TRANSCENDENTAL_OPS; an aggregation's bytes
+      are its layer's, ``cost.formulas.aggregation_bytes``);
+    * ``rng_elems`` / ``transcendental_elems``: elements written by those ops (bytes written / element size), and
+      ``rng_bytes`` / ``transcendental_bytes`` their bytes read + written (what prices them where a rate is 0).
+
+    Kept on ``ops`` for as long as its records are the same objects (the cost model asks once per estimate)."""
+    recs = ops.records
+    cached = ops.__dict__.get("_host_totals")
+    if cached is not None and len(cached[0]) == len(recs) and all(a is b for a, b in zip(cached[0], recs)):
+        return cached[1]
+    esize = max(int(getattr(ops, "element_bits", 32) or 32), 8) / 8.0
+    out = {"launches": np.zeros(3), **{k: np.zeros((3, 2)) for k in (
+        "bytes", "rng_elems", "rng_bytes", "transcendental_elems", "transcendental_bytes")}}
+    for r in recs:
+        col = _PHASE_COLUMN.get(r.phase)
+        if col is None or r.kind not in _LAUNCH_KINDS:
+            continue
+        out["launches"][col] += r.launches
+        if r.kind != "memory":
+            continue
+        base = r.op.split(".")[1] if r.op.startswith("aten.") else r.op
+        group = "rng" if base in RNG_OPS else "transcendental" if base in TRANSCENDENTAL_OPS else None
+        moved = (r.read_per_sample + r.write_per_sample, r.read_fixed + r.write_fixed)
+        if group is None:
+            out["bytes"][col] += moved
+        else:
+            out[f"{group}_elems"][col] += (r.write_per_sample / esize, r.write_fixed / esize)
+            out[f"{group}_bytes"][col] += moved
+    ops.__dict__["_host_totals"] = (tuple(recs), out)
+    return out
+
+
+def op_list_time_components(totals: dict, samples, bandwidth: float, rng_rate: float, transcendental_rate: float,
+                            op_overhead_s: float) -> np.ndarray:
+    """(K, 3, 4) seconds of the op list's terms per step kind of ``samples`` (K,) and phase column, on the host
+    model's four terms: compute (0: GEMMs are the layers'), memory (plain ops' bytes / bandwidth), element-wise
+    (random-number elements / their rate + transcendental elements / theirs; an op whose rate was not measured,
+    0, is priced by its bytes as a plain op), overhead (launches x ``op_overhead_s``)."""
+    n = np.atleast_1d(np.asarray(samples, dtype=np.float64))[:, None]          # (K, 1)
+
+    def per_step(x):                                                           # (3, 2) -> (K, 3)
+        return x[None, :, 0] * n + x[None, :, 1]
+
+    nbytes = per_step(totals["bytes"])
+    elementwise = np.zeros_like(nbytes)
+    for group, rate in (("rng", rng_rate), ("transcendental", transcendental_rate)):
+        if rate > 0:
+            elementwise = elementwise + per_step(totals[f"{group}_elems"]) / rate
+        else:
+            nbytes = nbytes + per_step(totals[f"{group}_bytes"])
+    overhead = np.broadcast_to(totals["launches"][None] * op_overhead_s, nbytes.shape)
+    return np.stack((np.zeros_like(nbytes), nbytes / bandwidth, elementwise, overhead), axis=-1)
+
+
 @register
 class HostProfile(HardwareProfile):
     """``host``: the machine cptsim runs on; fake-quantized training runs in FP32, so bits do not change the time.
@@ -50,6 +152,8 @@ class HostProfile(HardwareProfile):
     time   = macs / (matmul rate x compute_efficiency) + bytes / (bandwidth x memory_efficiency)
              + quant_elems / elementwise rate + layer_overhead for every layer-phase that executes
              (host_time_components, weighted by ``factors()``)
+             + the step's other ops, from the run's op list (``op_list_cost``, module docstring): op_overhead per
+             launch + plain ops' bytes / bandwidth + random-number and transcendental elements at their rates
     The overhead term is what makes small layers and small batches cost more than their MACs say: a training step
     of a CIFAR ResNet at batch 32 on a CPU is dominated by per-op costs, not by arithmetic.
     energy = power_w x time            (power_w = 0 means unknown: energy is reported as 0)
@@ -89,6 +193,20 @@ class HostProfile(HardwareProfile):
               "CPTSIM_EXACT_GEMM runs its int8 GEMMs on, by default on a CPU); 0 = not measured", 0.0),
         Field("bf16_gmac_s", "nonneg", "bf16 matmul rate in 1e9 MAC/s (measured for reference: no training GEMM "
               "runs in bf16); 0 = not measured", 0.0),
+        # optional: the step's other ops (module docstring); a file without op_list = true prices the layers only
+        Field("op_list", "bool", "whether a step's other ops are priced from the run's op list (norms, "
+              "activations, dropout, the loss, the optimizer, a graph's gathers; cptsim.cost.hardware.host); "
+              "false in a profile measured before they were", False),
+        Field("op_overhead_us", "nonneg", "fixed time per launched op of the step's op list that is not a layer's "
+              "GEMM, and per phase of a full-precision layer, in microseconds (dispatch, autograd)", 0.0),
+        Field("conv_overhead_us", "nonneg", "fixed time per executed phase of a quantized convolution in "
+              "microseconds, where the op list is priced; absent = layer_overhead_us", None),
+        Field("rng_gelem_s", "nonneg", "random-number element rate (dropout's bernoulli_) in 1e9 elements/s; "
+              "0 = not measured (priced by its bytes)", 0.0),
+        Field("transcendental_gelem_s", "nonneg", "element rate of a transcendental activation (GELU, SiLU, tanh, "
+              "exp ...) in 1e9 elements/s; 0 = not measured (priced by its bytes)", 0.0),
+        Field("attention_gmac_s", "nonneg", "FP32 rate of attention's per-head matmuls (batched small GEMMs) in 1e9 "
+              "MAC/s, where the op list is priced; 0 = not measured (the matmul rate)", 0.0),
     )
     CALIBRATION = (
         Field("compute_efficiency", "positive", "achieved / measured matmul rate, fitted from runs", 1.0),
@@ -106,6 +224,12 @@ class HostProfile(HardwareProfile):
         if not p["calibrated"]:
             self.notes.append("placeholder numbers, not measured here: run `cptsim hw calibrate`")
         self._int8_rate = float(p.get("int8_gmac_s") or 0.0) * 1e9
+        self._op_overhead_s = float(p.get("op_overhead_us") or 0.0) * 1e-6
+        conv = p.get("conv_overhead_us")
+        self._conv_overhead_s = self._overhead_s if conv is None else float(conv) * 1e-6
+        self._rng_rate = float(p.get("rng_gelem_s") or 0.0) * 1e9
+        self._transcendental_rate = float(p.get("transcendental_gelem_s") or 0.0) * 1e9
+        self._attention_rate = float(p.get("attention_gmac_s") or 0.0) * 1e9
         # the exact path as a run on this machine would take it; decided when first asked (a profile with no int8
         # rate never asks); a report sets the run's own (with_exact_gemm)
         self._exact_gemm: bool | None = None
@@ -172,10 +296,13 @@ class HostProfile(HardwareProfile):
 
     def layer_cost(self, a, macs, b1, b2, bytes_moved, quant_elems, samples):
         """The GEMMs with their tiers (``shaped_gemm_cost``) while int8 ones are priced and the layers' shapes are
-        on record, else every GEMM in FP32 (``gemm_cost``)."""
+        on record, else every GEMM in FP32."""
         if self.shape_model and a.gemm is not None:
             return self.shaped_gemm_cost(a, macs, b1, b2, bytes_moved, samples)
-        return super().layer_cost(a, macs, b1, b2, bytes_moved, quant_elems, samples)
+        if not self.prices_op_list:
+            return super().layer_cost(a, macs, b1, b2, bytes_moved, quant_elems, samples)
+        t = self.time_components(macs, bytes_moved, quant_elems, layers=a) @ self.factors()
+        return t, self.params["power_w"] * t
 
     def shaped_gemm_cost(self, a, macs, b1, b2, bytes_moved, samples):
         """(time s, energy J), (K, L, 3), of profile arrays ``a``'s GEMMs with their tiers (``host_gemm_tiers``):
@@ -183,7 +310,8 @@ class HostProfile(HardwareProfile):
         q, g = _step_bits(a, b1)
         qe = quantizer_elems(a, q, g, samples)
         int8 = host_gemm_tiers(a, q, g, samples)
-        comp = self.time_components(macs, np.asarray(bytes_moved) + exact_extra_bytes(a, int8, samples), qe)
+        comp = self.time_components(macs, np.asarray(bytes_moved) + exact_extra_bytes(a, int8, samples), qe,
+                                    layers=a)
         comp[..., 0] = np.where(int8, np.asarray(macs, dtype=np.float64) / self._int8_rate, comp[..., 0])
         t = comp @ self.factors()
         return t, self.params["power_w"] * t
@@ -193,19 +321,66 @@ class HostProfile(HardwareProfile):
         rate = np.where((np.maximum(b1, b2) <= 8) & self.int8_active, self._int8_rate, self._mac_rate)
         return np.broadcast_to(rate * self._ceff, np.shape(b1)).astype(np.float64)
 
-    def time_components(self, macs, bytes_moved, quant_elems) -> np.ndarray:
-        """Uncalibrated seconds per term (..., 4): compute, memory, element-wise, overhead."""
-        return host_time_components(macs, self._mac_rate, bytes_moved, self._bandwidth, quant_elems,
-                                    self._elem_rate, self._overhead_s)
+    def time_components(self, macs, bytes_moved, quant_elems, layers=None) -> np.ndarray:
+        """Uncalibrated seconds per term (..., 4): compute, memory, element-wise, overhead (``layer_fixed_s`` per
+        executed layer-phase of profile arrays ``layers``, whose layer axis is the arrays' second to last).
+        Where the op list is priced and an attention rate was measured, attention's matmuls (``layer_kinds``)
+        compute at ``attention_gmac_s``, every other GEMM at the matmul rate."""
+        rate = self._mac_rate
+        if layers is not None and self.prices_op_list and self._attention_rate > 0:
+            rate = np.where((layer_kinds(layers) == "attention")[:, None], self._attention_rate, self._mac_rate)
+        return host_time_components(macs, rate, bytes_moved, self._bandwidth, quant_elems,
+                                    self._elem_rate, self.layer_fixed_s(layers))
+
+    def layer_fixed_s(self, layers=None):
+        """Seconds of fixed cost per executed layer-phase: ``layer_overhead_us``; where the op list is priced
+        (``prices_op_list``) and profile arrays ``layers`` say which layers are which, (L, 1) by kind
+        (``layer_kinds``) -- a quantized convolution's ``conv_overhead_us``, any other quantized layer's (Linear,
+        attention's matmuls, a graph layer's transform) ``layer_overhead_us``, a full-precision layer's one launch
+        (``op_overhead_us``: a plain GEMM call, no quantizer, no custom autograd function)."""
+        if layers is None or not self.prices_op_list:
+            return self._overhead_s
+        kind = layer_kinds(layers)
+        per = np.where(kind == "conv", self._conv_overhead_s, np.where(kind == "fp", self._op_overhead_s,
+                                                                        self._overhead_s))
+        return per[:, None]
+
+    @property
+    def prices_op_list(self) -> bool:
+        """Whether this profile prices a step's op list (``op_list = true``): module docstring."""
+        return bool(self.params.get("op_list"))
 
     def aggregation_components(self, bytes_moved) -> np.ndarray:
         """Uncalibrated seconds per term (..., 4) of graph aggregation phases (``cost.formulas.aggregation_bytes``):
-        a gather and a scatter-sum, so memory traffic at the bandwidth plus the per-layer-phase overhead; no GEMM
-        term (one MAC per edge and feature, far below the matmul rate's work per byte), no GEMM operand bytes."""
+        a gather and a scatter-sum, so memory traffic at the bandwidth; no GEMM term (one MAC per edge and
+        feature, far below the matmul rate's work per byte), no GEMM operand bytes. Their fixed cost: the
+        per-layer-phase overhead, or, where the op list is priced (``prices_op_list``), their gathers' and
+        scatters' launches there."""
         nbytes = np.asarray(bytes_moved, dtype=np.float64)
         zero = np.zeros_like(nbytes)
-        return np.stack((zero, nbytes / self._bandwidth, zero, np.where(nbytes > 0, self._overhead_s, 0.0)),
-                        axis=-1)
+        fixed = 0.0 if self.prices_op_list else self._overhead_s
+        return np.stack((zero, nbytes / self._bandwidth, zero, np.where(nbytes > 0, fixed, 0.0)), axis=-1)
+
+    def op_list_components(self, a, samples) -> np.ndarray | None:
+        """Uncalibrated seconds per term (K, 3, 4) of the step's other ops (profile arrays ``a``'s op list) per step
+        kind of ``samples`` and phase column; None where they are not priced (no op list, or a profile without
+        ``op_list = true``)."""
+        ops = getattr(a, "ops", None)
+        if ops is None or not self.prices_op_list:
+            return None
+        return op_list_time_components(host_op_totals(ops), samples, self._bandwidth, self._rng_rate,
+                                       self._transcendental_rate, self._op_overhead_s)
+
+    def op_list_cost(self, a, q, g, samples):
+        """(time s, energy J), each (K, 3), of the step's other ops (``op_list_components`` weighted by
+        ``factors()``); None where they are not priced. The same whatever the bits: fake quantization runs them
+        in FP32."""
+        n = np.broadcast_to(np.asarray(samples, dtype=np.float64), np.atleast_1d(np.asarray(q)).shape)
+        comp = self.op_list_components(a, n)
+        if comp is None:
+            return None
+        t = comp @ self.factors()
+        return t, self.params["power_w"] * t
 
     def aggregation_cost(self, bytes_moved) -> tuple[np.ndarray, np.ndarray]:
         """(time s, energy J) of graph aggregation phases: ``aggregation_components`` weighted by ``factors()``
@@ -225,6 +400,19 @@ class HostProfile(HardwareProfile):
         if self.int8_active and max(b1, b2) <= 8:
             return "int8 _int_mm (exact path: Linear fwd/wgrad; else fp32)"
         return "fp32 (fake-quant)"
+
+
+def layer_kinds(a) -> np.ndarray:
+    """(L,) the fixed-cost kind of each layer of profile arrays ``a``: "conv" (a quantized convolution),
+    "attention" (a quantized matmul of two activations: a second operand, not a graph aggregation), "layer" (any
+    other quantized layer: Linear, a graph layer's transform, an LSTM's gates), "fp" (a full-precision layer)."""
+    quantized = np.asarray(a.quantized, dtype=bool)
+    L = len(quantized)
+    conv = np.zeros(L, bool) if getattr(a, "is_conv", None) is None else np.asarray(a.is_conv, dtype=bool)
+    opnd = np.zeros(L) if getattr(a, "operand", None) is None else np.asarray(a.operand, dtype=np.float64)
+    agg = np.zeros(L, bool) if getattr(a, "aggregation", None) is None else np.asarray(a.aggregation, dtype=bool)
+    attention = (opnd > 0) & ~agg & ~conv
+    return np.where(~quantized, "fp", np.where(conv, "conv", np.where(attention, "attention", "layer")))
 
 
 def _step_bits(a, b1) -> tuple[np.ndarray, np.ndarray]:
