@@ -9,6 +9,7 @@ of the trace's step times), the modelled one, the error, and what the automatic 
     python benchmarks/bench_host_first_report.py                      # the three defaults once (~2 min on 2 cores)
     python benchmarks/bench_host_first_report.py --repeat 3 --json
     python benchmarks/bench_host_first_report.py --compare old=/tmp/old   # also report with another checkout
+    python benchmarks/bench_host_first_report.py --same-moment 3     # and the model against steps timed with it
 
 ``--compare LABEL=DIR`` (repeatable) reports the very same run directories (same measured steps) with the cptsim
 found in DIR too (PYTHONPATH=DIR; DIR holds a ``cptsim`` package with ``cli``, ``planner`` and ``hw_profiles``
@@ -19,6 +20,13 @@ A shared machine's timings move by 10-30% from minute to minute (the run is meas
 rates while the report measures): read the spread over ``--repeat``, not one figure. Each run also shows the error
 against its typical time, the median step time x its steps, which a few steps slowed by another job's burst do not
 move (the report compares the sum).
+
+``--same-moment N`` also checks the model where the load cannot drift between the two sides: this machine's rates
+are measured as a report measures them (``autocal.measure_host``), and a default run's training step -- digits-cnn
+on 64 digits, transformer-lm on 64 x 64 tokens, built from the registry with the run's defaults on synthetic inputs
+-- is timed in N turns, each after a turn of the reference workloads' steps, to which the fixed costs are fitted;
+then it is modelled with those (``cost.model.estimate`` of its profile and op list, as a report prices a run).
+(gcn needs torch_geometric and a graph's own step; its first report above is its check.)
 """
 
 from __future__ import annotations
@@ -91,6 +99,9 @@ def main() -> int:
                     help="also report each run with the cptsim in DIR, labelled LABEL (repeatable)")
     ap.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     ap.add_argument("--keep", default=None, help="keep the run directories and homes here")
+    ap.add_argument("--same-moment", type=int, default=0, metavar="N",
+                    help="also time digits-cnn's and transformer-lm's default steps in N turns between the "
+                         "reference workloads' and model them with that measurement (default 0: not)")
     args = ap.parse_args()
 
     work = Path(args.keep or tempfile.mkdtemp(prefix="cptsim-bench-first-report-")).resolve()
@@ -129,6 +140,7 @@ def main() -> int:
                 row["sides"][side] = first_report(base / "run", h, pythonpath)
             rows.append(row)
             say(_line(row))
+    same = same_moment(args.same_moment, say) if args.same_moment > 0 else None
     summary = {}
     for label, _ in DEFAULTS:
         sel = [r for r in rows if r["workload"] == label]
@@ -141,7 +153,7 @@ def main() -> int:
             summary[label][side] = {"error_pct_median": statistics.median(e), "error_pct_range": [min(e), max(e)],
                                     "error_vs_typical_pct_median": statistics.median(t),
                                     "error_vs_typical_pct_range": [min(t), max(t)]}
-    result = {"rows": rows, "summary": summary, "compare": dict(others),
+    result = {"rows": rows, "summary": summary, "compare": dict(others), "same_moment": same,
               "cpu": _cpu(), "load_average": os.getloadavg()}
     if args.json:
         print(json.dumps(result, indent=2))
@@ -156,9 +168,62 @@ def main() -> int:
                 f"{side}: {v['error_pct_median']:+.1f}% [{v['error_pct_range'][0]:+.1f}, {v['error_pct_range'][1]:+.1f}]"
                 f" / {v['error_vs_typical_pct_median']:+.1f}% [{v['error_vs_typical_pct_range'][0]:+.1f}, "
                 f"{v['error_vs_typical_pct_range'][1]:+.1f}]" for side, v in s.items()))
+        if same:
+            print(f"same moment: the default steps timed between the reference workloads' ({args.same_moment} "
+                  "turns), modelled with that measurement")
+            for r in same:
+                print(f"  {r['workload']:15s} measured {r['measured_s'] * 1e3:7.2f} ms/step (turns "
+                      f"{', '.join(f'{t * 1e3:.1f}' for t in r['turns_s'])})  modelled {r['modelled_s'] * 1e3:7.2f}"
+                      f" ms/step  ({r['error_pct']:+.1f}%)")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def same_moment(turns: int, say) -> list[dict]:
+    """The defaults' steps against the model, timed between the reference workloads' steps (module docstring)."""
+    import torch
+
+    from cptsim.calibration import autocal
+    from cptsim.calibration.calibrate import _median_time
+    from cptsim.models import create_model
+
+    torch.set_num_threads(1)  # what `cptsim train` picks for these small models on a CPU
+
+    def lm_inputs(net, scale, gen):
+        b = 64 * scale
+        return torch.randint(103, (b, 64), generator=gen), torch.randint(103, (b, 64), generator=gen)
+
+    defaults = [
+        autocal.Reference("digits-cnn", "", lambda: create_model("digits-cnn", num_classes=10, in_channels=1),
+                          autocal._dense_inputs(64, (1, 8, 8), 10), 64, (1, 8, 8), ("fc",)),
+        autocal.Reference("transformer-lm", "", lambda: create_model("transformer-lm", num_classes=103,
+                                                                      input_shape=(64,)), lm_inputs, 64, (64,)),
+    ]
+    say("same moment: measuring this machine as a report does ...")
+    measured = autocal.measure_host("cpu", autocal.AUTO_SECONDS)
+    refs = [autocal.prepare_reference(measured, "cpu", r) for r in autocal.REFERENCES]
+    runs = [autocal.prepare_reference(measured, "cpu", r) for r in defaults]
+    times: dict[str, list[float]] = {r[0].name: [] for r in refs + runs}
+    try:
+        for _ in range(turns):
+            for ref, step, _, _ in refs:
+                times[ref.name].append(_median_time(step, 0.1, lambda: None))
+            for ref, step, _, _ in runs:
+                times[ref.name].append(_median_time(step, 1.0, lambda: None))
+    finally:
+        for *_, close in refs + runs:
+            close()
+    # the fixed costs fitted to the reference steps of these very turns (the rates: the measurement's)
+    costs = autocal.fit_fixed_costs([autocal.ReferenceStep(ref.name, ref.what, statistics.median(times[ref.name]),
+                                                           *parts) for ref, _, parts, _ in refs])
+    out = []
+    for ref, _, (work, counts), _ in runs:
+        modelled = work + sum(costs[k] * counts[k] for k in autocal.FIXED_COSTS)
+        t = statistics.median(times[ref.name])
+        out.append({"workload": ref.name, "measured_s": t, "turns_s": times[ref.name], "modelled_s": modelled,
+                    "error_pct": (modelled / t - 1) * 100})
+    return out
 
 
 def _line(r: dict) -> str:
