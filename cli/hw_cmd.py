@@ -257,7 +257,8 @@ def calibrate_cmd(device: str, out_path: str | None, seconds: float, as_json: bo
             t.add_row(f"  {'x'.join(map(str, s['shape']))}", si(s["macs_per_s"], "MAC/s"))
     t.add_row("memory bandwidth (copy)", si(measured["bandwidth_bytes_per_s"], "B/s"))
     t.add_row("quantizer pass", si(measured["elementwise_elems_per_s"], "elem/s"))
-    for key, what, unit in (("rng_elems_per_s", "random numbers (dropout's bernoulli_)", "elem/s"),
+    for key, what, unit in (("linear_macs_per_s", "fp32 matmul, Linear-layer shapes", "MAC/s"),
+                            ("rng_elems_per_s", "random numbers (dropout's bernoulli_)", "elem/s"),
                             ("transcendental_elems_per_s", "GELU forward + backward", "elem/s"),
                             ("attention_macs_per_s", "attention matmuls (per-head bmm)", "MAC/s")):
         if measured.get(key):

@@ -95,12 +95,19 @@ def test_fixed_costs_follow_the_layer_kind(tmp_path):
     assert t - t0 == pytest.approx(2 * CONV_S + 6 * LAYER_S + 3 * OP_S + 7 * OP_S)
 
 
-def test_attention_computes_at_its_own_rate(tmp_path):
+def test_each_layer_kind_computes_at_its_own_rate(tmp_path):
     scores = LayerRecord(name="scores", type="Matmul", quantized=True, macs={"fwd": 1e6, "dgrad": 0, "wgrad": 0},
                          numel={"weight": 0, "input": 0, "output": 0}, calls=1, operand=64)
-    a = _profile([scores, _linear("fc", macs=1e6)]).arrays()
-    comp = _host(tmp_path).time_components(a.macs[None] * 10, np.zeros((1, 2, 3)), np.zeros((1, 2, 3)), layers=a)
-    assert comp[0, 0, 0, 0] == pytest.approx(1e7 / 10e9) and comp[0, 1, 0, 0] == pytest.approx(1e7 / 50e9)
+    conv = LayerRecord(name="conv", type="Conv2d", quantized=True, macs={"fwd": 1e6, "dgrad": 0, "wgrad": 0},
+                       numel={"weight": 0, "input": 0, "output": 0}, calls=1)
+    a = _profile([scores, _linear("fc", macs=1e6), conv]).arrays()
+    zeros = np.zeros((1, 3, 3))
+    comp = _host(tmp_path, linear_macs_per_s=40e9).time_components(a.macs[None] * 10, zeros, zeros, layers=a)
+    # attention at its measured rate, a Linear layer at the Linear shapes' one, a convolution at the matmul rate
+    assert comp[0, :, 0, 0] == pytest.approx([1e7 / 10e9, 1e7 / 40e9, 1e7 / 50e9])
+    # a Linear rate not measured: the matmul rate
+    comp = _host(tmp_path).time_components(a.macs[None] * 10, zeros, zeros, layers=a)
+    assert comp[0, 1, 0, 0] == pytest.approx(1e7 / 50e9)
 
 
 def test_a_profile_measured_before_the_op_list_prices_as_it_did(tmp_path):

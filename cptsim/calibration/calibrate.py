@@ -53,8 +53,15 @@ INT_SHAPES = ((4096, 128, 384), (4096, 512, 512), (512, 1152, 1024))
 ELEMENTWISE_NUMEL = 4 * 1024 * 1024
 OTHER_OP_NUMEL = 1024 * 1024  # a transformer-lm step's activations: 64 x 64 tokens x 256 (a 4 MB tensor)
 # Attention's matmuls on a CPU, (batch x heads, tokens, head width): one small GEMM per head and sequence, scores
-# (T x d @ d x T) and their mix (T x T @ T x d), which run at a fraction of a large GEMM's rate
+# (T x d @ d x T) and their mix (T x T @ T x d), which run at a fraction of a large GEMM's rate -- timed with their
+# operands out of cache, as a step runs them (each consumes what the op before it wrote): 22-30 GMAC/s on this
+# project's EPYC where the same bmm in cache runs at 33-39
 ATTENTION_SHAPES = ((256, 64, 32), (64, 128, 64), (32, 256, 64))
+# On a CPU, the FP32 rate of Linear layers' GEMMs apart from convolutions': a small model's Linear layers over a
+# batch of tokens or rows (M, K, N), widths 128-512 -- 33-40 GMAC/s on that EPYC where the conv-as-GEMM shapes
+# above reach 46-48 (a narrow K or N leaves the kernel's tiles part empty)
+LINEAR_SHAPES = ((4096, 128, 512), (4096, 512, 128), (2048, 256, 256))
+FLUSH_BYTES = 8 * 2**20  # written between timed calls of a cold-cache measurement: past a core's L2
 COPY_NUMEL = {"cpu": 16 * 1024 * 1024, "cuda": 64 * 1024 * 1024}  # 64 / 256 MB: well past the last-level cache
 _RAPL = Path("/sys/class/powercap/intel-rapl:0/energy_uj")
 
@@ -85,10 +92,10 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0, stage: Callable[[s
     power = _PowerMeter(device)
     stage = stage or (lambda name, done: None)
 
-    # Half the budget for matmul (where power is sampled; on a CPU 0.35 FP32 and 0.15 the int8 / bf16 tiers), a
-    # quarter each for bandwidth and the quantizer (on a CPU 0.2 each, and 0.05 each for the random-number and
-    # transcendental rates of the step's other ops).
-    by_shape = []
+    # Half the budget for matmul (where power is sampled; on a CPU 0.25 FP32 conv-as-GEMM shapes, 0.1 FP32 Linear
+    # shapes and 0.15 the int8 / bf16 tiers), a quarter each for bandwidth and the quantizer (on a CPU 0.2 each, and
+    # 0.1 for the random-number and transcendental rates of the step's other ops, 0.05 for attention's matmuls).
+    by_shape, linear_by_shape = [], []
     tiers: dict = {}
     power.start()
     stage("matmul rate", 0.0)
@@ -99,8 +106,12 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0, stage: Callable[[s
             for m, k, n in MATMUL_SHAPES:
                 a = torch.randn(m, k, device=device)
                 b = torch.randn(k, n, device=device)
-                t = _median_time(lambda: torch.mm(a, b), 0.35 * seconds / len(MATMUL_SHAPES), sync)
+                t = _median_time(lambda: torch.mm(a, b), 0.25 * seconds / len(MATMUL_SHAPES), sync)
                 by_shape.append({"shape": [m, k, n], "macs_per_s": m * k * n / t})
+            for m, k, n in LINEAR_SHAPES:
+                a, b = torch.randn(m, k), torch.randn(k, n)
+                t = _median_time(lambda: torch.mm(a, b), 0.1 * seconds / len(LINEAR_SHAPES), sync)
+                linear_by_shape.append({"shape": [m, k, n], "macs_per_s": m * k * n / t})
         stage("int8 / bf16 GEMM tiers", 0.35)
         tiers = cpu_tier_rates(0.15 * seconds, sync)
     power_w, power_source = power.stop()
@@ -145,6 +156,8 @@ def calibrate_host(device: str = "cpu", seconds: float = 3.0, stage: Callable[[s
         "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
         "torch_version": torch.__version__.split("+")[0],
         "matmul_macs_per_s": statistics.median(s["macs_per_s"] for s in by_shape),
+        "linear_macs_per_s": statistics.median(s["macs_per_s"] for s in linear_by_shape) if linear_by_shape else 0.0,
+        "linear_by_shape": linear_by_shape,
         "layer_overhead_s": layer_overhead,
         "matmul_by_shape": by_shape,
         "bandwidth_bytes_per_s": bandwidth,
@@ -177,17 +190,37 @@ def other_op_rates(budget_s: float, sync=lambda: None) -> tuple[float, float]:
 
 
 def attention_rate(budget_s: float, sync=lambda: None) -> float:
-    """MAC/s of attention's per-head matmuls, FP32 ``torch.bmm`` over ATTENTION_SHAPES: scores and mix of each,
-    the median over shapes."""
+    """MAC/s of attention's per-head matmuls, FP32 ``torch.bmm`` over ATTENTION_SHAPES with cold operands
+    (``_cold_time``): scores and mix of each, the median over shapes."""
     import torch
 
     rates = []
     with torch.no_grad():
         for b, t, d in ATTENTION_SHAPES:
             q, k, p = torch.randn(b, t, d), torch.randn(b, d, t), torch.randn(b, t, t)
-            sec = _median_time(lambda: (torch.bmm(q, k), torch.bmm(p, q)), budget_s / len(ATTENTION_SHAPES), sync)
+            sec = _cold_time(lambda: (torch.bmm(q, k), torch.bmm(p, q)), budget_s / len(ATTENTION_SHAPES), sync)
             rates.append(2 * b * t * t * d / sec)
     return statistics.median(rates)
+
+
+def _cold_time(fn: Callable[[], object], budget_s: float, sync: Callable[[], None], min_samples: int = 3) -> float:
+    """Median time of one call of ``fn`` with its operands out of the cache: FLUSH_BYTES written before each call
+    (not timed). Samples until ``budget_s`` is spent, timing included, at least ``min_samples``."""
+    import torch
+
+    flush = torch.empty(FLUSH_BYTES // 4)
+    deadline = time.perf_counter() + budget_s
+    fn()  # warm-up: allocation, kernel selection
+    sync()
+    times: list[float] = []
+    while len(times) < min_samples or time.perf_counter() < deadline:
+        flush.fill_(1.0)
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return max(statistics.median(times), 1e-12)
 
 
 def cpu_tier_rates(budget_s: float, sync=lambda: None, shapes=INT_SHAPES) -> dict:
@@ -355,7 +388,8 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
                                                              measured.get("layer_overhead_s", 0.0)) * 1e6),
                        "rng_gelem_s": _sig(measured.get("rng_elems_per_s", 0.0) / 1e9),
                        "transcendental_gelem_s": _sig(measured.get("transcendental_elems_per_s", 0.0) / 1e9),
-                       "attention_gmac_s": _sig(measured.get("attention_macs_per_s", 0.0) / 1e9)})
+                       "attention_gmac_s": _sig(measured.get("attention_macs_per_s", 0.0) / 1e9),
+                       "linear_gmac_s": _sig(measured.get("linear_macs_per_s", 0.0) / 1e9)})
     tiers = measured.get("tiers") or {}
     for tier in ("int8", "bf16"):  # added keys (a file without them reads as FP32 only)
         rate = float((tiers.get(tier) or {}).get("macs_per_s") or 0.0)
@@ -375,9 +409,11 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
                                     "passes: fitted to the reference workloads",
                 "rng_gelem_s": "bernoulli_ (dropout's draw) elements per s",
                 "transcendental_gelem_s": "GELU forward + backward elements per s (transcendental activations)",
-                "attention_gmac_s": "fp32 bmm of attention's per-head scores and mix, median over (sequences x "
-                                    "heads, tokens, head width) " + ", ".join("x".join(map(str, a))
-                                                                             for a in ATTENTION_SHAPES),
+                "attention_gmac_s": "fp32 bmm of attention's per-head scores and mix, operands out of cache, "
+                                    "median over (sequences x heads, tokens, head width) "
+                                    + ", ".join("x".join(map(str, a)) for a in ATTENTION_SHAPES),
+                "linear_gmac_s": "fp32 matmul of Linear-layer shapes, median over "
+                                 + ", ".join("x".join(map(str, a)) for a in LINEAR_SHAPES),
                 "int8_gmac_s": "torch._int_mm int8, median over shapes: the exact path's tier (on unless "
                                "CPTSIM_EXACT_GEMM=0)",
                 "bf16_gmac_s": "bf16 torch.mm, median over shapes (reference only: no training GEMM runs in bf16)"}

@@ -34,8 +34,10 @@ so everything in it adds up, and most of it is not a layer's GEMM:
   (``conv_overhead_us``), any other quantized layer's phase (``layer_overhead_us``: its Python, its quantizer
   calls, its custom autograd function, the exact path's small passes), a full-precision layer's phase one launch;
   a graph aggregation's phases carry none (their gathers and scatters are launches of the op list);
-* attention's activation-by-activation matmuls compute at ``attention_gmac_s``, the rate of the small per-head
-  GEMMs they are (about half a large GEMM's here), not at the matmul rate.
+* each layer's FP32 GEMMs at its kind's rate (``layer_mac_rate``): a convolution at the matmul rate (measured on
+  conv-as-GEMM shapes), a Linear layer at ``linear_gmac_s`` (a batch of tokens by widths of 128-512: 33-40 GMAC/s
+  where the conv shapes reach 46-48 on this project's EPYC), attention's activation-by-activation matmuls at
+  ``attention_gmac_s`` (small per-head GEMMs with their operands out of cache, as a step runs them: about half).
 
 Why: before, one figure per layer-phase carried every fixed cost and every op beside the layers, fitted to a CNN
 and an MLP. A transformer runs dozens of ops per layer, and dropout's draws, GELU and its attention cost more than
@@ -205,8 +207,12 @@ class HostProfile(HardwareProfile):
               "0 = not measured (priced by its bytes)", 0.0),
         Field("transcendental_gelem_s", "nonneg", "element rate of a transcendental activation (GELU, SiLU, tanh, "
               "exp ...) in 1e9 elements/s; 0 = not measured (priced by its bytes)", 0.0),
-        Field("attention_gmac_s", "nonneg", "FP32 rate of attention's per-head matmuls (batched small GEMMs) in 1e9 "
-              "MAC/s, where the op list is priced; 0 = not measured (the matmul rate)", 0.0),
+        Field("attention_gmac_s", "nonneg", "FP32 rate of attention's per-head matmuls (batched small GEMMs, "
+              "operands out of cache) in 1e9 MAC/s, where the op list is priced; 0 = not measured (the matmul "
+              "rate)", 0.0),
+        Field("linear_gmac_s", "nonneg", "FP32 rate of Linear layers' GEMMs (a batch of tokens by widths of 128-512) "
+              "in 1e9 MAC/s, where the op list is priced; 0 = not measured (the matmul rate, measured on "
+              "conv-as-GEMM shapes)", 0.0),
     )
     CALIBRATION = (
         Field("compute_efficiency", "positive", "achieved / measured matmul rate, fitted from runs", 1.0),
@@ -230,6 +236,7 @@ class HostProfile(HardwareProfile):
         self._rng_rate = float(p.get("rng_gelem_s") or 0.0) * 1e9
         self._transcendental_rate = float(p.get("transcendental_gelem_s") or 0.0) * 1e9
         self._attention_rate = float(p.get("attention_gmac_s") or 0.0) * 1e9
+        self._linear_rate = float(p.get("linear_gmac_s") or 0.0) * 1e9
         # the exact path as a run on this machine would take it; decided when first asked (a profile with no int8
         # rate never asks); a report sets the run's own (with_exact_gemm)
         self._exact_gemm: bool | None = None
@@ -324,13 +331,23 @@ class HostProfile(HardwareProfile):
     def time_components(self, macs, bytes_moved, quant_elems, layers=None) -> np.ndarray:
         """Uncalibrated seconds per term (..., 4): compute, memory, element-wise, overhead (``layer_fixed_s`` per
         executed layer-phase of profile arrays ``layers``, whose layer axis is the arrays' second to last).
-        Where the op list is priced and an attention rate was measured, attention's matmuls (``layer_kinds``)
-        compute at ``attention_gmac_s``, every other GEMM at the matmul rate."""
-        rate = self._mac_rate
-        if layers is not None and self.prices_op_list and self._attention_rate > 0:
-            rate = np.where((layer_kinds(layers) == "attention")[:, None], self._attention_rate, self._mac_rate)
-        return host_time_components(macs, rate, bytes_moved, self._bandwidth, quant_elems,
+        Where the op list is priced each layer's GEMMs compute at their kind's rate (``layer_mac_rate``)."""
+        return host_time_components(macs, self.layer_mac_rate(layers), bytes_moved, self._bandwidth, quant_elems,
                                     self._elem_rate, self.layer_fixed_s(layers))
+
+    def layer_mac_rate(self, layers=None):
+        """FP32 MAC/s of each layer's GEMMs, (L, 1) where the op list is priced and profile arrays ``layers`` say
+        which layers are which: a convolution at the matmul rate (measured on conv-as-GEMM shapes), attention's
+        activation-by-activation matmuls at ``attention_gmac_s``, any other layer (Linear, an LSTM's gates) at
+        ``linear_gmac_s``; a rate not measured (0) is the matmul rate."""
+        if layers is None or not self.prices_op_list:
+            return self._mac_rate
+        kind = layer_kinds(layers)
+        conv = np.zeros(len(kind), bool) if getattr(layers, "is_conv", None) is None else \
+            np.asarray(layers.is_conv, dtype=bool)
+        att = self._attention_rate or self._mac_rate
+        lin = self._linear_rate or self._mac_rate
+        return np.where(conv, self._mac_rate, np.where(kind == "attention", att, lin))[:, None]
 
     def layer_fixed_s(self, layers=None):
         """Seconds of fixed cost per executed layer-phase: ``layer_overhead_us``; where the op list is priced
