@@ -9,6 +9,8 @@ from typing import Any
 import click
 from rich.console import Console
 
+from cptsim.textfmt import si  # noqa: F401 - the commands import it from here
+
 # Tables for people go to stdout; progress bars and notes go to stderr so `--json` stdout stays one document.
 out = Console()
 err = Console(stderr=True)
@@ -91,20 +93,6 @@ def print_table(table, drop: tuple = (), wrap: tuple[str, ...] = ()) -> list[str
 def die(message: str, code: int) -> None:
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
-
-
-def si(x: float | None, unit: str = "") -> str:
-    """1.024e12 -> '1.02 T' (+unit); None -> '-'."""
-    if x is None:
-        return "-"
-    for factor, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= factor:
-            return f"{x / factor:.3g} {prefix}{unit}"
-    if x and abs(x) < 1:
-        for factor, prefix in ((1e-3, "m"), (1e-6, "µ"), (1e-9, "n"), (1e-12, "p")):
-            if abs(x) >= factor:
-                return f"{x / factor:.3g} {prefix}{unit}"
-    return f"{x:.3g} {unit}".rstrip()
 
 
 def parse_fp_layers(text: str | None) -> list[str] | None:

@@ -429,8 +429,8 @@ class Cost:
 
     ``bitops`` / ``macs`` / ``energy_j`` / ``latency_s`` are dicts with keys fwd, dgrad, wgrad, total (energy and
     latency are None without a hardware profile). ``baseline`` is the same run at static bits (q_max unless told)
-    with the same batches and gradient bits (or fixed ones: a plan's baseline), named by its "label"; ``vs_static`` the ratios to it (bitops, energy_j, latency_s);
-    ``relative_to_static`` is the BitOPs ratio.
+    with the same batches and gradient bits (or fixed ones: a plan's baseline), named by its "label"; ``vs_static``
+    the ratios to it (bitops, energy_j, latency_s); ``relative_to_static`` is the BitOPs ratio.
     """
 
     bitops: dict
@@ -463,14 +463,7 @@ class Cost:
     def __str__(self) -> str:
         import textwrap
 
-        def si(x, unit):
-            if x is None:
-                return "-"
-            for f, pre in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1, ""),
-                           (1e-3, "m"), (1e-6, "µ")):
-                if abs(x) >= f:
-                    return f"{x / f:.3g} {pre}{unit}"
-            return f"{x:.3g} {unit}"
+        from cptsim.textfmt import si
 
         where = f" on {self.hardware}" if self.hardware else " (no hardware: BitOPs and MACs only)"
         lines = textwrap.wrap(f"Cost of {self.workload or 'a run'}{where}: {self.steps:,} steps, "
@@ -584,9 +577,9 @@ def estimate(layer_profile, schedule_or_trace, hardware=None, steps: int | None 
     schedule's q_max; for a trace, its highest forward bits) and ``static_grad_bits`` (default: each step's own
     gradient bits; a plan's baseline fixes them, ``Cost.baseline`` names which). ``step_costs``: a ``StepCosts``
     of this very ``layer_profile`` and ``hardware`` object, to reuse one-step costs across calls (the numbers are
-    the same without it). ``step_kinds``: the schedule's steps by kind, (q, g, samples, count) exactly as ``bits_histogram`` gives them
-    for its bits, when the caller has counted them (the planner's fast path); the schedule's bits are then not
-    generated.
+    the same without it). ``step_kinds``: the schedule's steps by kind, (q, g, samples, count) exactly as
+    ``bits_histogram`` gives them for its bits, when the caller has counted them (the planner's fast path); the
+    schedule's bits are then not generated.
 
     ``layers``: a per-layer plan (``cptsim.cost.layerplan.ResolvedLayers``): every layer's rows are those of the
     whole-model estimate at its own schedule, the step's other ops (a GPU's op list) those of the global schedule

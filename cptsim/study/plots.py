@@ -19,6 +19,7 @@ import io
 import numpy as np
 
 from cptsim.errors import InputError
+from cptsim.textfmt import si
 
 
 def require_matplotlib():
@@ -237,7 +238,7 @@ def _hardware_panels(ax_e, ax_t, rows: list[dict], baseline: dict) -> None:
                     continue
                 ax.bar(x[i] + (j - 1) * w, pct, w, color=color, edgecolor=edge or color,
                        label=name if i == 0 else None)
-                ax.text(x[i] + (j - 1) * w, pct, _si(val, unit), ha="center", va="bottom", fontsize=7,
+                ax.text(x[i] + (j - 1) * w, pct, si(val, unit), ha="center", va="bottom", fontsize=7,
                         rotation=90)
         top = 1.35 * max([100.0] + [100 * (r.get("planned_vs_static") or {}).get(key, 0) for r in usable])
         for i, r in enumerate(usable):
@@ -248,7 +249,7 @@ def _hardware_panels(ax_e, ax_t, rows: list[dict], baseline: dict) -> None:
                 shown = min(m, 0.95 * top)
                 ax.plot([x[i] - 1.5 * w, x[i] + 1.5 * w], [shown, shown], color="C3", lw=2,
                         label="measured on the GPU that ran (all steps)")
-                ax.text(x[i] + 1.5 * w, shown, f" {_si(r['executed'][key], unit)}" + (" (off scale)" if m > shown
+                ax.text(x[i] + 1.5 * w, shown, f" {si(r['executed'][key], unit)}" + (" (off scale)" if m > shown
                         else ""), va="center", fontsize=7, color="C3", clip_on=True)
         ax.set_xticks(x, [r["name"] for r in usable], fontsize=8)
         ax.set_ylim(0, top)
@@ -256,16 +257,6 @@ def _hardware_panels(ax_e, ax_t, rows: list[dict], baseline: dict) -> None:
         ax.set_title(f"{what} on the target hardware (modelled): planned, executed, baseline", fontsize=10)
         ax.grid(alpha=0.3, axis="y")
         _legend_below(ax, ncol=2)
-
-
-def _si(v, unit: str) -> str:
-    """A number with an SI prefix, for a bar's label ('445 ms', '1.33 J'); '-' for None."""
-    if v is None:
-        return "-"
-    for f, p in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1, ""), (1e-3, "m"), (1e-6, "µ"), (1e-9, "n")):
-        if abs(v) >= f:
-            return f"{v / f:.3g} {p}{unit}"
-    return f"{v:.3g} {unit}"
 
 
 def metric_curve(acc: dict) -> tuple[str, list[tuple[str, list, list]]]:
