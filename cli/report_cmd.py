@@ -23,11 +23,15 @@ Planned = the plan's estimate (plan.json in the run dir), or the cost model's es
 hand. Executed = the trace re-counted with the same cost model. Host time: measured = the sum of the trace's
 step times on this machine; modelled = the host profile's estimate (`cptsim hw calibrate`, then --fit).
 Energy and latency on other hardware are modelled, never measured: the run did not execute there.
---fit fits compute_efficiency, memory_efficiency, the element-wise rate and the per-layer-phase overhead of the
-host profile to every measured step (least squares), writes a new profile to --fit-out, and predicts each --holdout run with it.
+Every saving is against one baseline, named under the table: the plan's (static at its space's q_max, its
+gradient bits), or static q_max of the run's own schedule for a run without a plan.
+--fit fits the host profile's calibration to every measured step (least squares), writes a new profile to
+--fit-out, and predicts each --holdout run with it.
 A CUDA run is compared with its GPU's profile (the one config.json names, or --host): per width, as it ran
-(fake-quant FP32, integer codes or int8 tensor cores) beside the profile's native tiers, time and NVML energy;
---fit on CUDA runs fits that GPU profile's kernel_overhead_us, memory_efficiency and power_fraction instead.
+(fake-quant FP32, integer codes or each layer's tensor-core routes) beside the profile's native tiers, time and
+NVML energy; its GPU's row in the target table holds the measurement. --fit on CUDA runs fits that GPU
+profile's kernel_overhead_us, memory_efficiency and power_fraction -- only as many as the runs' step kinds
+identify (the rest held, and why), and power_fraction only where energy was measured.
 """
 
 
