@@ -43,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from cptsim.calibration.calibrate import _cpu_name
+
 DEFAULTS = (
     ("digits-cnn", []),
     ("transformer-lm", ["--model", "transformer-lm", "--steps", "60"]),
@@ -154,11 +156,11 @@ def main() -> int:
                                     "error_vs_typical_pct_median": statistics.median(t),
                                     "error_vs_typical_pct_range": [min(t), max(t)]}
     result = {"rows": rows, "summary": summary, "compare": dict(others), "same_moment": same,
-              "cpu": _cpu(), "load_average": os.getloadavg()}
+              "cpu": _cpu_name(), "load_average": os.getloadavg()}
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"first report on a fresh HOME, this machine: {_cpu()}, {os.cpu_count()} CPUs, load average now "
+        print(f"first report on a fresh HOME, this machine: {_cpu_name()}, {os.cpu_count()} CPUs, load average now "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         for r in rows:
             print(_line(r))
@@ -236,16 +238,6 @@ def _line(r: dict) -> str:
         if c["calibration_s"] is not None:
             s += f", calibration {c['calibration_s']:.1f} s"
     return s
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":
