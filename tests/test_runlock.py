@@ -93,6 +93,49 @@ def test_two_concurrent_resumes_one_proceeds_and_the_trace_holds_each_step_once(
     assert len(run.read_metrics().records) == 2
 
 
+def _dead_pid():
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def _hold_unrecorded(path, record):
+    """Take the flock as a winner does, before it has recorded itself: the file still holds ``record``."""
+    import fcntl
+
+    path.write_text(json.dumps(record) + "\n")
+    fd = os.open(path, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def test_a_loser_names_the_winner_even_while_the_file_still_names_a_killed_holder(tmp_path):
+    """The race two resumes of a killed run met: the winner has the flock but the file still holds the killed
+    process's record (then, for a moment, nothing). The loser waits for the live record instead of naming the
+    dead pid or "another process"."""
+    import socket
+    import threading
+
+    run = tmp_path / "run"
+    dead = {"pid": _dead_pid(), "host": socket.gethostname(), "started": "then", "command": "cptsim train"}
+    fd = _hold_unrecorded(lock_file(run), dead)
+    try:
+        live = dict(dead, pid=os.getpid(), started="now", token="t")
+        timer = threading.Timer(0.3, lambda: os.pwrite(fd, (json.dumps(live) + "\n").encode(), 0))
+        timer.start()
+        with pytest.raises(RunLocked, match=f"pid {os.getpid()} on "):
+            RunLock.acquire(run)
+        timer.join()
+    finally:
+        os.close(fd)
+    fd = _hold_unrecorded(lock_file(run), dead)  # a winner that never records itself: the dead pid is not named
+    try:
+        with pytest.raises(RunLocked, match="another process \\(it has not recorded itself yet\\)"):
+            RunLock.acquire(run)
+    finally:
+        os.close(fd)
+
+
 def test_a_new_run_into_a_locked_place_is_refused_before_anything_is_made(tmp_path):
     out = tmp_path / "new"
     with RunLock.acquire(out):

@@ -106,11 +106,23 @@ class ExclusiveLock:
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "command": " ".join([_program(), *sys.argv[1:]])[:300], "token": self.token}
         data = (json.dumps(holder) + "\n").encode()
-        os.ftruncate(self.fd, 0)
+        # written over the old record, then cut to length: a reader in between sees no valid JSON, never a
+        # mixture that parses
         os.pwrite(self.fd, data, 0)
+        os.ftruncate(self.fd, len(data))
 
-    def holder(self) -> dict | None:
-        return read_holder(self.path)
+    def holder(self, wait_s: float = 2.0) -> dict | None:
+        """Who holds the lock, as it recorded itself. The winner records itself just after taking the lock, so
+        for a moment the file is empty or still names the previous holder (a killed one leaves its record): wait
+        up to ``wait_s`` for a record whose process is alive, and return None rather than name a dead one."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            h = read_holder(self.path)
+            if h and _alive(h):
+                return h
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
 
     def release(self) -> None:
         if self.fd is not None:
@@ -127,6 +139,19 @@ class ExclusiveLock:
 def _program() -> str:
     name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
     return "cptsim" if name in ("main.py", "__main__.py", "cptsim") else name
+
+
+def _alive(holder: dict) -> bool:
+    """Whether a recorded holder's process still runs (assumed so on another host, which we cannot ask)."""
+    if holder.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(int(holder.get("pid")), 0)
+    except (TypeError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def read_holder(lock_file: Path) -> dict | None:
