@@ -177,3 +177,59 @@ def test_an_automatic_cpu_measurement_without_tiers_is_measured_again_once(digit
                     + old.replace("[host]\n", "[host]\nop_list = true\n"))
     assert autocal.report_host(run) == str(path) and len(calls) == 2
     assert autocal.report_host(run, calibrate=False) == str(path) and len(calls) == 2
+
+
+def test_the_exact_paths_sum_gemms_are_the_int_mm_calls_a_real_step_makes(monkeypatch, tmp_path):
+    """exact_sum_macs against the GEMMs a real exact-path Linear step runs: every torch._int_mm call of a forward and
+    backward recorded, those against 8 columns (rows) of ones are the sums; their MACs per phase must be the host's
+    count of the profiled layer, which it prices at the sum rate (not the square GEMMs' 4x faster one)."""
+    import torch
+
+    from cptsim.cost.hardware.host import SUM_COLUMNS, exact_sum_macs
+    from cptsim.cost.model import _arrays
+    from cptsim.measure.profiler import profile_model
+    from cptsim.numerics.layers import quantize_model
+
+    monkeypatch.setenv("CPTSIM_EXACT_GEMM", "1")
+    tokens, fin, fout = 2 * 300, 24, 40  # 300 tokens a sample: wgrad's K >= MIN_WGRAD_TOKENS takes int8 too
+    net = torch.nn.Sequential(torch.nn.Linear(fin, fout))
+    precision = quantize_model(net, fp_layers=[])  # (a lone layer is the classifier, kept FP32 by default)
+    precision.set(8, 8)
+    prof = profile_model(net, (300, fin), batch_size=2)
+    calls = {"fwd": [], "bwd": []}
+    phase = ["fwd"]
+    real = torch._int_mm
+
+    def spy(a, b):
+        calls[phase[0]].append((a.shape[0], a.shape[1], b.shape[1]))
+        return real(a, b)
+
+    monkeypatch.setattr(torch, "_int_mm", spy)
+    x = torch.randn(2, 300, fin, requires_grad=False)
+    y = net(x)
+    phase[0] = "bwd"
+    y.square().sum().backward()
+    assert net[0].gemm_path == {"forward": X.INT8, "dgrad": X.FAKE, "wgrad": X.INT8}
+    sums = {p: sum(m * k * n for m, k, n in c if SUM_COLUMNS in (m, n)) for p, c in calls.items()}
+    # by hand: fwd the input's row sums, wgrad the error's row sums and the input's column sums
+    assert sums == {"fwd": tokens * fin * 8, "bwd": tokens * fout * 8 + 8 * tokens * fin}
+    a = _arrays(prof)
+    int8 = host_gemm_tiers(a, [8], [8], [2])
+    got = exact_sum_macs(a, int8, [2])[0, 0]
+    assert got.tolist() == [sums["fwd"], 0.0, sums["bwd"]]
+
+    # priced at the sum rate where one was measured, on top of the square GEMM at the int8 rate; not at all without
+    base = open(load_profile("host").path).read().replace('name = "host"', 'name = "t"')
+    priced = {}
+    for extra in ("", "\nint8_sum_gmac_s = 2.0"):
+        path = tmp_path / f"t{len(priced)}.toml"
+        path.write_text(base.replace("power_w = 0.0", "power_w = 0.0\nint8_gmac_s = 1000.0" + extra))
+        priced[bool(extra)] = estimate_one(prof, load_profile(str(path)).with_exact_gemm(True))
+    assert priced[True] - priced[False] == pytest.approx((sums["fwd"] + sums["bwd"]) / 2e9, rel=1e-9)
+
+
+def estimate_one(prof, hw):
+    from cptsim.cost.model import estimate
+
+    return estimate(prof, [{"step": 0, "batch_size": 2, "bits": 8, "grad_bits": 8}], hw,
+                    per_layer=False).latency_s["total"]

@@ -117,7 +117,8 @@ def _outdated(path: Path, device: str, calibrate: bool) -> bool:
     """An automatic measurement kept by an older cptsim, to be measured again when measuring is allowed -- once:
     a CPU file that does not price the step's op list (``op_list``: before it, one per-layer figure fitted to a
     CNN and an MLP put a transformer-lm run at -54%) or has no GEMM tiers (no int8 rate, nor the line saying it
-    could not be measured); a CUDA file whose per-layer figure came from the reference CNN alone."""
+    could not be measured), or an int8 tier without the rate of the exact path's sum GEMMs; a CUDA file whose
+    per-layer figure came from the reference CNN alone."""
     if not calibrate or os.environ.get(NO_CALIBRATE_ENV, "") not in ("", "0"):
         return False
     try:
@@ -126,7 +127,9 @@ def _outdated(path: Path, device: str, calibrate: bool) -> bool:
         return False
     if device != "cpu":  # a per-layer figure fitted to the reference CNN alone (older): a gcn at 2-3x
         return "step of cptsim.calibration.autocal's reference CNN less" in text
-    return "op_list = true" not in text or ("int8_gmac_s" not in text and "tiers measured" not in text)
+    if "op_list = true" not in text or ("int8_gmac_s" not in text and "tiers measured" not in text):
+        return True
+    return "int8_gmac_s" in text and "int8_sum_gmac_s" not in text  # the exact path's sum GEMMs went unpriced
 
 
 def measure(path: Path, device: str, threads: int, seconds: float = AUTO_SECONDS,

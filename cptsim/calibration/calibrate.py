@@ -50,6 +50,11 @@ CONV_SHAPES = ((128, 16, 32), (128, 64, 8), (64, 64, 56), (64, 128, 28), (64, 25
 # (M, K, N) of the LM-sized GEMMs the exact path runs: tokens x width x width (transformer-lm's projections at
 # batch 16 x 256 tokens, an LSTM's gates), and the conv-as-GEMM shapes above; _int_mm needs M > 16, K and N multiples of 8
 INT_SHAPES = ((4096, 128, 384), (4096, 512, 512), (512, 1152, 1024))
+# The exact path's row and column sums (cptsim.numerics.exact_gemm.int_linear): int8 GEMMs against 8 columns (rows)
+# of ones, whose one narrow side runs them at a third of a square GEMM's rate (65-80 against ~210 GMAC/s on this
+# project's EPYC): a forward's row sums (tokens x width x 8), a wgrad's error row sums (8 x tokens) and input column
+# sums. (M, K, N), one of each orientation, at transformer-lm's widths and a batch of 64 x 64 tokens.
+INT_SUM_SHAPES = ((4096, 512, 8), (8, 4096, 512))
 ELEMENTWISE_NUMEL = 4 * 1024 * 1024
 OTHER_OP_NUMEL = 1024 * 1024  # a transformer-lm step's activations: 64 x 64 tokens x 256 (a 4 MB tensor)
 # Attention's matmuls on a CPU, (batch x heads, tokens, head width): one small GEMM per head and sequence, scores
@@ -259,7 +264,22 @@ def cpu_tier_rates(budget_s: float, sync=lambda: None, shapes=INT_SHAPES) -> dic
             continue
         out[name] = {"macs_per_s": statistics.median(r["macs_per_s"] for r in rows) if rows else 0.0,
                      "by_shape": rows, "note": note}
+        if name == "int8" and rows and len(rows) == len(shapes):
+            out[name]["sum_macs_per_s"] = _int8_sum_rate(per, sync)
     return out
+
+
+def _int8_sum_rate(budget_s: float, sync=lambda: None) -> float:
+    """MAC/s of the exact path's sum GEMMs (INT_SUM_SHAPES): the median over both orientations."""
+    import torch
+
+    rates = []
+    with torch.no_grad():
+        for m, k, n in INT_SUM_SHAPES:
+            a = torch.randint(-128, 128, (m, k), dtype=torch.int8)
+            b = torch.randint(-128, 128, (k, n), dtype=torch.int8)
+            rates.append(m * k * n / _median_time(lambda: torch._int_mm(a, b), budget_s / len(INT_SUM_SHAPES), sync))
+    return statistics.median(rates)
 
 
 def write_gpu_profile(records: dict, host_path: Path) -> tuple[Path, HardwareProfile]:
@@ -395,6 +415,8 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
         rate = float((tiers.get(tier) or {}).get("macs_per_s") or 0.0)
         if rate > 0:
             params[f"{tier}_gmac_s"] = _sig(rate / 1e9)
+            if tiers[tier].get("sum_macs_per_s"):
+                params[f"{tier}_sum_gmac_s"] = _sig(tiers[tier]["sum_macs_per_s"] / 1e9)
             shapes = ", ".join("x".join(map(str, r["shape"])) for r in tiers[tier]["by_shape"])
             source += f"; {tiers[tier]['note']} median over {shapes}"
     comments = {"matmul_gmac_s": "conv fwd+bwd, median over shapes" if dev == "cuda" else "fp32 matmul, median over shapes",
@@ -416,6 +438,8 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
                                  + ", ".join("x".join(map(str, a)) for a in LINEAR_SHAPES),
                 "int8_gmac_s": "torch._int_mm int8, median over shapes: the exact path's tier (on unless "
                                "CPTSIM_EXACT_GEMM=0)",
+                "int8_sum_gmac_s": "torch._int_mm of the exact path's row and column sums (against 8 columns of "
+                                   "ones), median over " + ", ".join("x".join(map(str, a)) for a in INT_SUM_SHAPES),
                 "bf16_gmac_s": "bf16 torch.mm, median over shapes (reference only: no training GEMM runs in bf16)"}
     header = [f"Written by `cptsim hw calibrate` at {measured['measured_at']}. Re-run it to refresh; "
               "`cptsim report --fit` fits [calibration] to measured runs.",

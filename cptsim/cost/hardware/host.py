@@ -12,11 +12,12 @@ Tiers: the host measures its FP32 matmul rate and, where torch reaches them on t
   FP32 (``host_gemm_tiers``; tests/test_host_tiers.py checks it against exact_gemm's own routing functions);
 * bf16 is measured and shown (``cptsim hw show host``), but no training GEMM runs on it: no GEMM is priced there.
 
-An int8 GEMM also costs the exact path's extra passes, streaming C loops priced as memory traffic at the measured
-bandwidth (``exact_extra_bytes``): the int8 codes of the operands (read 4 B, write 1 B per element; forward: the
-input and the weight; wgrad: the error) and the int32 epilogue over its output (read 4 B, write 4 B in place;
-forward: the output; wgrad: the weight gradient). Its quantizer passes are those of the fake-quant path (the same
-calls), priced as before.
+An int8 GEMM also costs the exact path's row and column sums, int8 GEMMs against 8 columns of ones at their own
+measured rate (``int8_sum_gmac_s``, about a third of a square GEMM's; ``exact_sum_macs``), and its extra passes,
+streaming C loops priced as memory traffic at the measured bandwidth (``exact_extra_bytes``): the int8 codes of the
+operands (read 4 B, write 1 B per element; forward: the input and the weight; wgrad: the error) and the int32
+epilogue over its output (read 4 B, write 4 B in place; forward: the output; wgrad: the weight gradient). Its
+quantizer passes are those of the fake-quant path (the same calls), priced as before.
 
 The step beyond its layers (a profile with ``op_list = true``, as `cptsim hw calibrate` and a report's automatic
 measurement write it on a CPU; cptsim.calibration.autocal). A CPU runs a training step one eager op after another,
@@ -193,6 +194,8 @@ class HostProfile(HardwareProfile):
         # optional, so that a host.toml measured without them still reads (FP32 only)
         Field("int8_gmac_s", "nonneg", "int8 torch._int_mm rate in 1e9 MAC/s (VNNI/AMX; what the exact path "
               "CPTSIM_EXACT_GEMM runs its int8 GEMMs on, by default on a CPU); 0 = not measured", 0.0),
+        Field("int8_sum_gmac_s", "nonneg", "rate of the exact path's row and column sums, int8 torch._int_mm "
+              "against 8 columns of ones, in 1e9 MAC/s; 0 = not measured (not priced)", 0.0),
         Field("bf16_gmac_s", "nonneg", "bf16 matmul rate in 1e9 MAC/s (measured for reference: no training GEMM "
               "runs in bf16); 0 = not measured", 0.0),
         # optional: the step's other ops (module docstring); a file without op_list = true prices the layers only
@@ -230,6 +233,7 @@ class HostProfile(HardwareProfile):
         if not p["calibrated"]:
             self.notes.append("placeholder numbers, not measured here: run `cptsim hw calibrate`")
         self._int8_rate = float(p.get("int8_gmac_s") or 0.0) * 1e9
+        self._int8_sum_rate = float(p.get("int8_sum_gmac_s") or 0.0) * 1e9
         self._op_overhead_s = float(p.get("op_overhead_us") or 0.0) * 1e-6
         conv = p.get("conv_overhead_us")
         self._conv_overhead_s = self._overhead_s if conv is None else float(conv) * 1e-6
@@ -319,7 +323,10 @@ class HostProfile(HardwareProfile):
         int8 = host_gemm_tiers(a, q, g, samples)
         comp = self.time_components(macs, np.asarray(bytes_moved) + exact_extra_bytes(a, int8, samples), qe,
                                     layers=a)
-        comp[..., 0] = np.where(int8, np.asarray(macs, dtype=np.float64) / self._int8_rate, comp[..., 0])
+        gemm = np.asarray(macs, dtype=np.float64) / self._int8_rate
+        if self._int8_sum_rate > 0:
+            gemm = gemm + exact_sum_macs(a, int8, samples) / self._int8_sum_rate
+        comp[..., 0] = np.where(int8, gemm, comp[..., 0])
         t = comp @ self.factors()
         return t, self.params["power_w"] * t
 
@@ -485,6 +492,21 @@ def host_gemm_tiers(a, q, g, samples) -> np.ndarray:
     wgrad = (lin & (q <= X.MAX_BITS) & (g <= X.MAX_BITS) & (tokens >= X.MIN_WGRAD_TOKENS)
              & (tokens <= X.MAX_K) & has[..., 2])
     return np.stack((fwd, np.zeros_like(fwd), wgrad), axis=-1)
+
+
+SUM_COLUMNS = 8  # the ones the exact path's sum GEMMs multiply by (cptsim.numerics.exact_gemm._ones)
+
+
+def exact_sum_macs(a, int8: np.ndarray, samples) -> np.ndarray:
+    """(K, L, 3) MACs of the exact path's row and column sums for an int8 GEMM (``exact_gemm.int_linear``: int8
+    GEMMs against SUM_COLUMNS columns of ones): fwd the input codes' row sums (I x samples x 8; the weight's column
+    sums come with its codes); wgrad the error codes' row sums (O x samples x 8) and the input codes' column sums
+    (I x samples x 8)."""
+    numel = np.asarray(a.numel, dtype=np.float64)
+    n = np.atleast_1d(np.asarray(samples, dtype=np.float64))[:, None]
+    i, o = numel[:, 1][None] * n, numel[:, 2][None] * n
+    sums = np.stack((SUM_COLUMNS * i, np.zeros_like(i), SUM_COLUMNS * (i + o)), axis=-1)
+    return np.where(int8, sums, 0.0)
 
 
 CODES_BYTES, EPILOGUE_BYTES = 5.0, 8.0  # per element: float32 in, int8 out; int32 in, float32 out in place
