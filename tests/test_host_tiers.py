@@ -185,7 +185,7 @@ def test_the_exact_paths_sum_gemms_are_the_int_mm_calls_a_real_step_makes(monkey
     count of the profiled layer, which it prices at the sum rate (not the square GEMMs' 4x faster one)."""
     import torch
 
-    from cptsim.cost.hardware.host import SUM_COLUMNS, exact_sum_macs
+    from cptsim.cost.hardware.host import CODES_BYTES, SUM_COLUMNS, exact_sum_macs, exact_weight_elems
     from cptsim.cost.model import _arrays
     from cptsim.measure.profiler import profile_model
     from cptsim.numerics.layers import quantize_model
@@ -205,6 +205,14 @@ def test_the_exact_paths_sum_gemms_are_the_int_mm_calls_a_real_step_makes(monkey
         return real(a, b)
 
     monkeypatch.setattr(torch, "_int_mm", spy)
+    coded = []
+    real_codes = X.weight_codes
+
+    def codes_spy(w, bits):
+        coded.append(w.numel())
+        return real_codes(w, bits)
+
+    monkeypatch.setattr(X, "weight_codes", codes_spy)
     x = torch.randn(2, 300, fin, requires_grad=False)
     y = net(x)
     phase[0] = "bwd"
@@ -217,6 +225,8 @@ def test_the_exact_paths_sum_gemms_are_the_int_mm_calls_a_real_step_makes(monkey
     int8 = host_gemm_tiers(a, [8], [8], [2])
     got = exact_sum_macs(a, int8, [2])[0, 0]
     assert got.tolist() == [sums["fwd"], 0.0, sums["bwd"]]
+    assert coded == [fin * fout]  # the weight's pass: once, in the forward
+    assert exact_weight_elems(a, int8)[0, 0].tolist() == [fin * fout, 0.0, 0.0]
 
     # priced at the sum rate where one was measured, on top of the square GEMM at the int8 rate; not at all without
     base = open(load_profile("host").path).read().replace('name = "host"', 'name = "t"')
@@ -226,6 +236,13 @@ def test_the_exact_paths_sum_gemms_are_the_int_mm_calls_a_real_step_makes(monkey
         path.write_text(base.replace("power_w = 0.0", "power_w = 0.0\nint8_gmac_s = 1000.0" + extra))
         priced[bool(extra)] = estimate_one(prof, load_profile(str(path)).with_exact_gemm(True))
     assert priced[True] - priced[False] == pytest.approx((sums["fwd"] + sums["bwd"]) / 2e9, rel=1e-9)
+    # the weight's pass at its own rate where measured, in place of a quantizer pass and the codes' bytes
+    path = tmp_path / "coded.toml"
+    path.write_text(base.replace("power_w = 0.0", "power_w = 0.0\nint8_gmac_s = 1000.0\nweight_codes_gelem_s = 0.5"))
+    hw = load_profile(str(path)).with_exact_gemm(True)
+    W, p = fin * fout, hw.params
+    want = W / 0.5e9 - W / (p["elementwise_gelem_s"] * 1e9) - CODES_BYTES * W / (p["bandwidth_gb_s"] * 1e9)
+    assert estimate_one(prof, hw) - priced[False] == pytest.approx(want, rel=1e-9)
 
 
 def estimate_one(prof, hw):

@@ -264,9 +264,29 @@ def cpu_tier_rates(budget_s: float, sync=lambda: None, shapes=INT_SHAPES) -> dic
             continue
         out[name] = {"macs_per_s": statistics.median(r["macs_per_s"] for r in rows) if rows else 0.0,
                      "by_shape": rows, "note": note}
-        if name == "int8" and rows and len(rows) == len(shapes):
+        if name == "int8" and rows and note == how:  # (not where the tier was cut short: a slow int8)
             out[name]["sum_macs_per_s"] = _int8_sum_rate(per, sync)
+            codes = _weight_codes_rate(per, sync)
+            if codes:
+                out[name]["weight_codes_elems_per_s"] = codes
     return out
+
+
+WEIGHT_CODES_SHAPE = (512, 512)  # gcn's hidden transform; transformer-lm's are 128 x 128 .. 512 x 128
+
+
+def _weight_codes_rate(budget_s: float, sync=lambda: None) -> float:
+    """Elements per second of the exact path's weight pass (``exact_gemm.weight_codes`` at 8 bits on a
+    WEIGHT_CODES_SHAPE weight: the per-channel range, Qw(W), its codes, their sums and the transpose in one C call);
+    0 where the C kernels are not usable (the eager passes then run, which the quantizer rate and bytes price)."""
+    import torch
+
+    from cptsim.numerics import ckernels, exact_gemm
+
+    w = torch.randn(*WEIGHT_CODES_SHAPE)
+    if not ckernels.usable(w):
+        return 0.0
+    return w.numel() / _median_time(lambda: exact_gemm.weight_codes(w, 8), budget_s, sync)
 
 
 def _int8_sum_rate(budget_s: float, sync=lambda: None) -> float:
@@ -417,6 +437,8 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
             params[f"{tier}_gmac_s"] = _sig(rate / 1e9)
             if tiers[tier].get("sum_macs_per_s"):
                 params[f"{tier}_sum_gmac_s"] = _sig(tiers[tier]["sum_macs_per_s"] / 1e9)
+            if tiers[tier].get("weight_codes_elems_per_s"):
+                params["weight_codes_gelem_s"] = _sig(tiers[tier]["weight_codes_elems_per_s"] / 1e9)
             shapes = ", ".join("x".join(map(str, r["shape"])) for r in tiers[tier]["by_shape"])
             source += f"; {tiers[tier]['note']} median over {shapes}"
     comments = {"matmul_gmac_s": "conv fwd+bwd, median over shapes" if dev == "cuda" else "fp32 matmul, median over shapes",
@@ -440,6 +462,9 @@ def host_profile_toml(measured: dict, name: str = "host") -> str:
                                "CPTSIM_EXACT_GEMM=0)",
                 "int8_sum_gmac_s": "torch._int_mm of the exact path's row and column sums (against 8 columns of "
                                    "ones), median over " + ", ".join("x".join(map(str, a)) for a in INT_SUM_SHAPES),
+                "weight_codes_gelem_s": "exact_gemm.weight_codes (range, Qw(W), codes, sums, transpose in one C "
+                                        "call) elements per s on a " + "x".join(map(str, WEIGHT_CODES_SHAPE))
+                                        + " weight",
                 "bf16_gmac_s": "bf16 torch.mm, median over shapes (reference only: no training GEMM runs in bf16)"}
     header = [f"Written by `cptsim hw calibrate` at {measured['measured_at']}. Re-run it to refresh; "
               "`cptsim report --fit` fits [calibration] to measured runs.",

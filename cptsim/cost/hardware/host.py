@@ -13,7 +13,9 @@ Tiers: the host measures its FP32 matmul rate and, where torch reaches them on t
 * bf16 is measured and shown (``cptsim hw show host``), but no training GEMM runs on it: no GEMM is priced there.
 
 An int8 GEMM also costs the exact path's row and column sums, int8 GEMMs against 8 columns of ones at their own
-measured rate (``int8_sum_gmac_s``, about a third of a square GEMM's; ``exact_sum_macs``), and its extra passes,
+measured rate (``int8_sum_gmac_s``, about a third of a square GEMM's; ``exact_sum_macs``), the weight's pass of
+an int8 forward as the one C call it is (``weight_codes_gelem_s``: range, Qw(W), codes, sums and transpose, ~1.7 ns
+an element here where a quantizer pass and the codes' bytes price 0.75; ``exact_weight_elems``), and its extra passes,
 streaming C loops priced as memory traffic at the measured bandwidth (``exact_extra_bytes``): the int8 codes of the
 operands (read 4 B, write 1 B per element; forward: the input and the weight; wgrad: the error) and the int32
 epilogue over its output (read 4 B, write 4 B in place; forward: the output; wgrad: the weight gradient). Its
@@ -196,6 +198,9 @@ class HostProfile(HardwareProfile):
               "CPTSIM_EXACT_GEMM runs its int8 GEMMs on, by default on a CPU); 0 = not measured", 0.0),
         Field("int8_sum_gmac_s", "nonneg", "rate of the exact path's row and column sums, int8 torch._int_mm "
               "against 8 columns of ones, in 1e9 MAC/s; 0 = not measured (not priced)", 0.0),
+        Field("weight_codes_gelem_s", "nonneg", "element rate of the exact path's weight pass (one C call: the "
+              "per-channel range, Qw(W), its int8 codes, their sums and the transpose) in 1e9 elements/s; 0 = not "
+              "measured (priced as a quantizer pass and the codes' bytes)", 0.0),
         Field("bf16_gmac_s", "nonneg", "bf16 matmul rate in 1e9 MAC/s (measured for reference: no training GEMM "
               "runs in bf16); 0 = not measured", 0.0),
         # optional: the step's other ops (module docstring); a file without op_list = true prices the layers only
@@ -234,6 +239,7 @@ class HostProfile(HardwareProfile):
             self.notes.append("placeholder numbers, not measured here: run `cptsim hw calibrate`")
         self._int8_rate = float(p.get("int8_gmac_s") or 0.0) * 1e9
         self._int8_sum_rate = float(p.get("int8_sum_gmac_s") or 0.0) * 1e9
+        self._weight_codes_rate = float(p.get("weight_codes_gelem_s") or 0.0) * 1e9
         self._op_overhead_s = float(p.get("op_overhead_us") or 0.0) * 1e-6
         conv = p.get("conv_overhead_us")
         self._conv_overhead_s = self._overhead_s if conv is None else float(conv) * 1e-6
@@ -321,12 +327,16 @@ class HostProfile(HardwareProfile):
         q, g = _step_bits(a, b1)
         qe = quantizer_elems(a, q, g, samples)
         int8 = host_gemm_tiers(a, q, g, samples)
-        comp = self.time_components(macs, np.asarray(bytes_moved) + exact_extra_bytes(a, int8, samples), qe,
-                                    layers=a)
+        coded = self._weight_codes_rate > 0  # the weight's pass of an int8 forward measured as the one call it is
+        extra = exact_extra_bytes(a, int8, samples, weight=not coded)
+        comp = self.time_components(macs, np.asarray(bytes_moved) + extra, qe, layers=a)
         gemm = np.asarray(macs, dtype=np.float64) / self._int8_rate
         if self._int8_sum_rate > 0:
             gemm = gemm + exact_sum_macs(a, int8, samples) / self._int8_sum_rate
         comp[..., 0] = np.where(int8, gemm, comp[..., 0])
+        if coded:
+            w = exact_weight_elems(a, int8)
+            comp[..., 2] += w / self._weight_codes_rate - w / self._elem_rate
         t = comp @ self.factors()
         return t, self.params["power_w"] * t
 
@@ -512,15 +522,25 @@ def exact_sum_macs(a, int8: np.ndarray, samples) -> np.ndarray:
 CODES_BYTES, EPILOGUE_BYTES = 5.0, 8.0  # per element: float32 in, int8 out; int32 in, float32 out in place
 
 
-def exact_extra_bytes(a, int8: np.ndarray, samples) -> np.ndarray:
+def exact_weight_elems(a, int8: np.ndarray) -> np.ndarray:
+    """(K, L, 3) weight elements (W x calls, as ``quantizer_elems`` counts the weight's pass) of each int8 forward:
+    what the exact path's weight pass (``exact_gemm.weight_codes``) runs over."""
+    w = np.asarray(a.numel, dtype=np.float64)[:, 0] * np.asarray(a.calls, dtype=np.float64)
+    out = np.zeros(int8.shape)
+    out[..., 0] = np.where(int8[..., 0], w[None], 0.0)
+    return out
+
+
+def exact_extra_bytes(a, int8: np.ndarray, samples, weight: bool = True) -> np.ndarray:
     """(K, L, 3) bytes the exact path's extra passes move for an int8 GEMM: fwd the codes of the input
-    (I x samples) and of the weight (W x calls) and the epilogue over the output (O x samples); wgrad the codes of
-    the error (O x samples) and the epilogue over the weight gradient (W x calls)."""
+    (I x samples) and of the weight (W x calls; not with ``weight`` False, where the weight's pass is priced at its
+    own measured rate) and the epilogue over the output (O x samples); wgrad the codes of the error (O x samples)
+    and the epilogue over the weight gradient (W x calls)."""
     numel = np.asarray(a.numel, dtype=np.float64)
     n = np.atleast_1d(np.asarray(samples, dtype=np.float64))[:, None]
     calls = np.asarray(a.calls, dtype=np.float64)[None]
     w, i, o = numel[:, 0][None] * calls, numel[:, 1][None] * n, numel[:, 2][None] * n
-    fwd = CODES_BYTES * (i + w) + EPILOGUE_BYTES * o
+    fwd = CODES_BYTES * (i + (w if weight else 0.0)) + EPILOGUE_BYTES * o
     wgrad = CODES_BYTES * o + EPILOGUE_BYTES * w
     extra = np.stack((fwd, np.zeros_like(fwd), wgrad), axis=-1)
     return np.where(int8, extra, 0.0)
