@@ -15,6 +15,16 @@ def _one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread_in_each_test(_one_torch_thread):
+    """Back to one thread before every test: an in-process `train` of a larger input (CIFAR-sized and up) sets
+    torch's threads to its default (cptsim.run.train.cpu_threads) and leaves them there, so every later test of
+    that worker ran on 2 threads (a set of compute-heavy files took 209 s that way with -n 2, 55 s on one)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _no_automatic_host_measurement():
     """`cptsim report` measures this machine once when no host profile was (cptsim.calibration.autocal): seconds per test and a
