@@ -9,15 +9,13 @@ small by sqrt((1 - phi) / (1 + phi)). Then the round itself, with fake runs whos
 are chosen, and the real loop's record of them."""
 
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from scipy.signal import lfilter
 
 from cptsim.planner.pilot import blocked_se, window_se
+from shared_runs import cptsim_here
 
 T, W = 64, 512  # a character model's BPTT window; windows per series (32768 tokens)
 
@@ -193,11 +191,9 @@ def test_a_language_model_run_records_its_validation_loss_per_window(tmp_path):
     from cptsim.run.rundir import RunDir
 
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "cptsim.cli.main", "train", "--model",
-                        "lstm-lm:layers=1,hidden=16,dropout=0", "--dataset", "pydoc-chars", "--batch-size", "8",
-                        "--steps", "2", "--recal-batches", "0", "--quiet", "--out", str(out)],
-                       capture_output=True, text=True, env=dict(os.environ), timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    r = cptsim_here("train", "--model", "lstm-lm:layers=1,hidden=16,dropout=0", "--dataset", "pydoc-chars",
+                    "--batch-size", "8", "--steps", "2", "--recal-batches", "0", "--quiet", "--out", out)
+    assert r.exit_code == 0, (r.output[-2000:], r.exception)
     (rec,) = RunDir.open(out).read_metrics().records
     per = unpack_window_losses(rec["val_window_loss"])
     assert len(per) == N_WIN and per.mean() == pytest.approx(rec["val_loss"], rel=1e-5)
