@@ -53,7 +53,7 @@ def test_train_flags_spell_out_the_workload():
     assert "device" not in s.workload() and s.workload()["steps"] == 7
 
 
-def test_a_sweep_holds_out_a_validation_split_by_default_and_the_database_records_it(tmp_path):
+def test_a_sweep_holds_out_a_validation_split_by_default_and_the_database_records_it(one_run_sweep, tmp_path):
     """Issue 22 item 1: every run of a sweep holds out the planner's validation fraction of its training data
     (what ``plan --quality db`` fits to), its row records the validation accuracy, and the row is found under the
     key the planner looks up (``measured_workload``). A sweep directory written before the split existed (its
@@ -67,9 +67,7 @@ def test_a_sweep_holds_out_a_validation_split_by_default_and_the_database_record
     assert s.val_split == VAL_SPLIT and s.workload()["val_split"] == VAL_SPLIT
     f = s.train_flags()
     assert float(f[f.index("--val-split") + 1]) == VAL_SPLIT
-    out, db = tmp_path / "sw", tmp_path / "r.db"
-    r = _cli(*_sweep_args(out, db, "static:4"), "--json")
-    assert r.exit_code == 0, r.output
+    out, db = one_run_sweep["as_made"]  # `sweep --schedules static:4 --steps 4`, exit code 0
     with ResultsDB(db) as d:
         (row,) = d.rows()
     cfg = json.loads((out / "static_4_g8-s0" / "config.json").read_text())
@@ -179,11 +177,28 @@ def _sweep_args(out, db, schedules, seeds="0"):
     return ["sweep", "--schedules", schedules, "--seeds", seeds, "--steps", STEPS, "--out", out, "--db", db]
 
 
-def test_a_killed_sweep_reruns_only_its_unfinished_runs_and_two_sweeps_share_one_database(tmp_path, monkeypatch):
-    out, db = tmp_path / "sw", tmp_path / "results.db"
-    # 1. one run finishes
+@pytest.fixture(scope="module")
+def one_run_sweep(tmp_path_factory):
+    """`sweep --schedules static:4 --seeds 0 --steps 4`, finished, made once for the two tests that begin with it:
+    "as_made" (out, db) a copy of it, which the tests only read; "grown" (out, db) the sweep itself, which
+    test_a_killed_sweep... grows in place and is the only one to use."""
+    import shutil
+
+    base = tmp_path_factory.mktemp("one-run-sweep")
+    out, db = base / "sw", base / "results.db"
     r = _cli(*_sweep_args(out, db, "static:4"), "--json")
     assert r.exit_code == 0, r.output
+    copy = base / "as-made"
+    shutil.copytree(out, copy / "sw")
+    for f in base.glob(db.name + "*"):  # the database and any WAL files beside it
+        shutil.copy2(f, copy / f.name)
+    return {"as_made": (copy / "sw", copy / db.name), "grown": (out, db)}
+
+
+def test_a_killed_sweep_reruns_only_its_unfinished_runs_and_two_sweeps_share_one_database(one_run_sweep, tmp_path,
+                                                                                          monkeypatch):
+    # 1. one run finishes (the module's sweep, grown here in place: its rows name their run directories)
+    out, db = one_run_sweep["grown"]
     done = out / "static_4_g8-s0"
     stamp = {p.name: p.stat().st_mtime_ns for p in done.iterdir()}
     # 2. the sweep grows by one schedule, whose training is killed (SIGKILL) at step 2
