@@ -45,6 +45,7 @@ from cptsim.cost.schedules import aliasing
 from cptsim.errors import InputError, RunFailed, RunStopped
 from cptsim.measure.opcount import zero_grad
 from cptsim.models.loss import class_cross_entropy
+from .hostmem import retain_freed_memory, retained
 from .rundir import RunDir
 
 from .config import (LR_SCHEDULES, PLAN_FIXED, TrainConfig, check_world, loss_divisor, new_loss_unit,  # noqa: F401
@@ -208,6 +209,7 @@ def build(cfg: TrainConfig) -> Workload:
                                               image_size=cfg.image_size)
     if not cfg.device.startswith("cuda"):
         torch.set_num_threads(cpu_threads(cfg.threads, info.input_shape, graph=info.graph_edges is not None))
+        retain_freed_memory()  # (cptsim.run.hostmem: a step's blocks stay in the process, not faulted back in)
     torch.manual_seed(cfg.seed)
     model = create_model(cfg.model, num_classes=info.num_classes, in_channels=info.input_shape[0],
                          input_shape=tuple(info.input_shape), graph=info.graph_edges is not None)
@@ -412,6 +414,8 @@ def resolved_config(cfg: TrainConfig, w: Workload, world: int = 1) -> dict:
         "versions": {"cptsim": __version__, "torch": torch.__version__, "python": platform.python_version()},
         "host": {"machine": platform.machine(), "threads": torch.get_num_threads(),
                  "quantizers": quantizer_path(cfg.device), **tf32_flags(),
+                 # what the C allocator keeps of a step's freed memory (cptsim.run.hostmem); None: its default
+                 "malloc": retained(),
                  # torch.optim's update: fused on CUDA, foreach elsewhere; a resume keeps the run's
                  "optimizer_impl": optimizer_impl(cfg.device),
                  # which GEMMs of each quantized layer run exact int8 and which the FP32 fake-quant path
