@@ -175,7 +175,8 @@ def test_every_rank_gets_its_own_cuda_generator_state_back(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_cuda_rng_worker, args=(2, port, str(tmp_path)), nprocs=2)
+    # forked, not spawned: the ranks need this process's modules, not a fresh start of Python and torch each
+    mp.start_processes(_cuda_rng_worker, args=(2, port, str(tmp_path)), nprocs=2, start_method="fork")
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert got["n_cuda"] == 2
