@@ -3,8 +3,10 @@
 
 The script runs from a copy of the checkout (no .venv) with a PATH whose python3 has no torch. Building a real
 environment takes minutes and the network, so ``make`` is a stand-in that records how it was called and makes
-``VENV/bin/python`` start this test's own python (which holds torch); that the script asks the real Makefile for a
-target it has is checked with ``make -n``."""
+``VENV/bin/python`` start this test's own python with a stand-in ``torch`` first on its path, one whose
+``cuda.is_available()`` is False (all the script asks of torch, twice a run: the real one's ~2 s import each time
+was most of this file's time); that the script asks the real Makefile for a target it has is checked with
+``make -n``."""
 
 import os
 import shutil
@@ -26,8 +28,10 @@ FAKE_MAKE = f"""#!/bin/sh
 echo "$@" >> "$FAKE_MAKE_LOG"
 venv=.venv
 for a in "$@"; do case "$a" in VENV=*) venv="${{a#VENV=}}";; esac; done
-mkdir -p "$venv/bin"
-printf '#!/bin/sh\\nexec {sys.executable} "$@"\\n' > "$venv/bin/python"
+mkdir -p "$venv/bin" "$venv/stand-in/torch"
+printf 'class cuda:\\n    @staticmethod\\n    def is_available():\\n        return False\\n' \\
+    > "$venv/stand-in/torch/__init__.py"
+printf '#!/bin/sh\\nPYTHONPATH="%s" exec {sys.executable} "$@"\\n' "$(cd "$venv" && pwd)/stand-in" > "$venv/bin/python"
 chmod +x "$venv/bin/python"
 touch "$venv/.installed"
 """
