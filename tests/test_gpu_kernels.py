@@ -361,3 +361,22 @@ def test_winograd_prices_fp32_steps_only_and_where_the_cuda_cores_compete(monkey
         faster = t[0] < t_direct[0] * (1 - 1e-9)
         assert faster.any(axis=1).tolist() == (w3 & moved).tolist(), gpu
         assert (t[0] <= t_direct[0]).all()
+
+
+def test_a_run_whose_op_list_cannot_be_counted_says_so_and_goes_on(tmp_path, monkeypatch):
+    """The op count fails (a model whose step cannot be rerun from its first batch alone, say): the run trains on,
+    profile.json has no op list, and train says what that costs instead of dropping it silently."""
+    import json
+
+    import cptsim.measure.opcount as O
+    from shared_runs import cptsim_here
+
+    def broken(*a, **k):
+        raise RuntimeError("cannot rerun this step")
+
+    monkeypatch.setattr(O, "count_step_ops", broken)
+    r = cptsim_here("train", "--steps", "2", "--quiet", "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    warned = [line for line in r.stderr.splitlines() if "op list" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: ") and "could not be counted" in warned[0]
+    assert "ops" not in json.loads((tmp_path / "run" / "profile.json").read_text())

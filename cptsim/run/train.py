@@ -1315,6 +1315,10 @@ class _Training:
         prof = self.counter.layer_profile(batch[0].shape[0], self.w.info.input_shape)
         prof.channels_last = self.cfg.channels_last  # the GPU model prices the step's memory format
         prof.ops = _step_ops(self.w.model, batch[0], self.device, self.w, self.cfg.optimizer)
+        if prof.ops is None:  # the run goes on; a report then says its profile has no op list
+            print("warning: the step's op list (norms, activations, optimizer update, launches) could not be "
+                  "counted: profile.json holds the layers' GEMMs only, and a report models this run's time (host "
+                  "or GPU) without the step's other ops", file=sys.stderr)
         self.run.write_json(PROFILE, prof.to_json())
         self.need_profile = False
 
