@@ -1,6 +1,7 @@
 """One writer per run: a second writer is refused (exit 2, one line naming the holder) and writes nothing; a killed
 owner leaves no lock; a process its parent started to write the run adopts the parent's lock."""
 
+import functools
 import json
 import os
 import shutil
@@ -109,7 +110,7 @@ def _hold_unrecorded(path, record):
     return fd
 
 
-def test_a_loser_names_the_winner_even_while_the_file_still_names_a_killed_holder(tmp_path):
+def test_a_loser_names_the_winner_even_while_the_file_still_names_a_killed_holder(tmp_path, monkeypatch):
     """The race two resumes of a killed run met: the winner has the flock but the file still holds the killed
     process's record (then, for a moment, nothing). The loser waits for the live record instead of naming the
     dead pid or "another process"."""
@@ -129,6 +130,8 @@ def test_a_loser_names_the_winner_even_while_the_file_still_names_a_killed_holde
     finally:
         os.close(fd)
     fd = _hold_unrecorded(lock_file(run), dead)  # a winner that never records itself: the dead pid is not named
+    # (the loser gives up waiting for a live record sooner than its 2 s: how long it waits is not the subject)
+    monkeypatch.setattr(RunLock, "holder", functools.partialmethod(RunLock.holder, wait_s=0.3))
     try:
         with pytest.raises(RunLocked, match="another process \\(it has not recorded itself yet\\)"):
             RunLock.acquire(run)
