@@ -8,38 +8,45 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-L = pytest.importorskip("lightning.pytorch")
 
-from cptsim.run.integrations.lightning import CPTCallback  # noqa: E402
-
-
-class Tiny(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(),
-                                       torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10))
-
-    def forward(self, x):
-        return self.net(x)
-
-    def training_step(self, batch, i):
-        x, y = batch
-        return F.cross_entropy(self(x), y)
-
-    def validation_step(self, batch, i):
-        x, y = batch
-        self.log("val_acc", (self(x).argmax(1) == y).float().mean())
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
+@pytest.fixture(scope="module")
+def L():
+    """lightning.pytorch, imported when a test here runs rather than when the suite is collected: with torchmetrics
+    it takes ~2.7 s after torch, which every pytest-xdist worker paid whether or not it ran this file."""
+    return pytest.importorskip("lightning.pytorch")
 
 
-def test_callback_trains_a_lightning_module_and_the_run_reports(tmp_path):
+def _tiny(L):
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(),
+                                           torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10))
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, i):
+            x, y = batch
+            return F.cross_entropy(self(x), y)
+
+        def validation_step(self, batch, i):
+            x, y = batch
+            self.log("val_acc", (self(x).argmax(1) == y).float().mean())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    return Tiny()
+
+
+def test_callback_trains_a_lightning_module_and_the_run_reports(L, tmp_path):
+    from cptsim.run.integrations.lightning import CPTCallback
     from cptsim.study.report import build_report
 
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(80, 1, 8, 8), torch.randint(10, (80,)))
-    module = Tiny()
+    module = _tiny(L)
     cb = CPTCallback("cpt:3-8:g8:n2", run_dir=tmp_path / "run", config={"dataset": "random", "train_size": 80})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's advice on workers and logging
