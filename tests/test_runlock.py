@@ -169,3 +169,34 @@ def test_a_child_adopts_its_parents_lock_and_nobody_else_does(tmp_path, monkeypa
             RunLock.acquire(run)
     finally:
         orphan.release()
+
+
+FORKS_THEN_DIES = """
+import os, signal, sys, time
+from cptsim.run.rundir import RunLock
+lock = RunLock.acquire(sys.argv[1])
+pid = os.fork()  # a DataLoader worker (fork start method): a copy of the process, lock descriptor included
+if pid == 0:
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 1), os.dup2(null, 2)  # (the test reads the parent's output to its end)
+    time.sleep(30)
+    os._exit(0)
+print(pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_forked_worker_does_not_keep_a_killed_runs_lock(tmp_path):
+    """A run's process forks workers (DataLoader workers) and is SIGKILLed: a resume at once must get the run. The
+    forked copy of the lock's descriptor used to hold the flock until the workers noticed and exited (~5 s), and
+    the resume was refused as 'being written by another process'."""
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-c", FORKS_THEN_DIES, str(run)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    child = int(p.stdout.split()[0])
+    try:
+        os.kill(child, 0)  # the forked worker still runs ...
+        with RunLock.acquire(run) as lock:  # ... and the run is free
+            assert lock.fd is not None and not lock.adopted
+    finally:
+        os.kill(child, signal.SIGKILL)

@@ -27,6 +27,7 @@ manifest and that loads, so one damaged file costs the steps since the checkpoin
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -72,6 +73,27 @@ class RunLocked(InputError):
     """Another live process holds the run (exit 2: the second writer writes nothing)."""
 
 
+# The lock descriptors this process holds. A child made by fork alone (a DataLoader's worker, a forked
+# multiprocessing rank) inherits them, and an flock lives while any copy is open: after a SIGKILL of the run's
+# process its workers kept the run locked for the seconds they took to notice, and a resume at once was refused
+# as "being written by another process". A forked child closes its copies (below); a child the run means to hold
+# the lock gets it explicitly (pass_fds, ``RunLock.handoff_env``), which the fork hook does not touch: a
+# subprocess's fork runs no Python at-fork hook.
+_HELD: set[int] = set()
+
+
+def _close_in_forked_child() -> None:
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_forked_child)
+
+
 class ExclusiveLock:
     """An exclusive ``flock`` on a file, taken without waiting and held until ``release`` or the process's end.
 
@@ -98,6 +120,7 @@ class ExclusiveLock:
                 return False
             raise
         self.fd = fd
+        _HELD.add(fd)
         self.token = token or secrets.token_hex(8)
         self._record()
         return True
@@ -110,6 +133,18 @@ class ExclusiveLock:
         # mixture that parses
         os.pwrite(self.fd, data, 0)
         os.ftruncate(self.fd, len(data))
+
+    @contextlib.contextmanager
+    def handed_down(self):
+        """While a child the run means to hold the lock is started (``pass_fds=(lock.fd,)``): the fork hook leaves
+        the descriptor open in it (a ``preexec_fn`` makes subprocess run Python's at-fork hooks)."""
+        fd = self.fd
+        _HELD.discard(fd)
+        try:
+            yield fd
+        finally:
+            if self.fd == fd and fd is not None:
+                _HELD.add(fd)
 
     def holder(self, wait_s: float = 2.0) -> dict | None:
         """Who holds the lock, as it recorded itself. The winner records itself just after taking the lock, so
@@ -126,6 +161,7 @@ class ExclusiveLock:
 
     def release(self) -> None:
         if self.fd is not None:
+            _HELD.discard(self.fd)
             os.close(self.fd)  # the lock goes when the last process holding this open file closes it
             self.fd = None
 

@@ -227,8 +227,10 @@ class TrainJob:
                 log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S%z')} job {job_id} on {os.uname().nodename} "
                           f"{'resume' if started else 'new'}: {shlex.join(argv)}\n".encode())
                 log.flush()
-                self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              env=env, pass_fds=(lock.fd,), preexec_fn=_ignore_usr2)
+                with lock.handed_down() as fd:
+                    self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                  stdin=subprocess.DEVNULL, env=env, pass_fds=(fd,),
+                                                  preexec_fn=_ignore_usr2)
                 # what writing the record needs, imported while the training runs rather than after it
                 try:
                     import cptsim.cost.model  # noqa: F401

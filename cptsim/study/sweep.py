@@ -350,9 +350,10 @@ def execute(runs: list[SweepRun], settings: SweepSettings, jobs: int = 1, db=Non
                 log.flush()
                 # Its own session: a ^C at the terminal reaches the sweep alone, which passes it on exactly once
                 # (a second SIGINT makes `cptsim train` stop without its end-of-step checkpoint).
-                proc = subprocess.Popen(train_command(settings, run), stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=env | lock.handoff_env(), pass_fds=(lock.fd,),
-                                        start_new_session=True)
+                with lock.handed_down() as fd:
+                    proc = subprocess.Popen(train_command(settings, run), stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=env | lock.handoff_env(), pass_fds=(fd,),
+                                            start_new_session=True)
                 run.status = "running"
                 running[proc.pid] = (run, proc, lock, _StepCounter(run.path / "trace.jsonl"), time.perf_counter(),
                                      log)
