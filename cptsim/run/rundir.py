@@ -77,8 +77,8 @@ class RunLocked(InputError):
 # multiprocessing rank) inherits them, and an flock lives while any copy is open: after a SIGKILL of the run's
 # process its workers kept the run locked for the seconds they took to notice, and a resume at once was refused
 # as "being written by another process". A forked child closes its copies (below); a child the run means to hold
-# the lock gets it explicitly (pass_fds, ``RunLock.handoff_env``), which the fork hook does not touch: a
-# subprocess's fork runs no Python at-fork hook.
+# the lock gets it explicitly (pass_fds, ``RunLock.handoff_env``) and is started inside ``handed_down``, which the
+# hook then leaves alone (a subprocess runs Python's at-fork hooks only with a preexec_fn, but then it does).
 _HELD: set[int] = set()
 
 
