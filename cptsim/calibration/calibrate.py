@@ -55,6 +55,9 @@ INT_SHAPES = ((4096, 128, 384), (4096, 512, 512), (512, 1152, 1024))
 # project's EPYC): a forward's row sums (tokens x width x 8), a wgrad's error row sums (8 x tokens) and input column
 # sums. (M, K, N), one of each orientation, at transformer-lm's widths and a batch of 64 x 64 tokens.
 INT_SUM_SHAPES = ((4096, 512, 8), (8, 4096, 512))
+# The exact path's weight pass (exact_gemm.weight_codes) is timed on: gcn's hidden transform; transformer-lm's
+# are 128 x 128 .. 512 x 128
+WEIGHT_CODES_SHAPE = (512, 512)
 ELEMENTWISE_NUMEL = 4 * 1024 * 1024
 OTHER_OP_NUMEL = 1024 * 1024  # a transformer-lm step's activations: 64 x 64 tokens x 256 (a 4 MB tensor)
 # Attention's matmuls on a CPU, (batch x heads, tokens, head width): one small GEMM per head and sequence, scores
@@ -270,9 +273,6 @@ def cpu_tier_rates(budget_s: float, sync=lambda: None, shapes=INT_SHAPES) -> dic
             if codes:
                 out[name]["weight_codes_elems_per_s"] = codes
     return out
-
-
-WEIGHT_CODES_SHAPE = (512, 512)  # gcn's hidden transform; transformer-lm's are 128 x 128 .. 512 x 128
 
 
 def _weight_codes_rate(budget_s: float, sync=lambda: None) -> float:

@@ -360,8 +360,7 @@ class HostProfile(HardwareProfile):
         if layers is None or not self.prices_op_list:
             return self._mac_rate
         kind = layer_kinds(layers)
-        conv = np.zeros(len(kind), bool) if getattr(layers, "is_conv", None) is None else \
-            np.asarray(layers.is_conv, dtype=bool)
+        conv = _column(layers, "is_conv", bool)
         att = self._attention_rate or self._mac_rate
         lin = self._linear_rate or self._mac_rate
         return np.where(conv, self._mac_rate, np.where(kind == "attention", att, lin))[:, None]
@@ -436,16 +435,20 @@ class HostProfile(HardwareProfile):
         return "fp32 (fake-quant)"
 
 
+def _column(a, name: str, dtype) -> np.ndarray:
+    """(L,) per-layer column ``name`` of profile arrays ``a`` as ``dtype``; zeros (False) where ``a`` has none (a
+    profile written before it was recorded)."""
+    x = getattr(a, name, None)
+    return np.zeros(len(a.quantized), dtype) if x is None else np.asarray(x, dtype=dtype)
+
+
 def layer_kinds(a) -> np.ndarray:
     """(L,) the fixed-cost kind of each layer of profile arrays ``a``: "conv" (a quantized convolution),
     "attention" (a quantized matmul of two activations: a second operand, not a graph aggregation), "layer" (any
     other quantized layer: Linear, a graph layer's transform, an LSTM's gates), "fp" (a full-precision layer)."""
     quantized = np.asarray(a.quantized, dtype=bool)
-    L = len(quantized)
-    conv = np.zeros(L, bool) if getattr(a, "is_conv", None) is None else np.asarray(a.is_conv, dtype=bool)
-    opnd = np.zeros(L) if getattr(a, "operand", None) is None else np.asarray(a.operand, dtype=np.float64)
-    agg = np.zeros(L, bool) if getattr(a, "aggregation", None) is None else np.asarray(a.aggregation, dtype=bool)
-    attention = (opnd > 0) & ~agg & ~conv
+    conv, agg = _column(a, "is_conv", bool), _column(a, "aggregation", bool)
+    attention = (_column(a, "operand", np.float64) > 0) & ~agg & ~conv
     return np.where(~quantized, "fp", np.where(conv, "conv", np.where(attention, "attention", "layer")))
 
 
@@ -472,13 +475,10 @@ def exact_linear_layers(a) -> np.ndarray:
     """(L,) bool: the layers the exact path can route to int8 -- quantized Linear layers (a matmul with a weight:
     QLinear, an LM's transforms, a graph layer's dense transform), not attention's activation-by-activation
     products (a second operand) nor aggregations; with a GEMM shape on record."""
-    L = len(a.names)
-    mm = np.zeros(L, bool) if getattr(a, "matmul", None) is None else np.asarray(a.matmul, dtype=bool)
-    opnd = np.zeros(L) if getattr(a, "operand", None) is None else np.asarray(a.operand, dtype=np.float64)
-    agg = np.zeros(L, bool) if getattr(a, "aggregation", None) is None else np.asarray(a.aggregation, dtype=bool)
     gemm = getattr(a, "gemm", None)
-    shaped = np.zeros(L, bool) if gemm is None else ~np.isnan(np.asarray(gemm, dtype=np.float64)[:, 2])
-    return np.asarray(a.quantized, dtype=bool) & mm & (opnd == 0) & ~agg & shaped
+    shaped = np.zeros(len(a.names), bool) if gemm is None else ~np.isnan(np.asarray(gemm, dtype=np.float64)[:, 2])
+    plain = (_column(a, "operand", np.float64) == 0) & ~_column(a, "aggregation", bool)
+    return np.asarray(a.quantized, dtype=bool) & _column(a, "matmul", bool) & plain & shaped
 
 
 def host_gemm_tiers(a, q, g, samples) -> np.ndarray:
