@@ -507,8 +507,7 @@ def prepare_reference(measured: dict, device: str, ref: Reference, op_list: bool
     costs = StepCosts()
 
     def step() -> None:
-        # the training loop's step (cptsim.run.train._Training.launch): torch.optim.SGD's foreach update written
-        # out -- creating a torch.optim optimizer imports torch._dynamo, 1.5 s of a report
+        # the training loop's step (cptsim.run.train._Training.launch), with SGD's update written out
         precision.set(8, 8)
         counter.reset()
         torch._foreach_zero_([q.grad for q in params])
@@ -521,10 +520,7 @@ def prepare_reference(measured: dict, device: str, ref: Reference, op_list: bool
             torch.nn.utils.clip_grad_norm_(params, clip)
         stats.tolist()
         with torch.no_grad():
-            d = torch._foreach_add([q.grad for q in params], params, alpha=5e-4)
-            torch._foreach_mul_(momenta, 0.9)
-            torch._foreach_add_(momenta, d)
-            torch._foreach_add_(params, momenta, alpha=-0.01)
+            _sgd_update(params, momenta)
 
     try:
         step()
@@ -536,6 +532,18 @@ def prepare_reference(measured: dict, device: str, ref: Reference, op_list: bool
         raise
     # the counter's hooks stay on while the step is timed, as in training: the caller closes it
     return ref, step, parts, counter.close
+
+
+def _sgd_update(params, momenta) -> None:
+    """torch.optim.SGD's multi-tensor update (momentum 0.9, weight decay 5e-4, lr 0.01), written out: the reference
+    steps time it and ``_op_list`` counts it. Creating a torch.optim optimizer imports torch._dynamo, 1.5 s of a
+    report."""
+    import torch
+
+    d = torch._foreach_add([q.grad for q in params], params, alpha=5e-4)
+    torch._foreach_mul_(momenta, 0.9)
+    torch._foreach_add_(momenta, d)
+    torch._foreach_add_(params, momenta, alpha=-0.01)
 
 
 def _op_list(net, ref: Reference, precision, device: str):
@@ -565,10 +573,7 @@ def _op_list(net, ref: Reference, precision, device: str):
                 with counter.phase("bwd"):
                     loss.backward()
                 with counter.phase("opt"), torch.no_grad():
-                    d = torch._foreach_add([q.grad for q in params], params, alpha=5e-4)
-                    torch._foreach_mul_(momenta, 0.9)
-                    torch._foreach_add_(momenta, d)
-                    torch._foreach_add_(params, momenta, alpha=-0.01)
+                    _sgd_update(params, momenta)
                     torch._foreach_zero_([q.grad for q in params])
             counts.append(counter)
     finally:
