@@ -266,11 +266,9 @@ class RunRecorder:
                 self._config["number_format"] = {**fmap.to_json(), "formats": {
                     k: {str(b): n for b, n in v.items()} for k, v in used.items()}}
             self._spe_given = steps_per_epoch is not None
-            from cptsim.run.planfile import run_baseline, run_plan_record
+            from cptsim.run.planfile import run_records
 
-            if plan_doc is not None:
-                self._config["plan"] = run_plan_record(plan_doc)
-            self._config["baseline"] = run_baseline(sched, plan_doc)  # what the report measures savings against
+            self._config.update(run_records(sched, plan_doc))  # the plan, and what the report measures savings against
             self.run = RunDir.create(p, self._config)
             if plan_doc is not None:
                 self.run.write_json(PLAN, plan_doc)
@@ -307,7 +305,7 @@ class RunRecorder:
         """The step's op list, counted once on copies of the model as ``cptsim train`` counts its own
         (``train._step_ops``: full precision, the RNG forked, the bits put back), or None with a note when it
         cannot be (no example batch seen, or the model's step cannot be run from its first input alone)."""
-        from .train import _step_ops
+        from .train import OPS_NOT_COUNTED, _step_ops
 
         x, seen = self._example, self._input
         ops = None
@@ -316,10 +314,8 @@ class RunRecorder:
                             _optimizer_kind(self.optimizer))
         self._input, self._example = seen, None  # the copies' forwards passed the hooks too
         if ops is None:
-            note = ("the step's op list (norms, activations, optimizer update, launches) could not be counted: "
-                    "a GPU's modelled time of this run covers its GEMMs only")
-            warnings.warn(note, stacklevel=3)
-            self.notes.append(note)
+            warnings.warn(OPS_NOT_COUNTED, stacklevel=3)
+            self.notes.append(OPS_NOT_COUNTED)
         return ops
 
     def _begin_step(self, t: int) -> None:

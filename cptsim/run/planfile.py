@@ -55,7 +55,7 @@ from typing import Any
 from cptsim.errors import InputError
 
 __all__ = ["PLAN_FORMAT", "REQUIRED", "validate_plan", "read_plan", "write_plan", "plan_digest", "looks_like_plan",
-           "run_baseline", "run_plan_record"]
+           "run_baseline", "run_records"]
 
 PLAN_FORMAT = "cptsim.plan/1"
 
@@ -160,6 +160,9 @@ def run_baseline(schedule, plan: dict | None = None) -> dict:
             "source": "static q_max of the run's schedule (no plan)"}
 
 
-def run_plan_record(plan: dict) -> dict:
-    """What config.json records of the plan a run executes: its digest, schedule and budget."""
-    return {"digest": plan_digest(plan), "schedule": plan["schedule"], "budget": plan.get("budget")}
+def run_records(schedule, plan: dict | None = None) -> dict:
+    """What config.json records of a new run's plan: "plan" (the plan it executes: digest, schedule, budget; absent
+    without one) and "baseline" (what the report measures its savings against: ``run_baseline``)."""
+    out = {} if plan is None else {"plan": {"digest": plan_digest(plan), "schedule": plan["schedule"],
+                                            "budget": plan.get("budget")}}
+    return {**out, "baseline": run_baseline(schedule, plan)}

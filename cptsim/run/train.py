@@ -565,11 +565,9 @@ def train(cfg: TrainConfig, out: str, progress: bool = True, plan: dict | None =
         run = RunDir(out)
         if d.is_main:
             config = resolved_config(cfg, w, d.world)
-            from cptsim.run.planfile import run_baseline, run_plan_record
+            from cptsim.run.planfile import run_records
 
-            if plan is not None:
-                config["plan"] = run_plan_record(plan)
-            config["baseline"] = run_baseline(w.schedule, plan)  # what the report measures savings against
+            config.update(run_records(w.schedule, plan))  # the plan, and what the report measures savings against
             run = RunDir.create(out, config)
             if plan is not None:
                 run.write_json(PLAN, plan)
@@ -784,6 +782,12 @@ class _StopRequest:
     def __exit__(self, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+# what a run (cptsim train, a RunRecorder) says when ``_step_ops`` could not count its step
+OPS_NOT_COUNTED = ("the step's op list (norms, activations, optimizer update, launches) could not be counted: "
+                   "profile.json holds the layers' GEMMs only, and a report models this run's time (host or GPU) "
+                   "without the step's other ops")
 
 
 def _step_ops(model: nn.Module, x: torch.Tensor, device: str, precision=None, optimizer: str = "sgd"):
@@ -1316,9 +1320,7 @@ class _Training:
         prof.channels_last = self.cfg.channels_last  # the GPU model prices the step's memory format
         prof.ops = _step_ops(self.w.model, batch[0], self.device, self.w, self.cfg.optimizer)
         if prof.ops is None:  # the run goes on; a report then says its profile has no op list
-            print("warning: the step's op list (norms, activations, optimizer update, launches) could not be "
-                  "counted: profile.json holds the layers' GEMMs only, and a report models this run's time (host "
-                  "or GPU) without the step's other ops", file=sys.stderr)
+            print(f"warning: {OPS_NOT_COUNTED}", file=sys.stderr)
         self.run.write_json(PROFILE, prof.to_json())
         self.need_profile = False
 

@@ -62,7 +62,7 @@ EXECUTED = "executed: the run's GPU; executed holds its measurement, modelled_as
 
 __all__ = [
     "AGREE_PCT", "DEFAULT_TARGETS", "EXECUTED", "MEASURED", "MODELLED", "PHASE_KEYS", "REPORT_FORMAT", "SAVING_NOTE", "RunReport",
-    "build_report", "compare", "run_baseline", "effective_bits", "host_saving", "layer_groups", "measure_host_steps",
+    "build_report", "compare", "recorded_baseline", "effective_bits", "host_saving", "layer_groups", "measure_host_steps",
     "number_format_of", "per_step_bitops", "planned_batches", "run_format_map", "schedule_label", "to_json",
 ]
 
@@ -175,7 +175,7 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
         data["number_format"] = cfg["number_format"]
     models_ragged, plan_est = _planned_estimate(plan, plan_prof, sched, planned_steps, batch, train_size,
                                                 layers if sched == run_sched else None, formats=fmap)
-    base = run_baseline(cfg, plan, run_sched)
+    base = recorded_baseline(cfg, plan, run_sched)
     data["baseline"] = base
     exe = estimate(prof, steps, None, layers=layers, layer_steps=planned_steps, formats=fmap,
                    static_bits=base["bits"], static_grad_bits=base["grad_bits"])
@@ -292,7 +292,7 @@ def build_report(path, hardware: list[str] | None = None, host: str = "host", to
     return RunReport(data, series, warnings)
 
 
-def run_baseline(cfg: dict, plan: dict | None, schedule) -> dict:
+def recorded_baseline(cfg: dict, plan: dict | None, schedule) -> dict:
     """The baseline a run's savings are measured against: what config.json recorded ("baseline"), else (a run
     written before runs recorded it) the plan's baseline, else static q_max of the run's schedule
     (``cptsim.run.planfile.run_baseline``); "source" says which."""
